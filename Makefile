@@ -1,0 +1,29 @@
+# Both targets create and reuse a local virtual environment (.venv) by themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,speed]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m smartnsq.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check smartnsq tests benchmarks
+	$(BIN)/mypy --strict smartnsq
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/codec.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
