@@ -1,0 +1,125 @@
+"""Server → client framing (PROTOCOL.md §1.3): ``[int32 size][int32 type][data]``.
+
+:class:`FrameDecoder` is incremental: feed it any chunking of the byte stream and it returns
+whole frames. It rejects a bad size before buffering the frame body, so a hostile or broken
+peer cannot make it allocate more than ``max_size`` bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from smartnsq.errors import ProtocolError
+
+MAGIC_V2 = b"  V2"
+
+FRAME_RESPONSE = 0
+FRAME_ERROR = 1
+FRAME_MESSAGE = 2
+FRAME_TYPES = (FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE)
+
+OK = b"OK"
+HEARTBEAT = b"_heartbeat_"
+CLOSE_WAIT = b"CLOSE_WAIT"
+
+#: ``HTTP`` read as a big-endian int32: the peer is an HTTP server, not nsqd's TCP port
+_HTTP_SIZE = 0x48545450
+
+_HEADER = struct.Struct(">ii")
+_pack_header = _HEADER.pack
+_unpack_header = _HEADER.unpack_from
+
+
+class Frame(NamedTuple):
+    type: int
+    data: bytes
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    """One frame as nsqd writes it (used by the embedded nsqd and by tests)."""
+    return _pack_header(len(data) + 4, frame_type) + data
+
+
+class FrameDecoder:
+    """Incremental frame decoder; see the module docstring."""
+
+    __slots__ = ("_buf", "_max_size", "_pos")
+
+    def __init__(self, max_size: int = 16 * 1024 * 1024) -> None:
+        if max_size < 4:
+            raise ValueError("max_size must be at least 4")
+        self._max_size = max_size
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def max_size(self) -> int:
+        return self._max_size
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def take_buffer(self) -> bytes:
+        """Remove and return the unparsed bytes (for a transport upgrade: they belong to the
+        new layer, PROTOCOL.md §2.1.1)."""
+        rest = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return rest
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Add bytes; return the frames completed by them (possibly none).
+
+        Raises :class:`ProtocolError` on a size below 4 or above ``max_size`` (checked from
+        the header alone) or an unknown frame type. After an error the decoder is unusable:
+        the stream has lost its framing.
+        """
+        buf = self._buf
+        if self._pos and self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        # A header is validated as soon as its 8 bytes are here, so a bad size never makes
+        # the decoder accumulate a frame body: memory stays within max_size + one chunk.
+        buf += data
+        frames: list[Frame] = []
+        pos = self._pos
+        end = len(buf)
+        max_size = self._max_size
+        while end - pos >= 8:
+            size, ftype = _unpack_header(buf, pos)
+            if size < 4 or size > max_size or ftype not in FRAME_TYPES:
+                self._pos = pos
+                self._check_header(bytes(buf[pos:pos + 8]))
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            frames.append(Frame(ftype, bytes(buf[pos + 8:stop])))
+            pos = stop
+        if pos == end:
+            buf.clear()
+            pos = 0
+        elif pos > 65536 and pos > (end >> 1):
+            # Compact rarely: deleting a prefix is a memmove of what remains.
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return frames
+
+    def _check_header(self, header: bytes) -> None:
+        size, ftype = _unpack_header(header, 0)
+        if size == _HTTP_SIZE:
+            raise ProtocolError(
+                "the peer answered like an HTTP server: connected to nsqd's HTTP port "
+                "instead of its TCP port?"
+            )
+        if size < 4:
+            raise ProtocolError(f"invalid frame size {size} (must be at least 4)")
+        if size > self._max_size:
+            raise ProtocolError(
+                f"frame size {size} exceeds the maximum of {self._max_size} bytes"
+            )
+        if ftype not in FRAME_TYPES:
+            raise ProtocolError(f"unknown frame type {ftype}")

@@ -1,0 +1,136 @@
+"""Message frame layouts (PROTOCOL.md §1.4 stock, §4.7 youzan).
+
+Which optional parts a message frame carries is connection state the client knows, not
+something the frame says: the ext header appears when the topic is an ext topic and the
+connection identified with ``extend_support``; the 12-byte position (disk-queue offset and
+raw size) appears on SUB_ORDERED and SUB_ADVANCED connections.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from smartnsq.errors import ProtocolError
+
+_HEAD = struct.Struct(">qH")  # timestamp ns, attempts
+_unpack_head = _HEAD.unpack_from
+_POS = struct.Struct(">QI")  # disk-queue offset, raw size
+_unpack_pos = _POS.unpack_from
+_ID = struct.Struct(">QQ")  # youzan internal id, trace id
+_U16 = struct.Struct(">H")
+
+#: timestamp + attempts + id
+MIN_MESSAGE_SIZE = 26
+
+EXT_VERSION_NONE = 0
+EXT_VERSION_TAG = 2
+EXT_VERSION_JSON = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLayout:
+    """Optional parts present in this connection's message frames."""
+
+    ext: bool = False
+    position: bool = False
+
+
+STOCK_LAYOUT = MessageLayout()
+
+
+@dataclass(slots=True)
+class RawMessage:
+    """A decoded message frame; ``id`` is echoed verbatim in FIN/REQ/TOUCH."""
+
+    timestamp: int
+    attempts: int
+    id: bytes
+    body: bytes
+    #: ext header version (0 none, 2 tag, 4 JSON) when the layout has ext, else None
+    ext_version: int | None = None
+    ext: bytes | None = None
+    #: disk-queue offset and raw record size on SUB_ORDERED/SUB_ADVANCED connections
+    offset: int | None = None
+    raw_size: int | None = None
+
+    @property
+    def internal_id(self) -> int:
+        """youzan: the per-partition internal id (first 8 bytes of the binary id)."""
+        return int(_ID.unpack(self.id)[0])
+
+    @property
+    def trace_id(self) -> int:
+        """youzan: the trace id (last 8 bytes of the binary id)."""
+        return int(_ID.unpack(self.id)[1])
+
+
+def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMessage:
+    """Decode the data of a message frame; raises :class:`ProtocolError` if it is short."""
+    n = len(data)
+    if n < MIN_MESSAGE_SIZE:
+        raise ProtocolError(f"message frame of {n} bytes is shorter than {MIN_MESSAGE_SIZE}")
+    timestamp, attempts = _unpack_head(data, 0)
+    pos = MIN_MESSAGE_SIZE
+    ext_version: int | None = None
+    ext: bytes | None = None
+    if layout.ext:
+        if n < pos + 1:
+            raise ProtocolError("message frame truncated before the ext version byte")
+        ext_version = data[pos]
+        pos += 1
+        if ext_version != EXT_VERSION_NONE:
+            if n < pos + 2:
+                raise ProtocolError("message frame truncated before the ext header length")
+            (ext_len,) = _U16.unpack_from(data, pos)
+            pos += 2
+            if n < pos + ext_len:
+                raise ProtocolError(
+                    f"ext header of {ext_len} bytes runs past the end of the message frame"
+                )
+            ext = data[pos:pos + ext_len]
+            pos += ext_len
+    offset: int | None = None
+    raw_size: int | None = None
+    if layout.position:
+        if n < pos + 12:
+            raise ProtocolError("message frame truncated inside the 12-byte position prefix")
+        offset, raw_size = _unpack_pos(data, pos)
+        pos += 12
+    return RawMessage(timestamp, attempts, data[10:26], data[pos:], ext_version, ext,
+                      offset, raw_size)
+
+
+def youzan_id(internal_id: int, trace_id: int = 0) -> bytes:
+    """The 16-byte binary youzan message id."""
+    return _ID.pack(internal_id, trace_id)
+
+
+def encode_message(
+    timestamp: int,
+    attempts: int,
+    msg_id: bytes,
+    body: bytes,
+    *,
+    ext_version: int | None = None,
+    ext: bytes = b"",
+    offset: int | None = None,
+    raw_size: int | None = None,
+) -> bytes:
+    """Message frame data as nsqd writes it (used by the embedded nsqd and by tests).
+
+    ``ext_version`` None leaves the ext part out; ``offset``/``raw_size`` None leave the
+    position prefix out.
+    """
+    if len(msg_id) != 16:
+        raise ValueError("message id must be 16 bytes")
+    parts = [_HEAD.pack(timestamp, attempts), msg_id]
+    if ext_version is not None:
+        parts.append(bytes((ext_version,)))
+        if ext_version != EXT_VERSION_NONE:
+            parts.append(_U16.pack(len(ext)))
+            parts.append(ext)
+    if offset is not None or raw_size is not None:
+        parts.append(_POS.pack(offset or 0, raw_size or 0))
+    parts.append(body)
+    return b"".join(parts)
