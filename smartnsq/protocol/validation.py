@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from smartnsq.errors import ConfigError, InvalidNameError
 
-_NAME_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 #: highest partition id youzan nsqd accepts (PROTOCOL.md §11.14)
 MAX_PARTITION = 1023
@@ -18,7 +18,8 @@ MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 
 
 def valid_name(name: str) -> bool:
-    return 0 < len(name) <= 64 and _NAME_RE.match(name) is not None
+    # fullmatch: "$" would also accept a trailing newline
+    return 0 < len(name) <= 64 and _NAME_RE.fullmatch(name) is not None
 
 
 def check_topic(topic: str) -> str:

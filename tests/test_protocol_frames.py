@@ -1,0 +1,166 @@
+"""Incremental frame decoding: every chunking, every bad header, bounded memory."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smartnsq.errors import ProtocolError
+from smartnsq.protocol import (
+    CLOSE_WAIT,
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    HEARTBEAT,
+    OK,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+)
+from tests.captures import capture, capture_frame
+
+
+def test_ok_heartbeat_close_wait_examples_from_protocol() -> None:
+    assert encode_frame(FRAME_RESPONSE, OK) == bytes.fromhex("00000006 00000000 4f4b")
+    assert encode_frame(FRAME_RESPONSE, HEARTBEAT) == capture("stock/heartbeat_frame.bin")
+    assert encode_frame(FRAME_RESPONSE, CLOSE_WAIT) == capture("stock/cls_response_frame.bin")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["stock/pub_response_frame.bin", "stock/mpub_response_frame.bin",
+     "stock/dpub_response_frame.bin", "stock/sub_response_frame.bin",
+     "youzan/sub_response_frame.bin", "youzan/sub_ordered_response_frame.bin",
+     "youzan/pub_partition_response_frame.bin", "youzan/pub_no_partition_response_frame.bin",
+     "stock/identify_no_negotiation_response_frame.bin",
+     "youzan/identify_no_negotiation_response_frame.bin"],
+)
+def test_captured_ok_frames(name: str) -> None:
+    assert capture_frame(name) == (FRAME_RESPONSE, OK)
+
+
+def test_decode_byte_by_byte() -> None:
+    stream = (capture("stock/heartbeat_frame.bin") + capture("stock/message_frame.bin")
+              + capture("stock/error_fin_unknown_id_frame.bin"))
+    dec = FrameDecoder()
+    frames: list[Frame] = []
+    for i in range(len(stream)):
+        frames += dec.feed(stream[i:i + 1])
+    assert [f.type for f in frames] == [FRAME_RESPONSE, FRAME_MESSAGE, FRAME_ERROR]
+    assert frames[0].data == HEARTBEAT
+    assert frames[2].data.startswith(b"E_FIN_FAILED ")
+    assert dec.buffered == 0
+
+
+def test_many_frames_in_one_chunk_and_partial_tail() -> None:
+    one = encode_frame(FRAME_RESPONSE, OK)
+    dec = FrameDecoder()
+    assert dec.feed(one * 1000 + one[:5]) == [Frame(FRAME_RESPONSE, OK)] * 1000
+    assert dec.buffered == 5
+    assert dec.feed(one[5:]) == [Frame(FRAME_RESPONSE, OK)]
+
+
+def test_take_buffer_returns_bytes_after_last_frame() -> None:
+    dec = FrameDecoder()
+    frames = dec.feed(encode_frame(FRAME_RESPONSE, b"{}") + b"\xff\x06\x00")
+    assert frames == [Frame(FRAME_RESPONSE, b"{}")]
+    assert dec.take_buffer() == b"\xff\x06\x00"
+    assert dec.buffered == 0
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        (struct.pack(">ii", -1, 0), "invalid frame size -1"),
+        (struct.pack(">ii", 3, 0), "invalid frame size 3"),
+        (struct.pack(">ii", 0, 0), "invalid frame size 0"),
+        (struct.pack(">ii", 1025, 0), "exceeds the maximum of 1024"),
+        (struct.pack(">ii", 2**31 - 1, 2), "exceeds the maximum"),
+        (struct.pack(">ii", 10, 3), "unknown frame type 3"),
+        (struct.pack(">ii", 10, -7), "unknown frame type -7"),
+        (b"HTTP/1.1", "HTTP port"),
+    ],
+)
+def test_bad_headers_rejected_from_header_alone(header: bytes, match: str) -> None:
+    dec = FrameDecoder(max_size=1024)
+    with pytest.raises(ProtocolError, match=match):
+        dec.feed(header)
+
+
+def test_bad_header_after_good_frames_in_same_chunk() -> None:
+    dec = FrameDecoder()
+    with pytest.raises(ProtocolError, match="invalid frame size"):
+        dec.feed(encode_frame(FRAME_RESPONSE, OK) + struct.pack(">ii", -5, 0))
+
+
+def test_truncated_frame_stays_buffered_not_returned() -> None:
+    dec = FrameDecoder()
+    data = encode_frame(FRAME_MESSAGE, b"x" * 100)
+    assert dec.feed(data[:-1]) == []
+    assert dec.buffered == len(data) - 1
+
+
+def test_max_size_floor() -> None:
+    with pytest.raises(ValueError):
+        FrameDecoder(max_size=3)
+
+
+def test_compaction_keeps_frames_intact() -> None:
+    dec = FrameDecoder(max_size=1 << 20)
+    big = encode_frame(FRAME_MESSAGE, b"y" * 70000)
+    out: list[Frame] = []
+    stream = big * 5
+    for i in range(0, len(stream), 50000):
+        out += dec.feed(stream[i:i + 50000])
+    assert len(out) == 5 and all(f.data == b"y" * 70000 for f in out)
+
+
+_frames = st.lists(
+    st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
+              st.binary(max_size=300)),
+    max_size=20,
+)
+
+
+@given(_frames, st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_any_chunking_yields_the_same_frames(frames: list[tuple[int, bytes]],
+                                             cuts: list[int]) -> None:
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    out: list[Frame] = []
+    pos = 0
+    i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        out += dec.feed(stream[pos:pos + n])
+        pos += n
+        i += 1
+    assert out == [Frame(t, d) for t, d in frames]
+    assert dec.buffered == 0
+
+
+@given(st.binary(max_size=4000), st.lists(st.integers(min_value=1, max_value=512),
+                                          min_size=1, max_size=40))
+@settings(max_examples=500, deadline=None)
+def test_arbitrary_bytes_give_frames_or_protocol_error_with_bounded_memory(
+        data: bytes, cuts: list[int]) -> None:
+    max_size = 256
+    dec = FrameDecoder(max_size=max_size)
+    pos = 0
+    i = 0
+    try:
+        while pos < len(data):
+            n = cuts[i % len(cuts)]
+            for f in dec.feed(data[pos:pos + n]):
+                assert f.type in (FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE)
+                assert len(f.data) <= max_size - 4
+            # never more than one incomplete frame plus one chunk is held
+            assert dec.buffered <= max_size + 4 + n
+            pos += n
+            i += 1
+    except ProtocolError:
+        pass
