@@ -44,14 +44,17 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
 class FrameDecoder:
     """Incremental frame decoder; see the module docstring."""
 
-    __slots__ = ("_buf", "_max_size", "_pos")
+    __slots__ = ("_max_size", "_need", "_pending", "_pending_len")
 
     def __init__(self, max_size: int = 16 * 1024 * 1024) -> None:
         if max_size < 4:
             raise ValueError("max_size must be at least 4")
         self._max_size = max_size
-        self._buf = bytearray()
-        self._pos = 0
+        # Unparsed input is kept as a list of chunks joined only once enough has arrived for
+        # the next frame, so a frame spread over many reads is copied once, not per read.
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._need = 8
 
     @property
     def max_size(self) -> int:
@@ -60,52 +63,56 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buf) - self._pos
+        return self._pending_len
 
     def take_buffer(self) -> bytes:
         """Remove and return the unparsed bytes (for a transport upgrade: they belong to the
         new layer, PROTOCOL.md §2.1.1)."""
-        rest = bytes(self._buf[self._pos:])
-        self._buf.clear()
-        self._pos = 0
+        rest = b"".join(self._pending)
+        self._pending = []
+        self._pending_len = 0
+        self._need = 8
         return rest
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes; return the frames completed by them (possibly none).
 
         Raises :class:`ProtocolError` on a size below 4 or above ``max_size`` (checked from
-        the header alone) or an unknown frame type. After an error the decoder is unusable:
-        the stream has lost its framing.
+        the header alone, before the frame body is accumulated) or an unknown frame type.
+        After an error the decoder is unusable: the stream has lost its framing.
         """
-        buf = self._buf
-        if self._pos and self._pos == len(buf):
-            buf.clear()
-            self._pos = 0
-        # A header is validated as soon as its 8 bytes are here, so a bad size never makes
-        # the decoder accumulate a frame body: memory stays within max_size + one chunk.
-        buf += data
+        if type(data) is not bytes:
+            data = bytes(data)
+        pending = self._pending
+        if pending:
+            pending.append(data)
+            self._pending_len += len(data)
+            if self._pending_len < self._need:
+                return []
+            buf = b"".join(pending)
+            pending.clear()
+        else:
+            buf = data
         frames: list[Frame] = []
-        pos = self._pos
+        append = frames.append
+        pos = 0
         end = len(buf)
         max_size = self._max_size
+        need = 8
         while end - pos >= 8:
             size, ftype = _unpack_header(buf, pos)
             if size < 4 or size > max_size or ftype not in FRAME_TYPES:
-                self._pos = pos
-                self._check_header(bytes(buf[pos:pos + 8]))
+                self._check_header(buf[pos:pos + 8])
             stop = pos + 4 + size
             if stop > end:
+                need = 4 + size
                 break
-            frames.append(Frame(ftype, bytes(buf[pos + 8:stop])))
+            append(Frame(ftype, buf[pos + 8:stop]))
             pos = stop
-        if pos == end:
-            buf.clear()
-            pos = 0
-        elif pos > 65536 and pos > (end >> 1):
-            # Compact rarely: deleting a prefix is a memmove of what remains.
-            del buf[:pos]
-            pos = 0
-        self._pos = pos
+        if pos < end:
+            pending.append(buf[pos:] if pos else buf)
+        self._pending_len = end - pos
+        self._need = need
         return frames
 
     def _check_header(self, header: bytes) -> None:
