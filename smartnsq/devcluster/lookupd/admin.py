@@ -1,0 +1,141 @@
+"""Topic administration of the embedded youzan cluster: what the lookupd leader's coordinator does.
+
+Both the lookupd HTTP admin endpoints and :class:`~smartnsq.devcluster.DevCluster`'s Python
+calls go through these functions, so a topic made either way looks the same. Errors carry the
+real coordinator's texts (PROTOCOL.md §6.1.4, captures ``youzan/topic_create_*``).
+"""
+
+from __future__ import annotations
+
+from smartnsq.devcluster.meta import ClusterMeta, MetaEvent, PartitionMeta, TopicMeta
+from smartnsq.errors import NSQError
+from smartnsq.protocol.validation import valid_name
+
+#: youzan nsqlookupd limits (nsqlookupd/http.go)
+MAX_PARTITION_NUM = 255
+MAX_REPLICATOR = 5
+
+ERR_NODE_UNAVAILABLE = "ErrType:9 ErrCode:1 : No node is available for topic"
+ERR_KEY_NOT_FOUND = "Key not found"
+ERR_ALREADY_EXIST = "already exist"
+ERR_NOT_LOOKUP_LEADER = "Not nsqlookup leader"
+ERR_MAX_PARTITION = "max partition allowed exceed"
+
+
+class AdminError(NSQError):
+    """A cluster administration request failed; ``status`` and ``text`` are what lookupd answers."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def alive_node_ids(meta: ClusterMeta) -> list[str]:
+    return [n.node_id for n in meta.nodes.values() if n.alive]
+
+
+def place_partitions(
+    node_ids: list[str], partition_num: int, replica: int, allow_multi: bool
+) -> list[list[str]]:
+    """Replica lists (leader first) per partition, deterministic so tests can predict them.
+
+    Plain topics get disjoint blocks of ``replica`` nodes (each node holds at most one partition,
+    which the capacity rule guarantees is possible); ordered/multi-part topics go round-robin.
+    """
+    n = len(node_ids)
+    if allow_multi:
+        return [[node_ids[(p + k) % n] for k in range(replica)] for p in range(partition_num)]
+    return [node_ids[p * replica : (p + 1) * replica] for p in range(partition_num)]
+
+
+def create_topic(
+    meta: ClusterMeta,
+    name: str,
+    partition_num: int,
+    replica: int,
+    *,
+    ordered: bool = False,
+    ext: bool = False,
+    multi_part: bool = False,
+    disable_channel_auto_create: bool = False,
+) -> TopicMeta:
+    """Create a youzan topic (the coordinator's checks, in its order) and emit ``topic_created``.
+
+    Creating an existing topic with identical settings succeeds without change, as on the real
+    server (capture ``topic_create_again``); different settings fail with ``already exist``.
+    """
+    if not valid_name(name):
+        raise AdminError(400, "invalid topic name")
+    if partition_num >= MAX_PARTITION_NUM:
+        raise AdminError(400, ERR_MAX_PARTITION)
+    if partition_num < 1:
+        raise AdminError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+    if not 1 <= replica <= MAX_REPLICATOR:
+        raise AdminError(400, "INVALID_ARG_TOPIC_REPLICATOR")
+    nodes = alive_node_ids(meta)
+    allow_multi = ordered or multi_part
+    if len(nodes) < replica:
+        raise AdminError(400, ERR_NODE_UNAVAILABLE)
+    if not allow_multi and len(nodes) < partition_num * replica:
+        raise AdminError(400, ERR_NODE_UNAVAILABLE)
+    existing = meta.topics.get(name)
+    if existing is not None:
+        same = (
+            existing.partition_num == partition_num
+            and existing.replica == replica
+            and existing.ordered == ordered
+            and existing.ext == ext
+            and existing.multi_part == multi_part
+            and existing.disable_channel_auto_create == disable_channel_auto_create
+        )
+        if not same:
+            raise AdminError(400, ERR_ALREADY_EXIST)
+        return existing
+    topic = TopicMeta(
+        name=name,
+        partition_num=partition_num,
+        replica=replica,
+        ordered=ordered,
+        ext=ext,
+        multi_part=multi_part,
+        disable_channel_auto_create=disable_channel_auto_create,
+    )
+    for p, replicas in enumerate(place_partitions(nodes, partition_num, replica, allow_multi)):
+        topic.partitions[p] = PartitionMeta(partition=p, leader=replicas[0], replicas=replicas)
+    meta.topics[name] = topic
+    meta.emit(MetaEvent("topic_created", topic=name))
+    return topic
+
+
+def delete_topic(meta: ClusterMeta, name: str) -> None:
+    if name not in meta.topics:
+        raise AdminError(500, ERR_KEY_NOT_FOUND)
+    del meta.topics[name]
+    meta.emit(MetaEvent("topic_deleted", topic=name))
+
+
+def register_channel(meta: ClusterMeta, topic: str, channel: str) -> None:
+    """lookupd ``/channel/create``: allow ``channel`` on a topic that disables auto-creation."""
+    t = meta.topics.get(topic)
+    if t is None:
+        raise AdminError(400, ERR_KEY_NOT_FOUND)
+    if not t.disable_channel_auto_create:
+        raise AdminError(400, f"channel auto create NOT disabled in topic {topic}")
+    if channel in t.registered_channels:
+        raise AdminError(400, f"channel {channel} already registered")
+    t.registered_channels.add(channel)
+    # ``new`` carries the channel name: MetaEvent has no dedicated field for it
+    meta.emit(MetaEvent("channel_registered", topic=topic, new=channel))
+
+
+def unregister_channel(meta: ClusterMeta, topic: str, channel: str) -> None:
+    """lookupd ``/channel/delete``: a no-op unless the topic disables channel auto-creation."""
+    t = meta.topics.get(topic)
+    if t is None:
+        raise AdminError(400, ERR_KEY_NOT_FOUND)
+    if not t.disable_channel_auto_create:
+        return
+    if channel not in t.registered_channels:
+        raise AdminError(400, f"channel {channel} not registered")
+    t.registered_channels.discard(channel)
