@@ -308,3 +308,41 @@ class ScriptedServer:
         await self._server.wait_closed()
         if self.errors and exc[0] is None:
             raise self.errors[0]
+
+
+@dataclass
+class TLSFiles:
+    """trustme material: a server context for 127.0.0.1 and the CA files a client needs."""
+
+    server_ctx: ssl.SSLContext
+    ca_file: str
+    wrong_ca_file: str
+    client_cert_file: str
+    client_key_file: str
+
+
+def make_tls(directory: Any, *, require_client_cert: bool = False) -> TLSFiles:
+    import trustme
+
+    ca = trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_cert.configure_cert(ctx)
+    if require_client_cert:
+        ca.configure_trust(ctx)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    client = ca.issue_cert("client.example")
+    paths = {name: str(directory / f"{name}.pem")
+             for name in ("ca", "wrong_ca", "client_cert", "client_key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    trustme.CA().cert_pem.write_to_path(paths["wrong_ca"])
+    client.cert_chain_pems[0].write_to_path(paths["client_cert"])
+    client.private_key_pem.write_to_path(paths["client_key"])
+    return TLSFiles(ctx, paths["ca"], paths["wrong_ca"], paths["client_cert"],
+                    paths["client_key"])
+
+
+def leftover_tasks() -> set[asyncio.Task[Any]]:
+    """Tasks other than the caller's that are still running."""
+    me = asyncio.current_task()
+    return {t for t in asyncio.all_tasks() if t is not me and not t.done()}

@@ -374,19 +374,23 @@ class Connection:
             # finalize now: after a failed TLS handshake the transport never reports back
             self._finalize(err)
             raise
-        if self._state is not State.CONNECTING:  # closed while the last step completed
-            raise self._unusable()
-        self._state = State.CONNECTED
-        self._can_write = True
-        self._connected_once = True
+        # bytes that came with the last handshake frame are ordinary frames
         self._handshaking = False
         rest = bytes(self._hs_buf)
         self._hs_buf.clear()
-        hb = cfg.heartbeat_interval
-        if hb != -1:  # without heartbeats an idle connection is legitimately silent
-            wire.start_read_timer(cfg.read_timeout, self._on_read_timeout)
-        if rest:
+        if rest and self._exc is None:
             self._on_data(rest)
+        if self._state is not State.CONNECTING:  # those bytes were bad, or close() ran
+            err = self._exc if self._exc is not None else self._unusable()
+            self._fail(err)
+            self._finalize(err)
+            raise err
+        self._state = State.CONNECTED
+        self._can_write = True
+        self._connected_once = True
+        if cfg.heartbeat_interval != -1:
+            # without heartbeats an idle connection is legitimately silent
+            wire.start_read_timer(cfg.read_timeout, self._on_read_timeout)
         logger.debug("connected to nsqd %s (%s, version %r, tls=%s, compression=%s)",
                      self.address, self._flavour.value, ident.version, self.tls,
                      self.compression)
@@ -753,7 +757,8 @@ class Connection:
             async with asyncio.timeout_at(deadline):
                 if self._subscribed and self._cls_fut is None:
                     await self._cls()
-                if self._waiters:
+                # waiters whose callers gave up (timeout, cancel) are not worth waiting for
+                if any(not w.fut.done() for w in self._waiters):
                     await self._wait_idle()
         except (TimeoutError, NSQError) as exc:
             logger.debug("closing nsqd %s: not drained cleanly (%r)", self.address, exc)

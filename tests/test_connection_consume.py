@@ -1,0 +1,350 @@
+"""Consuming over one connection: SUB variants, message layouts, FIN/REQ/TOUCH, heartbeats,
+non-fatal errors, CLS/CLOSE_WAIT and the read timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from smartnsq.config import ConnectionConfig
+from smartnsq.conn import Connection
+from smartnsq.errors import (
+    ConfigError,
+    FinFailedError,
+    InvalidError,
+    NSQTimeoutError,
+    ServerError,
+    SubExtendNeedError,
+    UnsupportedFeatureError,
+)
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.messages import RawMessage, encode_message, youzan_id
+from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
+
+# ids whose binary form contains the bytes nsqd's line parser would trip over (§4.2)
+ID1 = youzan_id(0x0A20_0A20_0000_0001, 0x2020_0A0A_2020_0A0A)
+ID2 = youzan_id(0x0A20_0A20_0000_0002, 0)
+ID3 = youzan_id(0x0A20_0A20_0000_0003, 7)
+
+
+def cfg(**kw: Any) -> ConnectionConfig:
+    kw.setdefault("handshake_timeout", 3.0)
+    kw.setdefault("close_timeout", 1.0)
+    return ConnectionConfig(**kw)
+
+
+class Inbox:
+    """Collects delivered messages; ``wait(n)`` returns once n arrived (bounded)."""
+
+    def __init__(self) -> None:
+        self.messages: list[RawMessage] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, conn: Connection, msg: RawMessage) -> None:
+        self.messages.append(msg)
+        self._changed.set()
+
+    async def wait(self, n: int) -> list[RawMessage]:
+        async with asyncio.timeout(3):
+            while len(self.messages) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.messages
+
+
+async def finish_cls(p: Peer) -> None:
+    await p.expect(b"CLS")
+    p.send_response(b"CLOSE_WAIT")
+    await p.expect_eof()
+
+
+async def test_ordered_ext_messages_and_fixed_layout_fin_req_touch() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        assert p.identify["extend_support"] is True
+        sub = await p.expect(b"SUB_ORDERED")
+        assert sub.params == [b"t", b"c", b"2"]
+        p.send_response()
+        assert (await p.expect(b"RDY")).params == [b"3"]
+        offset = 0
+        for i, msg_id in enumerate((ID1, ID2, ID3)):
+            p.send_message(encode_message(
+                1_700_000_000_000_000_000 + i, 1 + i, msg_id, b"body%d" % i, ext_version=4,
+                ext=b'{"##trace_id":"7"}' if i == 2 else b"{}", offset=offset, raw_size=40))
+            offset += 40
+        # youzan parses these by position: FIN/TOUCH = name, space, 16 id bytes, newline
+        fin = await p.expect(b"FIN")
+        assert fin.params == [ID1]
+        req = await p.expect(b"REQ")
+        assert req.params == [ID2, b"2500"]
+        touch = await p.expect(b"TOUCH")
+        assert touch.params == [ID3]
+        fin = await p.expect(b"FIN")
+        assert fin.params == [ID3]
+        await finish_cls(p)
+
+    inbox = Inbox()
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(extend_support=True), on_message=inbox)
+        await conn.connect()
+        await conn.subscribe("t", "c", 2, mode="ordered", ext=True)
+        assert conn.subscribed and conn.layout.ext and conn.layout.position
+        conn.send_rdy(3)
+        msgs = await inbox.wait(3)
+        assert [m.id for m in msgs] == [ID1, ID2, ID3]
+        assert [m.body for m in msgs] == [b"body0", b"body1", b"body2"]
+        assert [m.offset for m in msgs] == [0, 40, 80]
+        assert [m.attempts for m in msgs] == [1, 2, 3]
+        assert msgs[2].ext_version == 4 and msgs[2].ext == b'{"##trace_id":"7"}'
+        assert msgs[0].trace_id == 0x2020_0A0A_2020_0A0A
+        assert conn.in_flight == 3
+        assert conn.fin(ID1) and conn.req(ID2, 2500) and conn.touch(ID3)
+        assert conn.in_flight == 1
+        assert conn.fin(ID3)
+        assert conn.in_flight == 0
+        assert conn.stats().messages_in == 3
+        await conn.close()
+
+
+async def test_advanced_subscription_with_offset() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        sub = await p.expect(b"SUB_ADVANCED")
+        assert sub.params == [b"t", b"c", b"0", b"virtual_queue:123"]
+        p.send_response()
+        await p.expect(b"RDY")
+        p.send_message(encode_message(1, 1, ID1, b"x", offset=123, raw_size=30))
+        await finish_cls(p)
+
+    inbox = Inbox()
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox)
+        await conn.connect()
+        await conn.subscribe("t", "c", 0, mode="advanced",
+                             offset=OffsetSpec.virtual_queue(123))
+        assert conn.layout.position and not conn.layout.ext
+        conn.send_rdy(1)
+        (msg,) = await inbox.wait(1)
+        assert (msg.offset, msg.raw_size, msg.body) == (123, 30, b"x")
+        await conn.close()
+
+
+async def test_heartbeat_is_answered_and_takes_no_fifo_slot() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"PUB")
+        p.send_response(b"_heartbeat_")
+        await p.expect(b"NOP")
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        await conn.publish("t", b"x", timeout=2)
+        await conn.close()
+
+
+async def test_non_fatal_fin_error_goes_to_on_error() -> None:
+    errors: list[ServerError] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"FIN")
+        p.send_error(b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight")
+        await p.expect(b"PUB")  # the connection is still usable
+        p.send_response()
+        await finish_cls(p)
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+                          on_error=lambda c, e: errors.append(e))
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        conn.fin(b"0123456789abcdef")
+        await conn.publish("t", b"x", timeout=2)
+        assert len(errors) == 1 and isinstance(errors[0], FinFailedError)
+        assert not errors[0].fatal
+        assert conn.is_connected
+        await conn.close()
+
+
+async def test_close_sends_cls_and_delivers_until_close_wait() -> None:
+    closes: list[BaseException | None] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        await p.expect(b"CLS")
+        p.send_message(encode_message(1, 1, b"0123456789abcdef", b"late"))
+        p.send_response(b"CLOSE_WAIT")
+        fin = await p.expect(b"FIN")
+        assert fin.params == [b"0123456789abcdef"]
+        await p.expect_eof()
+
+    inbox = Inbox()
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox,
+                          on_close=lambda c, e: closes.append(e))
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        conn.send_rdy(1)
+        await conn.cls()
+        assert conn.is_closing
+        (msg,) = await inbox.wait(1)
+        assert conn.fin(msg.id)  # still allowed after CLS
+        await conn.close()
+        assert conn.is_closed
+    assert closes == [None]
+
+
+async def test_close_is_bounded_when_close_wait_never_comes() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"CLS")
+        await p.expect_eof()  # never answers
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(close_timeout=0.2),
+                          on_message=lambda c, m: None)
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await conn.close()
+        assert loop.time() - start < 1.0
+        assert conn.is_closed
+    assert not leftover_tasks()
+
+
+async def test_fatal_sub_error_raises_and_closes() -> None:
+    closes: list[BaseException | None] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"SUB")
+        p.send_error(b"E_SUB_EXTEND_NEED need extend support for topic t")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+                          on_close=lambda c, e: closes.append(e))
+        await conn.connect()
+        with pytest.raises(SubExtendNeedError) as info:
+            await conn.subscribe("t", "c", 0, ext=True)
+        assert info.value.fatal and info.value.topic == "t"
+        assert not conn.subscribed
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+    assert closes == [info.value]
+
+
+async def test_fatal_error_answering_a_fire_and_forget_command_closes() -> None:
+    closes: list[BaseException | None] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        p.send_error(b"E_INVALID RDY count 3000 out of range 0-2500")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+                          on_close=lambda c, e: closes.append(e))
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        conn.send_rdy(1)
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+    assert len(closes) == 1 and isinstance(closes[0], InvalidError)
+
+
+async def test_read_timeout_closes_and_fails_waiters() -> None:
+    closes: list[BaseException | None] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"PUB")
+        await p.expect_eof()  # silence: no heartbeat, no answer
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(heartbeat_interval=1, read_timeout=1.05),
+                          on_close=lambda c, e: closes.append(e))
+        await conn.connect()
+        with pytest.raises(NSQTimeoutError, match="no data from nsqd"):
+            await conn.publish("t", b"x")
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+    assert len(closes) == 1 and isinstance(closes[0], NSQTimeoutError)
+
+
+async def test_subscribe_argument_checks() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version="1.3.0")
+        await p.expect(b"SUB")
+        p.send_response()
+        await finish_cls(p)
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        with pytest.raises(ConfigError, match="on_message"):
+            await conn.subscribe("t", "c")
+        conn.on_message = lambda c, m: None
+        with pytest.raises(UnsupportedFeatureError):
+            await conn.subscribe("t", "c", 0, mode="ordered")
+        with pytest.raises(ConfigError, match="advanced"):
+            await conn.subscribe("t", "c", offset=OffsetSpec.end())
+        with pytest.raises(ConfigError, match="mode"):
+            await conn.subscribe("t", "c", mode="bogus")  # type: ignore[arg-type]
+        await conn.subscribe("t", "c", 0)
+        with pytest.raises(ConfigError, match="already subscribed"):
+            await conn.subscribe("t", "c")
+        with pytest.raises(ConfigError):
+            conn.send_rdy(-1)
+        await conn.close()
+
+
+async def test_failing_on_message_is_logged_and_delivery_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        p.send_message(encode_message(1, 1, b"0" * 16, b"boom"))
+        p.send_message(encode_message(1, 1, b"1" * 16, b"fine"))
+        await finish_cls(p)
+
+    seen: list[bytes] = []
+    done = asyncio.Event()
+
+    def on_message(conn: Connection, msg: RawMessage) -> None:
+        seen.append(msg.body)
+        if msg.body == b"boom":
+            raise RuntimeError("handler bug")
+        done.set()
+
+    caplog.set_level(logging.ERROR)
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=on_message)
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        conn.send_rdy(2)
+        async with asyncio.timeout(3):
+            await done.wait()
+        assert conn.is_connected
+        await conn.close()
+    assert seen == [b"boom", b"fine"]
+    assert "handler bug" in caplog.text

@@ -1,0 +1,439 @@
+"""Publishing over one connection: FIFO matching, timeouts, trace replies, errors, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import pytest
+
+from smartnsq.config import ConnectionConfig
+from smartnsq.conn import Connection
+from smartnsq.errors import (
+    BadTopicError,
+    ClientClosedError,
+    CommandKind,
+    ConnectionClosedError,
+    ExtNotSupportError,
+    NotLeaderError,
+    NSQTimeoutError,
+    PubFailedError,
+    ServerError,
+    UnsupportedFeatureError,
+)
+from smartnsq.protocol import commands
+from smartnsq.protocol.responses import TraceResponse, encode_trace_response
+from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
+
+
+def pause_event(conn: Connection) -> asyncio.Event:
+    """An event set when the transport pauses the connection's writes."""
+    paused = asyncio.Event()
+    wire = conn._wire
+    assert wire is not None
+    real_pause = wire.pause_writing
+
+    def pause_writing() -> None:
+        real_pause()
+        paused.set()
+
+    wire.pause_writing = pause_writing  # type: ignore[method-assign]
+    return paused
+
+
+def cfg(**kw: Any) -> ConnectionConfig:
+    kw.setdefault("handshake_timeout", 3.0)
+    kw.setdefault("close_timeout", 1.0)
+    return ConnectionConfig(**kw)
+
+
+async def test_many_publishes_in_flight_are_matched_in_order() -> None:
+    n = 200
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        cmds = [await p.read_command() for _ in range(n)]
+        assert [c.body for c in cmds] == [b"m%d" % i for i in range(n)]
+        assert cmds[0].params == [b"t", b"3"]
+        for i in range(n):  # every 7th fails, non-fatally on youzan
+            if i % 7 == 3:
+                p.send_error(b"E_PUB_FAILED pub to wait channel timeout")
+            else:
+                p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        results = await asyncio.gather(
+            *(conn.publish("t", b"m%d" % i, partition=3) for i in range(n)),
+            return_exceptions=True)
+        for i, r in enumerate(results):
+            if i % 7 == 3:
+                assert isinstance(r, PubFailedError) and not r.fatal, (i, r)
+                assert r.topic == "t" and r.partition == 3
+            else:
+                assert r is None, (i, r)
+        assert conn.is_connected  # non-fatal errors keep the connection
+        stats = conn.stats()
+        assert stats.publishes == n and stats.pending == 0 and stats.error_frames == n // 7 + 1
+        await conn.close()
+
+
+async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        for _ in range(50):
+            await p.expect(b"PUB")
+            p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        transport = conn._wire._transport  # type: ignore[union-attr]
+        assert transport is not None
+        writes: list[int] = []
+        real_write = transport.write
+
+        def counting_write(data: Any) -> None:
+            writes.append(len(data))
+            real_write(data)
+
+        transport.write = counting_write  # type: ignore[method-assign]
+        await asyncio.gather(*(conn.publish("t", b"x" * 10) for _ in range(50)))
+        assert len(writes) == 1
+        assert writes[0] == 50 * len(commands.pub("t", b"x" * 10))
+        await conn.close()
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_abandoned_publish_keeps_its_fifo_slot(how: str) -> None:
+    release = asyncio.Event()
+    got_first = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"PUB")
+        got_first.set()
+        async with asyncio.timeout(3):
+            await release.wait()  # answer the first publish only after it was abandoned
+        await p.expect(b"PUB")
+        p.send_response()  # answers the first (abandoned) publish
+        p.send_error(b"E_PUB_FAILED second one failed")  # answers the second
+        await p.expect(b"PUB")
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        if how == "timeout":
+            with pytest.raises(NSQTimeoutError, match=r"did not answer within 0\.05s"):
+                await conn.publish("t", b"first", timeout=0.05)
+        else:
+            task = asyncio.create_task(conn.publish("t", b"first"))
+            async with asyncio.timeout(3):
+                await got_first.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert conn.pending == 1  # the slot stays until the answer arrives
+        release.set()
+        # if the FIFO had lost the slot, this publish would wrongly get the first one's OK
+        with pytest.raises(PubFailedError, match="second one failed"):
+            await conn.publish("t", b"second", timeout=2)
+        await conn.publish("t", b"third", timeout=2)
+        assert conn.is_connected and conn.pending == 0
+        await conn.close()
+
+
+async def test_timeouts_fire_for_every_waiter_independently() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        for _ in range(3):
+            await p.expect(b"PUB")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        results = await asyncio.gather(conn.publish("t", b"a", timeout=0.3),
+                                       conn.publish("t", b"b", timeout=0.05),
+                                       conn.publish("t", b"c", timeout=0.15),
+                                       return_exceptions=True)
+        assert all(isinstance(r, NSQTimeoutError) for r in results)
+        assert loop.time() - start < 1.0
+        await conn.close()
+
+
+async def test_trace_and_ext_replies() -> None:
+    trace = encode_trace_response(3, 0x0102030405060708, 45, 41)
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        cmd = await p.expect(b"PUB_TRACE")
+        assert cmd.params == [b"t", b"1"]
+        assert cmd.body == struct.pack(">Q", 0x0102030405060708) + b"body"
+        p.send_response(trace)
+        await p.expect(b"MPUB_TRACE")
+        p.send_response(encode_trace_response(4, 0, 86, 90))
+        await p.expect(b"PUB_EXT")
+        p.send_response(trace)
+        await p.expect(b"PUB_EXT")
+        p.send_response()
+        await p.expect(b"MPUB_EXT")
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        r = await conn.publish_trace("t", 1, 0x0102030405060708, b"body")
+        assert r == TraceResponse(3, 0x0102030405060708, 45, 41)
+        r = await conn.publish_many_trace("t", 1, [(1, b"a"), (2, b"b")])
+        assert r == TraceResponse(4, 0, 86, 90)
+        assert await conn.publish_ext("t", 1, {"##trace_id": "72623859790382856"}, b"x") == \
+            TraceResponse(3, 0x0102030405060708, 45, 41)
+        assert await conn.publish_ext("t", 1, {"k": "v"}, b"x") is None
+        await conn.publish_many_ext("t", 1, [({"k": "v"}, b"x"), (None, b"y")])
+        await conn.close()
+
+
+async def test_fatal_error_fails_its_waiter_then_everything_and_closes() -> None:
+    closes: list[BaseException | None] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version="1.3.0")
+        for _ in range(3):
+            await p.expect(b"PUB")
+        p.send_response()
+        p.send_error(b"E_BAD_TOPIC PUB topic name \"bad\" is not valid")
+        # a real nsqd closes now; this one waits to see the client close by itself
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_close=lambda c, e: closes.append(e))
+        await conn.connect()
+        results = await asyncio.gather(*(conn.publish("t", b"%d" % i) for i in range(3)),
+                                       return_exceptions=True)
+        assert results[0] is None
+        assert isinstance(results[1], BadTopicError) and results[1].fatal
+        assert isinstance(results[2], ConnectionClosedError)
+        assert results[2].__cause__ is results[1]
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+        assert closes == [results[1]]
+        assert conn.error is results[1]
+        with pytest.raises(ConnectionClosedError):
+            await conn.publish("t", b"again")
+    assert not leftover_tasks()
+
+
+async def test_youzan_not_leader_on_publish_is_not_fatal() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"PUB")
+        p.send_error(b"E_FAILED_ON_NOT_LEADER ")
+        await p.expect(b"PUB")
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        with pytest.raises(NotLeaderError) as info:
+            await conn.publish("t", b"x", partition=2)
+        err = info.value
+        assert not err.fatal and err.refresh_lookup
+        assert (err.topic, err.partition, err.address) == ("t", 2, conn.address)
+        await conn.publish("t", b"y", partition=2)
+        await conn.close()
+
+
+async def test_error_for_an_abandoned_publish_goes_to_on_error() -> None:
+    errors: list[ServerError] = []
+    release = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"PUB")
+        async with asyncio.timeout(3):
+            await release.wait()
+        p.send_error(b"E_PUB_FAILED late")
+        await p.expect(b"PUB")
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(),
+                          on_error=lambda c, e: errors.append(e))
+        await conn.connect()
+        with pytest.raises(NSQTimeoutError):
+            await conn.publish("t", b"x", timeout=0.05)
+        release.set()
+        await conn.publish("t", b"y", timeout=2)
+        assert [type(e) for e in errors] == [PubFailedError]
+        await conn.close()
+
+
+async def test_mpub_ext_error_closes_the_connection() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"MPUB_EXT")
+        p.send_error(b"E_EXT_NOT_SUPPORT ext content not supported in topic t")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        with pytest.raises(ExtNotSupportError) as info:
+            await conn.publish_many_ext("t", 0, [({"a": "b"}, b"x")])
+        assert not info.value.fatal
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+
+
+async def test_flavour_specific_commands_are_refused_before_sending() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        with pytest.raises(UnsupportedFeatureError, match="DPUB"):
+            await conn.publish_deferred("t", b"x", 1000)
+        assert conn.stats().requests == 0
+        await conn.close()
+
+    async def stock(p: Peer) -> None:
+        await p.handshake(version="1.3.0")
+        cmd = await p.expect(b"DPUB")
+        assert cmd.params == [b"t", b"1500"] and cmd.body == b"later"
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(stock) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        for call in (conn.publish_trace("t", 0, 1, b"x"), conn.publish_ext("t", 0, {}, b"x"),
+                     conn.publish_many_trace("t", 0, [(1, b"x")]),
+                     conn.publish_many_ext("t", 0, [(None, b"x")])):
+            with pytest.raises(UnsupportedFeatureError):
+                await call
+        await conn.publish_deferred("t", b"later", 1500)
+        await conn.close()
+
+
+async def test_generic_request_and_use_after_close() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        cmd = await p.expect(b"INTERNAL_CREATE_TOPIC")
+        assert cmd.params == [b"t", b"0"]
+        p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        with pytest.raises(Exception, match="not connected"):
+            await conn.publish("t", b"x")
+        await conn.connect()
+        data = await conn.request(commands.internal_create_topic("t", 0), CommandKind.OTHER)
+        assert data == b"OK"
+        await conn.close()
+        with pytest.raises(ClientClosedError):
+            await conn.publish("t", b"x")
+        assert not conn.fin(b"0" * 16)
+        await conn.close()  # idempotent
+
+
+async def test_close_waits_for_outstanding_publishes() -> None:
+    got_all = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        for _ in range(3):
+            await p.expect(b"PUB")
+        got_all.set()
+        async with asyncio.timeout(3):
+            await answer.wait()
+        for _ in range(3):
+            p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        tasks = [asyncio.create_task(conn.publish("t", b"x")) for _ in range(3)]
+        async with asyncio.timeout(3):
+            await got_all.wait()
+        closer = asyncio.create_task(conn.close())
+        await asyncio.sleep(0)  # one step: close() runs up to its wait for the answers
+        assert conn.is_closing and not closer.done() and conn.pending == 3
+        with pytest.raises(ClientClosedError):
+            await conn.publish("t", b"refused while closing")
+        answer.set()
+        async with asyncio.timeout(3):
+            await closer
+        assert [t.result() for t in tasks] == [None, None, None]
+
+
+async def test_back_pressure_waits_for_the_socket_to_drain() -> None:
+    big = b"x" * (1024 * 1024)
+    n = 24
+    reading = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        async with asyncio.timeout(5):
+            await reading.wait()  # not reading fills the socket and pauses the client
+        for _ in range(n + 1):
+            await p.expect(b"PUB")
+            p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(write_timeout=5.0))
+        await conn.connect()
+        paused = pause_event(conn)
+        tasks = [asyncio.create_task(conn.publish("t", big)) for _ in range(n)]
+        async with asyncio.timeout(3):
+            await paused.wait()
+        assert conn.write_paused and conn.pending == n
+        late = asyncio.create_task(conn.publish("t", b"late"))
+        await asyncio.sleep(0)  # one step: the late publish reaches its drain wait
+        assert not late.done() and conn.pending == n  # waiting in drain, not yet sent
+        reading.set()
+        async with asyncio.timeout(5):
+            await asyncio.gather(*tasks, late)
+        await conn.close()
+
+
+async def test_write_timeout_fails_everything_when_the_server_stops_reading() -> None:
+    big = b"x" * (1024 * 1024)
+    stop = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        async with asyncio.timeout(5):
+            await stop.wait()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(write_timeout=0.2))
+        await conn.connect()
+        paused = pause_event(conn)
+        tasks = [asyncio.create_task(conn.publish("t", big)) for _ in range(24)]
+        async with asyncio.timeout(3):
+            await paused.wait()
+        with pytest.raises(NSQTimeoutError, match="write_timeout"):
+            await conn.publish("t", b"late")
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, NSQTimeoutError) for r in results)
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+        stop.set()
