@@ -337,6 +337,7 @@ async def test_cluster_write_disabled_gives_nulls_to_writers(yz: Env) -> None:
     add_channel(yz, "o", 0, "c")
     status, _ = await yz.post("/disable/write?type=all")
     assert status == 200 and yz.meta.write_disabled == "all"
+    assert yz.events[-1] == MetaEvent("writable_changed", old=None, new="all")
     for v1 in (True, False):
         doc = await yz.json("/lookup?topic=t&access=w&metainfo=true", v1=v1)
         assert doc["producers"] is None and doc["partitions"] is None

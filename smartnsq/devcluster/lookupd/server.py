@@ -33,6 +33,7 @@ from smartnsq.devcluster.meta import (
     STOCK_VERSION,
     YOUZAN_VERSION,
     ClusterMeta,
+    MetaEvent,
     NodeInfo,
     NodeView,
     TopicMeta,
@@ -690,7 +691,10 @@ class NsqLookupd:
 
     def _yz_disable_write(self, request: web.Request) -> Any:
         kind = request.query.get("type", "")
-        self.meta.write_disabled = kind if kind in ("all", "ordered") else None
+        new = kind if kind in ("all", "ordered") else None
+        old, self.meta.write_disabled = self.meta.write_disabled, new
+        if old != new:
+            self.meta.emit(MetaEvent("writable_changed", old=old, new=new))
         return None
 
     # --- stock -------------------------------------------------------------------------------
