@@ -126,21 +126,15 @@ class ConnectionStats:
     rdy: int
 
 
-class _Waiter:
-    """One FIFO slot: a command that gets exactly one response frame."""
+#: One FIFO slot, for a command that gets exactly one response frame:
+#: (future, deadline, kind, timeout, topic, partition, close_on_error). A plain tuple because
+#: every publish makes one (a slotted class costs ~4x as much to build).
+_Waiter = tuple[asyncio.Future[bytes], float, CommandKind, float | None, str | None,
+                int | None, bool]
 
-    __slots__ = ("close_on_error", "deadline", "fut", "kind", "partition", "timeout", "topic")
 
-    def __init__(self, fut: asyncio.Future[bytes], kind: CommandKind, timeout: float | None,
-                 deadline: float, topic: str | None, partition: int | None,
-                 close_on_error: bool) -> None:
-        self.fut = fut
-        self.kind = kind
-        self.timeout = timeout
-        self.deadline = deadline
-        self.topic = topic
-        self.partition = partition
-        self.close_on_error = close_on_error
+def _ignore_write(data: bytes) -> None:
+    """Stands in for the wire's write before connect()."""
 
 
 class Connection:
@@ -192,6 +186,8 @@ class Connection:
         self._hs_waiter: asyncio.Future[Frame] | None = None
 
         self._waiters: deque[_Waiter] = deque()
+        #: the wire's write, bound once: it is called for every command
+        self._write: Callable[[bytes], None] = _ignore_write
         self._deadline_handle: asyncio.TimerHandle | None = None
         self._deadline_at = math.inf
         self._idle_fut: asyncio.Future[None] | None = None
@@ -349,6 +345,7 @@ class Connection:
         self._closed_fut = loop.create_future()
         self._state = State.CONNECTING
         wire = self._wire = Wire(loop, self._on_data, self._on_fault, self._on_lost)
+        self._write = wire.write
         try:
             try:
                 async with asyncio.timeout(cfg.dial_timeout):
@@ -515,8 +512,7 @@ class Connection:
             del buf[:n]
             frame = frames[0]
             if frame.type == FRAME_RESPONSE and frame.data == HEARTBEAT:
-                if self._wire is not None:
-                    self._wire.write(_NOP)
+                self._write(_NOP)
                 continue
             return frame
         return None
@@ -566,7 +562,7 @@ class Connection:
                     logger.exception("on_message callback failed (nsqd %s)", self.address)
             elif ftype == FRAME_RESPONSE:
                 if payload == HEARTBEAT:
-                    self._wire.write(_NOP)  # type: ignore[union-attr]
+                    self._write(_NOP)
                     continue
                 self._on_response(payload)
                 if self._exc is not None:
@@ -585,7 +581,7 @@ class Connection:
             self._fail(ProtocolError(f"nsqd {self.address} sent a response nothing waits for: "
                                      f"{payload[:32]!r}"))
             return
-        fut = waiters.popleft().fut
+        fut = waiters.popleft()[0]
         if not fut.done():
             fut.set_result(payload)
         if not waiters and self._idle_fut is not None:
@@ -607,14 +603,14 @@ class Connection:
             else:
                 self._report(exc)
             return
-        w = waiters.popleft()
-        exc = error_from_frame(payload, self._flavour, w.kind, address=self.address,
-                               topic=w.topic, partition=w.partition)
-        if not w.fut.done():
-            w.fut.set_exception(exc)
+        fut, _, kind, _, topic, partition, close_on_error = waiters.popleft()
+        exc = error_from_frame(payload, self._flavour, kind, address=self.address,
+                               topic=topic, partition=partition)
+        if not fut.done():
+            fut.set_exception(exc)
         elif not exc.fatal:
             self._report(exc)
-        if exc.fatal or w.close_on_error:
+        if exc.fatal or close_on_error:
             if not exc.fatal:
                 logger.warning("closing connection to nsqd %s after %s: the server may have "
                                "left part of the command unread", self.address, exc.server_code)
@@ -688,7 +684,7 @@ class Connection:
     def _fail_waiters(self, exc: NSQError) -> None:
         waiters = self._waiters
         while waiters:
-            fut = waiters.popleft().fut
+            fut = waiters.popleft()[0]
             if not fut.done():
                 fut.set_exception(exc)
         hs = self._hs_waiter
@@ -758,7 +754,7 @@ class Connection:
                 if self._subscribed and self._cls_fut is None:
                     await self._cls()
                 # waiters whose callers gave up (timeout, cancel) are not worth waiting for
-                if any(not w.fut.done() for w in self._waiters):
+                if any(not w[0].done() for w in self._waiters):
                     await self._wait_idle()
         except (TimeoutError, NSQError) as exc:
             logger.debug("closing nsqd %s: not drained cleanly (%r)", self.address, exc)
@@ -822,9 +818,8 @@ class Connection:
             deadline = loop.time() + timeout
             if deadline < self._deadline_at:
                 self._arm_deadline(deadline)
-        self._waiters.append(_Waiter(fut, kind, timeout, deadline, topic, partition,
-                                     close_on_error))
-        self._wire.write(command)
+        self._waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+        self._write(command)
         self._requests += 1
         if kind is _PUBLISH:
             self._publishes += 1
@@ -846,11 +841,12 @@ class Connection:
         now = self._loop.time()
         nxt = math.inf
         for w in self._waiters:
-            d = w.deadline
+            d = w[1]
             if d <= now:
-                if not w.fut.done():
-                    w.fut.set_exception(NSQTimeoutError(
-                        f"nsqd {self.address} did not answer within {w.timeout}s"))
+                fut = w[0]
+                if not fut.done():
+                    fut.set_exception(NSQTimeoutError(
+                        f"nsqd {self.address} did not answer within {w[3]}s"))
             elif d < nxt:
                 nxt = d
         if nxt < math.inf:
@@ -1007,7 +1003,7 @@ class Connection:
         command = commands.rdy(n, self._max_rdy)
         if not self._can_write:
             return False
-        self._wire.write(command)  # type: ignore[union-attr]
+        self._write(command)
         self._rdy = n
         return True
 
@@ -1015,7 +1011,7 @@ class Connection:
         """FIN (fire-and-forget). False if the connection can no longer write."""
         if not self._can_write:
             return False
-        self._wire.write(commands.fin(msg_id))  # type: ignore[union-attr]
+        self._write(commands.fin(msg_id))
         if self._in_flight:
             self._in_flight -= 1
         return True
@@ -1024,7 +1020,7 @@ class Connection:
         """REQ with a redelivery delay (fire-and-forget). False if not sent."""
         if not self._can_write:
             return False
-        self._wire.write(commands.req(msg_id, delay_ms))  # type: ignore[union-attr]
+        self._write(commands.req(msg_id, delay_ms))
         if self._in_flight:
             self._in_flight -= 1
         return True
@@ -1033,7 +1029,7 @@ class Connection:
         """TOUCH: restart the message's timeout (fire-and-forget). False if not sent."""
         if not self._can_write:
             return False
-        self._wire.write(commands.touch(msg_id))  # type: ignore[union-attr]
+        self._write(commands.touch(msg_id))
         return True
 
     async def cls(self, timeout: float | None = None) -> None:
@@ -1055,8 +1051,8 @@ class Connection:
         assert self._loop is not None and self._wire is not None
         # enqueue directly: close() already moved the state to CLOSING
         fut: asyncio.Future[bytes] = self._loop.create_future()
-        self._waiters.append(_Waiter(fut, CommandKind.OTHER, None, math.inf, None, None, False))
-        self._wire.write(commands.CLS)
+        self._waiters.append((fut, math.inf, CommandKind.OTHER, None, None, None, False))
+        self._write(commands.CLS)
         self._requests += 1
         self._cls_fut = fut
         if timeout is None:

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import ssl
 from collections.abc import Callable
+from typing import cast
 
 from smartnsq.config import TLSConfig
 from smartnsq.errors import CompressionError, NSQTimeoutError, TLSError
@@ -84,9 +85,9 @@ class Wire(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        # uvloop's transports implement the interface without subclassing asyncio.Transport
+        t = self._transport = cast(asyncio.Transport, transport)
+        t.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
