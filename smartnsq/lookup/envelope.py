@@ -39,8 +39,12 @@ class LookupdError(LookupFailedError):
         self.path = path
         self.status = status
         where = f"lookupd {lookupd}{path}" if lookupd else f"lookupd{' ' + path if path else ''}"
-        code = f"HTTP {status}: " if status is not None else ""
-        super().__init__(f"{where}: {code}{reason}")
+        super().__init__(f"{where}: {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """The reason with the HTTP status, without the lookupd's address."""
+        return f"HTTP {self.status}: {self.reason}" if self.status is not None else self.reason
 
 
 def quote(text: str) -> str:
