@@ -1,0 +1,72 @@
+"""HTTP requests to one nsqlookupd, with a hard per-request timeout and envelope decoding."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import aiohttp
+
+from smartnsq.config import USER_AGENT
+from smartnsq.lookup.envelope import ACCEPT_V1, LookupdError, decode
+
+#: lookupd payloads are small; anything this large is not a lookupd talking
+MAX_BODY = 8 * 1024 * 1024
+
+HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
+
+
+class LookupdClient:
+    """Sends requests to lookupds given by base URL (``http://host:port``)."""
+
+    def __init__(self, session: aiohttp.ClientSession, timeout: float) -> None:
+        self._session = session
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    async def get(self, lookupd: str, path: str,
+                  params: Mapping[str, str] | None = None) -> object:
+        return await self.request("GET", lookupd, path, params)
+
+    async def post(self, lookupd: str, path: str,
+                   params: Mapping[str, str] | None = None) -> object:
+        return await self.request("POST", lookupd, path, params)
+
+    async def request(self, method: str, lookupd: str, path: str,
+                      params: Mapping[str, str] | None = None) -> object:
+        """The decoded payload; :class:`LookupdError` for every kind of failure."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._session.request(
+                    method, lookupd + path, params=dict(params or {}), headers=HEADERS,
+                    timeout=aiohttp.ClientTimeout(total=self._timeout),
+                    allow_redirects=False,
+                ) as resp:
+                    body = await _read_capped(resp, lookupd, path)
+                    return decode(resp.status, resp.headers, body, lookupd=lookupd, path=path)
+        except LookupdError:
+            raise
+        except TimeoutError:
+            raise LookupdError(f"no answer within {self._timeout:g}s", lookupd=lookupd,
+                               path=path) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise LookupdError(f"cannot connect: {exc.os_error.strerror or exc.os_error}",
+                               lookupd=lookupd, path=path) from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise LookupdError(f"request failed: {exc!r}", lookupd=lookupd,
+                               path=path) from None
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, lookupd: str, path: str) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise LookupdError(f"response larger than {MAX_BODY} bytes", lookupd=lookupd,
+                               path=path, status=resp.status)
+        chunks.append(chunk)
+    return b"".join(chunks)

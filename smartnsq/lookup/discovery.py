@@ -1,0 +1,97 @@
+"""Which lookupds exist: ``/listlookup`` on the known ones, falling back to the seeds.
+
+One pass asks every known lookupd (demoted ones only when due) at the same time:
+
+* if any answers with a list, the known set becomes seeds ∪ every listed lookupd (lookupds
+  that are no longer listed are dropped, seeds never are) and the leader is the one named
+  by the answer with the highest leader ``Epoch`` (the most recent election);
+* if none has a list but some answered that they have none (stock 404, standalone youzan
+  empty body or ``"data": null``), only the seeds are used and there is no leader;
+* if every request failed, nothing changes: a network blip must not shrink the set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from smartnsq.lookup.client import LookupdClient
+from smartnsq.lookup.envelope import LookupdError
+from smartnsq.lookup.health import HealthBook
+from smartnsq.lookup.parse import ClusterLookupds, parse_listlookup
+
+log = logging.getLogger("smartnsq.lookup")
+
+
+class _Unsupported:
+    pass
+
+
+_UNSUPPORTED = _Unsupported()
+
+
+class Discovery:
+    def __init__(self, seeds: Sequence[str], health: HealthBook, client: LookupdClient, *,
+                 enabled: bool) -> None:
+        self.seeds = tuple(seeds)
+        self.enabled = enabled
+        self._health = health
+        self._client = client
+        self.leader: str | None = None
+        #: None until a pass got an answer; then whether the cluster has /listlookup
+        self.supported: bool | None = None
+        self.passes = 0
+
+    async def run(self) -> tuple[str, ...]:
+        """One discovery pass; never raises for lookupd failures. Returns the known set."""
+        if not self.enabled:
+            return self._health.addresses
+        self.passes += 1
+        healthy, probes = self._health.plan()
+        targets = healthy + probes
+        results = await asyncio.gather(*(self._ask(a) for a in targets))
+        lists = [r for r in results if isinstance(r, ClusterLookupds)]
+        if lists:
+            self.supported = True
+            self._apply(lists)
+        elif any(r is _UNSUPPORTED for r in results):
+            if self.supported is not False:
+                log.info("lookupds have no /listlookup (stock or standalone youzan); "
+                         "using the configured seeds %s", ", ".join(self.seeds))
+            self.supported = False
+            self._apply([ClusterLookupds(self.seeds, None)])
+        else:
+            log.warning("/listlookup failed on every lookupd (%s); keeping %d known lookupds",
+                        ", ".join(targets), len(self._health.addresses))
+        return self._health.addresses
+
+    async def _ask(self, lookupd: str) -> ClusterLookupds | _Unsupported | None:
+        try:
+            payload = await self._client.get(lookupd, "/listlookup")
+            result = parse_listlookup(payload, lookupd=lookupd)
+        except LookupdError as exc:
+            if exc.status == 404:
+                self._health.success(lookupd)
+                return _UNSUPPORTED
+            self._health.failure(lookupd, f"/listlookup: {exc.detail}")
+            return None
+        self._health.success(lookupd)
+        return _UNSUPPORTED if result is None else result
+
+    def _apply(self, lists: Sequence[ClusterLookupds]) -> None:
+        listed: list[str] = []
+        for cl in lists:
+            listed.extend(a for a in cl.lookupds if a not in listed)
+        for addr in listed:
+            if self._health.add(addr):
+                log.info("discovered lookupd %s", addr)
+        for addr in self._health.addresses:
+            if addr not in listed and not self._health.is_seed(addr):
+                self._health.remove(addr)
+                log.info("lookupd %s is no longer listed by /listlookup; dropped", addr)
+        # max() keeps the first of equal epochs, i.e. the answer of the healthiest lookupd
+        best = max(lists, key=lambda cl: cl.leader_epoch if cl.leader else -1)
+        if best.leader != self.leader:
+            log.info("lookupd leader is now %s (was %s)", best.leader, self.leader)
+        self.leader = best.leader

@@ -1,0 +1,474 @@
+"""The lookup component: the client's source of truth for where topics live.
+
+A round for ``(topic, access)`` asks every known lookupd concurrently (healthy ones first:
+the round waits for them; demoted ones only when their backoff is due, and the round does not
+wait for those once a healthy lookupd answered), then merges the answers (``view.py``).
+When no lookupd answers, the previous view stays in force, the error is recorded
+(:meth:`Lookup.last_error`) and subscribers get a :class:`LookupFailed` event; only a caller
+that has no view at all gets :class:`LookupFailedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from smartnsq.config import LookupConfig
+from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
+from smartnsq.lookup.admin import LookupAdmin
+from smartnsq.lookup.client import LookupdClient
+from smartnsq.lookup.coalesce import Coalescer
+from smartnsq.lookup.discovery import Discovery
+from smartnsq.lookup.envelope import LookupdError
+from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
+from smartnsq.lookup.health import HealthBook, LookupdStatus
+from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
+from smartnsq.lookup.refresher import jittered_delay, run_periodically
+from smartnsq.lookup.subscription import ChangeCallback, Subscription
+from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
+from smartnsq.protocol.validation import check_topic, parse_http_address
+
+log = logging.getLogger("smartnsq.lookup")
+
+#: least time between two rounds of one topic when callers keep asking (youzan go-nsq
+#: pauses 100 ms after a forced re-query)
+MIN_ROUND_SPACING = 0.1
+
+Key = tuple[str, Access]
+
+
+def check_access(access: str) -> Access:
+    if access == "r":
+        return "r"
+    if access == "w":
+        return "w"
+    raise ConfigError(f"access must be 'r' (consumers) or 'w' (producers), got {access!r}")
+
+
+@dataclass(eq=False)
+class _TopicState:
+    topic: str
+    access: Access
+    metainfo: bool
+    coalescer: Coalescer[TopicView] = field(init=False)
+    view: TopicView | None = None
+    last_error: LookupFailedError | None = None
+    #: last good answer of each lookupd, reused while it fails without being demoted
+    answers: dict[str, LookupAnswer] = field(default_factory=dict)
+    refresher: asyncio.Task[None] | None = None
+    subscribers: list[Subscription] = field(default_factory=list)
+
+
+class Lookup:
+    """Discovers lookupds, keeps merged topic views fresh and tells subscribers what changed.
+
+    Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:``. Methods start it
+    on first use too, but only ``close()`` (or leaving the ``async with``) stops its tasks.
+    ``clock`` (monotonic seconds) and ``rng`` can be injected for tests.
+    """
+
+    def __init__(self, config: LookupConfig, *, session: aiohttp.ClientSession | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        if not isinstance(config, LookupConfig):
+            raise ConfigError(f"Lookup needs a LookupConfig, got {type(config).__name__}")
+        seeds: list[str] = []
+        for a in config.addresses:
+            url = parse_http_address(a)
+            if url not in seeds:
+                seeds.append(url)
+        self._config = config
+        self._seeds = tuple(seeds)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._session = session
+        self._own_session = session is None
+        self._health = HealthBook(
+            failure_threshold=config.failure_threshold,
+            retry_min=config.demoted_retry_min,
+            retry_max=config.demoted_retry_max,
+            clock=clock,
+        )
+        for s in self._seeds:
+            self._health.add(s, seed=True)
+        self._client: LookupdClient | None = None
+        self._discovery: Discovery | None = None
+        self._discover_once: Coalescer[tuple[str, ...]] | None = None
+        #: set after the first /listlookup pass, which the first lookup round waits for
+        self._discovered = asyncio.Event()
+        self._discovery_task: asyncio.Task[None] | None = None
+        self._topics: dict[Key, _TopicState] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._closed = False
+        self._admin: LookupAdmin | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open the HTTP session and start the periodic ``/listlookup`` pass."""
+        if self._closed:
+            raise ClientClosedError("this Lookup is closed")
+        if self._started:
+            return
+        self._started = True
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self._client = LookupdClient(self._session, self._config.request_timeout)
+        self._discovery = Discovery(self._seeds, self._health, self._client,
+                                    enabled=self._config.use_listlookup)
+        self._discover_once = Coalescer(self._discover_round)
+        if self._config.use_listlookup:
+            self._discovery_task = asyncio.create_task(run_periodically(
+                "lookupd discovery", self._discover_once, self._poll_delay, immediately=True))
+
+    async def close(self) -> None:
+        """Stop every task, end subscriptions, close the session we opened. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks: list[asyncio.Task[Any]] = list(self._background)
+        if self._discovery_task is not None:
+            tasks.append(self._discovery_task)
+        for state in self._topics.values():
+            if state.refresher is not None:
+                tasks.append(state.refresher)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        closing = [s.coalescer.close() for s in self._topics.values()]
+        if self._discover_once is not None:
+            closing.append(self._discover_once.close())
+        await asyncio.gather(*closing, return_exceptions=True)
+        for state in self._topics.values():
+            for sub in list(state.subscribers):
+                sub.close()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+
+    async def _ready(self) -> LookupdClient:
+        if self._closed:
+            raise ClientClosedError("this Lookup is closed")
+        await self.start()
+        assert self._client is not None
+        return self._client
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def config(self) -> LookupConfig:
+        return self._config
+
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        """Configured lookupds as base URLs (``http://host:port``)."""
+        return self._seeds
+
+    @property
+    def leader(self) -> str | None:
+        """Base URL of the lookupd leader named by ``/listlookup`` (None: unknown/none)."""
+        return self._discovery.leader if self._discovery is not None else None
+
+    def lookupds(self) -> tuple[LookupdStatus, ...]:
+        """Every known lookupd with its health, seeds first."""
+        return self._health.snapshot(self.leader)
+
+    def view(self, topic: str, access: str = "r") -> TopicView | None:
+        """The current view, without any I/O (None before the first successful round)."""
+        state = self._topics.get((check_topic(topic), check_access(access)))
+        return state.view if state is not None else None
+
+    def last_error(self, topic: str, access: str = "r") -> LookupFailedError | None:
+        """Why the latest round for ``(topic, access)`` failed; None after a good round."""
+        state = self._topics.get((check_topic(topic), check_access(access)))
+        return state.last_error if state is not None else None
+
+    def rounds(self, topic: str, access: str = "r") -> int:
+        """How many lookup rounds ran for ``(topic, access)`` (coalescing made visible)."""
+        state = self._topics.get((check_topic(topic), check_access(access)))
+        return state.coalescer.rounds if state is not None else 0
+
+    @property
+    def admin(self) -> LookupAdmin:
+        """Read-only helpers and youzan topic administration (see ``admin.py``)."""
+        if self._admin is None:
+            self._admin = LookupAdmin(self)
+        return self._admin
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _poll_delay(self) -> float:
+        return jittered_delay(self._config.poll_interval, self._config.poll_jitter, self._rng)
+
+    async def _discover_round(self) -> tuple[str, ...]:
+        assert self._discovery is not None
+        try:
+            return await self._discovery.run()
+        finally:
+            self._discovered.set()
+
+    async def discover(self) -> tuple[str, ...]:
+        """Run ``/listlookup`` now (coalesced with a pass in progress); the known lookupds."""
+        await self._ready()
+        assert self._discover_once is not None
+        return await self._discover_once()
+
+    async def _ensure_discovered(self) -> None:
+        if self._config.use_listlookup and not self._discovered.is_set():
+            # the first pass is bounded by the request timeout; the bound here is a backstop
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._discovered.wait(),
+                                       self._config.request_timeout * 2)
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def _state(self, topic: str, access: str, metainfo: bool) -> _TopicState:
+        key: Key = (check_topic(topic), check_access(access))
+        state = self._topics.get(key)
+        if state is None:
+            new = _TopicState(key[0], key[1], metainfo)
+            new.coalescer = Coalescer(lambda: self._round(new), min_spacing=MIN_ROUND_SPACING)
+            state = self._topics[key] = new
+        elif metainfo:
+            state.metainfo = True  # once anyone wants meta, keep asking for it
+        return state
+
+    def _track(self, state: _TopicState, *, immediately: bool) -> None:
+        if state.refresher is None and not self._closed:
+            state.refresher = asyncio.create_task(run_periodically(
+                f"lookup refresher for topic {state.topic!r} (access={state.access})",
+                state.coalescer, self._poll_delay, immediately=immediately))
+
+    async def lookup(self, topic: str, access: str = "r", *, metainfo: bool = True,
+                     max_age: float | None = None) -> TopicView:
+        """The view of ``topic`` for producers (``"w"``) or consumers (``"r"``).
+
+        Returns the current view when there is one (younger than ``max_age`` seconds if
+        given), else runs a round. From now on the topic is refreshed in the background
+        every ``poll_interval`` (+ jitter) until :meth:`forget`. ``metainfo`` asks youzan
+        lookupds for ``meta`` (partition count, ordered, ext ...).
+        Raises :class:`LookupFailedError` only when no view could ever be built.
+        """
+        await self._ready()
+        state = self._state(topic, access, metainfo)
+        # tracked even if this first round fails: the refresher retries every poll
+        self._track(state, immediately=False)
+        view = state.view
+        if view is not None and (max_age is None or self._clock() - view.built_at <= max_age):
+            return view
+        return await state.coalescer()
+
+    async def refresh(self, topic: str, access: str = "r", *,
+                      metainfo: bool = True) -> TopicView:
+        """Run a round now; concurrent callers share it (see ``coalesce.py``).
+
+        Returns the new view, or the previous one if every lookupd failed (check
+        :meth:`last_error`); raises :class:`LookupFailedError` if there is no view at all.
+        """
+        await self._ready()
+        state = self._state(topic, access, metainfo)
+        self._track(state, immediately=False)
+        return await state.coalescer()
+
+    def report_stale(self, topic: str, partition: int | None = None, *,
+                     access: str | None = None) -> None:
+        """A connection saw a leader that is not the leader any more (E_FAILED_ON_NOT_LEADER,
+        E_TOPIC_NOT_EXIST ...): refresh that topic's tracked views soon, coalesced.
+
+        Does not wait; subscribers hear about the result.
+        """
+        check_topic(topic)
+        modes: tuple[Access, ...] = (check_access(access),) if access is not None else ("r", "w")
+        if self._closed:
+            return
+        for mode in modes:
+            state = self._topics.get((topic, mode))
+            if state is None:
+                continue
+            where = f" partition {partition}" if partition is not None else ""
+            log.info("stale leader reported for topic %r%s (access=%s); refreshing",
+                     topic, where, mode)
+            self._spawn(state.coalescer, f"refresh of topic {topic!r} (access={mode})")
+
+    def subscribe(self, topic: str, access: str = "r", callback: ChangeCallback | None = None,
+                  *, metainfo: bool = True, maxsize: int = 1000) -> Subscription:
+        """Receive a :class:`TopicChange` after every round that changed ``(topic, access)``
+        or failed. Tracks the topic (starting its refresher); if a view exists, the
+        subscriber first gets it as a snapshot change (``previous=None``).
+        """
+        if self._closed:
+            raise ClientClosedError("this Lookup is closed")
+        state = self._state(topic, access, metainfo)
+        sub = Subscription(state.topic, state.access, callback=callback, maxsize=maxsize,
+                           on_close=lambda s: self._unsubscribe(state, s))
+        state.subscribers.append(sub)
+        if state.view is not None:
+            sub.deliver(TopicChange(state.topic, state.access, None, state.view,
+                                    diff_views(None, state.view)))
+        if self._started:
+            self._track(state, immediately=state.view is None)
+        else:
+            self._spawn(lambda: self._start_tracking(state), "lookup start")
+        return sub
+
+    async def _start_tracking(self, state: _TopicState) -> None:
+        await self._ready()
+        self._track(state, immediately=state.view is None)
+
+    def _unsubscribe(self, state: _TopicState, sub: Subscription) -> None:
+        if sub in state.subscribers:
+            state.subscribers.remove(sub)
+
+    def forget(self, topic: str, access: str = "r") -> None:
+        """Stop refreshing ``(topic, access)``, drop its view and end its subscriptions."""
+        state = self._topics.pop((check_topic(topic), check_access(access)), None)
+        if state is None:
+            return
+        if state.refresher is not None:
+            state.refresher.cancel()
+        self._spawn(state.coalescer.close, "forget")
+        for sub in list(state.subscribers):
+            sub.close()
+
+    def _spawn(self, start: Callable[[], Awaitable[Any]], what: str) -> None:
+        # the coroutine is created inside the task, so cancelling the task early leaves
+        # no never-awaited coroutine behind
+        async def guarded() -> None:
+            try:
+                await start()
+            except LookupFailedError as exc:
+                log.debug("%s: %s", what, exc)
+            except (ClientClosedError, asyncio.CancelledError):
+                pass
+            except Exception:
+                log.exception("%s: unexpected error", what)
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- one round -------------------------------------------------------------------------
+
+    async def _query(self, lookupd: str, state: _TopicState) -> LookupAnswer | LookupdError:
+        assert self._client is not None
+        params = {"topic": state.topic, "access": state.access}
+        if state.metainfo:
+            params["metainfo"] = "true"
+        try:
+            payload = await self._client.get(lookupd, "/lookup", params)
+            answer = parse_lookup(payload, lookupd=lookupd, received_at=self._clock())
+        except LookupdError as exc:
+            reason = not_found_reason(exc)
+            if reason is None:
+                self._health.failure(lookupd, f"/lookup topic={state.topic} "
+                                              f"access={state.access}: {exc.detail}")
+                self._on_failure(lookupd)
+                return exc
+            answer = not_found_answer(reason, lookupd=lookupd, received_at=self._clock())
+        self._health.success(lookupd)
+        state.answers[lookupd] = answer
+        return answer
+
+    def _on_failure(self, lookupd: str) -> None:
+        # A discovered lookupd that stops answering may have left the cluster: ask again.
+        if (self._health.is_demoted(lookupd) and not self._health.is_seed(lookupd)
+                and self._discover_once is not None and not self._discover_once.busy
+                and self._config.use_listlookup):
+            self._spawn(self._discover_once, "lookupd discovery")
+
+    async def _round(self, state: _TopicState) -> TopicView:
+        await self._ensure_discovered()
+        healthy, probes = self._health.plan()
+        tasks = {a: asyncio.create_task(self._query(a, state)) for a in healthy + probes}
+        try:
+            if healthy:
+                await asyncio.wait([tasks[a] for a in healthy])
+            fresh = {a: t.result() for a, t in tasks.items() if t.done()}
+            pending = [t for t in tasks.values() if not t.done()]
+            if pending and not any(isinstance(r, LookupAnswer) for r in fresh.values()):
+                await asyncio.wait(pending)
+                fresh = {a: t.result() for a, t in tasks.items() if t.done()}
+        except asyncio.CancelledError:
+            for t in tasks.values():
+                t.cancel()
+            raise
+        for t in tasks.values():
+            if not t.done():
+                # A slow demoted lookupd: let it finish without us; if it turns out to be
+                # back, run another round so its answer is used now rather than next poll.
+                self._background.add(t)
+                t.add_done_callback(self._background.discard)
+                t.add_done_callback(lambda t: self._probe_done(t, state))
+
+        answers = {a: r for a, r in fresh.items() if isinstance(r, LookupAnswer)}
+        failed = {a: r.detail for a, r in fresh.items() if isinstance(r, LookupdError)}
+        for a, t in tasks.items():
+            if not t.done():
+                failed[a] = "demoted; its answer came too late for this round"
+        for st in self._health.snapshot(None):
+            if st.address not in tasks:
+                failed[st.address] = f"demoted, not asked (last error: {st.last_error})"
+        if not answers:
+            return self._round_failed(state, failed)
+
+        carried = [a for a in failed
+                   if a in state.answers and a in self._health
+                   and not self._health.is_demoted(a)]
+        merged = list(answers.values()) + [state.answers[a] for a in carried]
+        view = merge_answers(state.topic, state.access, merged, leader=self.leader,
+                             built_at=self._clock(), carried=carried, failed=failed)
+        for a in list(state.answers):
+            if a not in self._health or self._health.is_demoted(a):
+                del state.answers[a]
+        previous, state.view, state.last_error = state.view, view, None
+        events = diff_views(previous, view)
+        if events:
+            self._notify(state, TopicChange(state.topic, state.access, previous, view, events))
+        return view
+
+    def _probe_done(self, task: asyncio.Task[LookupAnswer | LookupdError],
+                    state: _TopicState) -> None:
+        if task.cancelled() or self._closed or self._topics.get(
+                (state.topic, state.access)) is not state:
+            return
+        if task.exception() is None and isinstance(task.result(), LookupAnswer):
+            self._spawn(state.coalescer, f"refresh of topic {state.topic!r} "
+                                           f"(access={state.access})")
+
+    def _round_failed(self, state: _TopicState, failed: dict[str, str]) -> TopicView:
+        detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
+        err = LookupFailedError(
+            f"no lookupd answered /lookup for topic {state.topic!r} (access={state.access}): "
+            f"{detail}")
+        state.last_error = err
+        if state.view is not None:
+            log.warning("%s; keeping the view built %.1fs ago", err,
+                        self._clock() - state.view.built_at)
+        else:
+            log.warning("%s", err)
+        self._notify(state, TopicChange(state.topic, state.access, state.view, state.view,
+                                        (LookupFailed(err),)))
+        if state.view is None:
+            raise err
+        return state.view
+
+    def _notify(self, state: _TopicState, change: TopicChange) -> None:
+        for sub in list(state.subscribers):
+            sub.deliver(change)
