@@ -142,6 +142,7 @@ class Channel:
         self._rr = 0
         self._pumping = False
         self._again = False
+        self._pump_scheduled = False
         self._on_idle = on_idle
         self.closed = False
 
@@ -176,10 +177,28 @@ class Channel:
                 self._ready.append(m)
         if any(rec.defer > 0 for rec in records):
             self._arm()
-        self.pump()
+        self.schedule_pump()
 
     def log_grew(self) -> None:
         """youzan: records were appended to the partition log."""
+        self.schedule_pump()
+
+    def schedule_pump(self) -> None:
+        """Pump on the next loop iteration: the publisher's response goes out before the
+        deliveries (as with nsqd's separate message pump), and a burst of publishes is
+        delivered in one go."""
+        if self._pump_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.pump()
+            return
+        self._pump_scheduled = True
+        loop.call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
         self.pump()
 
     @property
