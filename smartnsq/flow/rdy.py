@@ -32,7 +32,7 @@ Rules, in the words of the contract:
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeAlias, TypeVar
 
@@ -276,17 +276,21 @@ class RdyController(Generic[K]):
         connection -- and not during a backoff window: connections holding RDY that have
         delivered nothing for ``low_rdy_idle_timeout`` since their last message or RDY
         grant, or whose RDY was set more than ``low_rdy_timeout`` ago, give it back, and
-        random connections without RDY receive RDY 1 while budget remains.
+        random connections without RDY receive RDY 1 while budget remains (those that just
+        gave it back only if no other is left). In every mode it then re-balances as any
+        event does, which also raises a new connection still at its tentative RDY 1.
         """
         if self._backoff.window_active or not self._conns:
             return []
         n = len(self._conns)
         scarce = n > 1 if self._backoff.in_backoff else n > self._max_in_flight
+        given_up: set[K] = set()
         if scarce:
             for key, conn in self._conns.items():
                 if conn.rdy > 0 and self._is_idle(conn, now):
                     self._set(key, conn, 0)
-        self._rebalance()
+                    given_up.add(key)
+        self._rebalance(given_up=given_up)
         return self._commit(now)
 
     # -- internals -------------------------------------------------------------------------
@@ -312,7 +316,7 @@ class RdyController(Generic[K]):
             return True
         return conn.rdy_at is not None and now - conn.rdy_at > cfg.low_rdy_timeout
 
-    def _set(self, key: K, conn: _Conn, count: int) -> int:
+    def _set(self, key: K, conn: _Conn, count: int) -> None:
         """The one place RDY changes: clamps to the connection's max and the global budget."""
         budget = self._max_in_flight - (self._total - conn.rdy)
         count = max(0, min(count, conn.max_rdy, budget))
@@ -320,10 +324,15 @@ class RdyController(Generic[K]):
             self._before.setdefault(key, conn.rdy)
             self._total += count - conn.rdy
             conn.rdy = count
-        return count
 
-    def _rebalance(self, newcomer: K | None = None) -> None:
-        """Bring every connection to what the current mode says it should hold."""
+    def _rebalance(
+        self, newcomer: K | None = None, given_up: Collection[K] = ()
+    ) -> None:
+        """Bring every connection to what the current mode says it should hold.
+
+        ``given_up`` connections just returned their RDY for being idle; they are the last
+        choice when RDY 1 is handed out again.
+        """
         if self._backoff.window_active:
             for key, conn in self._conns.items():
                 self._set(key, conn, 0)
@@ -331,7 +340,7 @@ class RdyController(Generic[K]):
         if self._backoff.in_backoff:
             cap = min(1, self._max_in_flight)
             self._shed(cap)
-            self._fill(cap)
+            self._fill(cap, given_up)
             return
         n = len(self._conns)
         if n == 0:
@@ -349,7 +358,7 @@ class RdyController(Generic[K]):
                 self._set(newcomer, self._conns[newcomer], 1)
         else:
             self._shed(self._max_in_flight)
-            self._fill(self._max_in_flight)
+            self._fill(self._max_in_flight, given_up)
 
     def _shed(self, cap: int) -> None:
         """Take RDY from the longest-idle connections until the total is within ``cap``."""
@@ -364,12 +373,15 @@ class RdyController(Generic[K]):
                 break
             self._set(key, conn, 0)
 
-    def _fill(self, cap: int) -> None:
-        """Give RDY 1 to random connections without RDY while the total is below ``cap``."""
-        idle = [k for k, c in self._conns.items() if c.rdy == 0]
-        while self._total < cap and idle:
-            key = idle.pop(self._rng.randrange(len(idle)))
-            self._set(key, self._conns[key], 1)
+    def _fill(self, cap: int, given_up: Collection[K] = ()) -> None:
+        """Give RDY 1 to random connections without RDY while the total is below ``cap``,
+        trying those in ``given_up`` only when no other is left."""
+        without = [k for k, c in self._conns.items() if c.rdy == 0]
+        for pool in ([k for k in without if k not in given_up],
+                     [k for k in without if k in given_up]):
+            while self._total < cap and pool:
+                key = pool.pop(self._rng.randrange(len(pool)))
+                self._set(key, self._conns[key], 1)
 
     def _commit(self, now: float) -> list[Action[K]]:
         lowered: list[Action[K]] = []
