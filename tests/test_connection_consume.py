@@ -348,3 +348,41 @@ async def test_failing_on_message_is_logged_and_delivery_goes_on(
         await conn.close()
     assert seen == [b"boom", b"fine"]
     assert "handler bug" in caplog.text
+
+
+async def test_rdy_before_subscribe_is_refused_and_sub_timeout_closes() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        await p.expect_eof()  # never answers the SUB
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None)
+        await conn.connect()
+        with pytest.raises(ConfigError, match="RDY before"):
+            conn.send_rdy(1)
+        with pytest.raises(NSQTimeoutError):
+            await conn.subscribe("t", "c", timeout=0.1)
+        # a SUB that may still succeed later leaves the state unknown: the connection ends
+        async with asyncio.timeout(2):
+            await conn.wait_closed()
+        assert isinstance(conn.error, NSQTimeoutError)
+
+
+async def test_cls_timeout() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"CLS")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(close_timeout=0.1),
+                          on_message=lambda c, m: None)
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        with pytest.raises(NSQTimeoutError, match="CLS"):
+            await conn.cls(timeout=0.1)
+        assert conn.is_closing
+        await conn.close()

@@ -437,3 +437,45 @@ async def test_write_timeout_fails_everything_when_the_server_stops_reading() ->
         async with asyncio.timeout(2):
             await conn.wait_closed()
         stop.set()
+
+
+async def test_thousands_of_stalled_publishes_all_time_out() -> None:
+    n = 3000
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect_eof()  # answers nothing
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        results = await asyncio.gather(
+            *(conn.publish("t", b"x", timeout=0.1 + i / n * 0.2) for i in range(n)),
+            return_exceptions=True)
+        assert all(isinstance(r, NSQTimeoutError) for r in results)
+        assert loop.time() - start < 2.0
+        assert conn.is_connected and conn.pending == n  # slots kept for late answers
+        await conn.close()
+
+
+async def test_close_during_connect() -> None:
+    got_identify = asyncio.Event()
+
+    async def script(p: Peer) -> None:
+        await p.read_magic()
+        await p.expect(b"IDENTIFY")
+        got_identify.set()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(handshake_timeout=10))
+        connecting = asyncio.create_task(conn.connect())
+        async with asyncio.timeout(3):
+            await got_identify.wait()
+            await conn.close()
+            with pytest.raises(ClientClosedError, match="while connecting"):
+                await connecting
+        assert conn.is_closed
+    assert not leftover_tasks()

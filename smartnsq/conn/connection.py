@@ -95,6 +95,8 @@ _NO_WAITER_CODES = {
 }
 _DEFAULT_MAX_RDY = 2500
 _DEFAULT_MSG_TIMEOUT = 60.0
+#: minimum seconds between two sweeps for timed-out waiters
+_SWEEP_GAP = 0.01
 
 
 class State(enum.Enum):
@@ -365,12 +367,21 @@ class Connection:
                     f"{cfg.handshake_timeout}s"
                 ) from None
         except BaseException as exc:
-            err = exc if isinstance(exc, NSQError) else ClientClosedError(
-                f"connect to {self.address} interrupted: {exc!r}")
+            if not isinstance(exc, Exception):  # cancelled or interrupted
+                err: NSQError = ClientClosedError(
+                    f"connect to nsqd {self.address} interrupted: {exc!r}")
+            elif self._exc is not None:  # the first failure (bad bytes, close()) is the reason
+                err = self._exc
+            elif isinstance(exc, NSQError):
+                err = exc
+            else:
+                err = NSQConnectionError(f"connect to nsqd {self.address} failed: {exc!r}")
             self._fail(err)
             # finalize now: after a failed TLS handshake the transport never reports back
             self._finalize(err)
-            raise
+            if err is exc or not isinstance(exc, NSQError):
+                raise
+            raise err from exc
         # bytes that came with the last handshake frame are ordinary frames
         self._handshaking = False
         rest = bytes(self._hs_buf)
@@ -487,6 +498,8 @@ class Connection:
                                 f"frame type {frame.type}: {frame.data[:32]!r}")
 
     async def _hs_frame(self) -> Frame:
+        if self._exc is not None:
+            raise self._exc
         frame = self._take_hs_frame()
         if frame is not None:
             return frame
@@ -850,7 +863,8 @@ class Connection:
             elif d < nxt:
                 nxt = d
         if nxt < math.inf:
-            self._arm_deadline(nxt)
+            # sweeps at most every _SWEEP_GAP: with many stalled waiters each sweep is O(n)
+            self._arm_deadline(max(nxt, now + _SWEEP_GAP))
 
     def _cancel_deadlines(self) -> None:
         if self._deadline_handle is not None:
@@ -990,6 +1004,10 @@ class Connection:
         self._sub_pending = True
         try:
             await fut
+        except NSQTimeoutError as exc:
+            # the server may still subscribe us: the connection's state is unknown now
+            self._fail(exc)
+            raise
         except BaseException:
             self._layout = STOCK_LAYOUT
             raise
@@ -999,6 +1017,8 @@ class Connection:
 
     def send_rdy(self, count: int) -> bool:
         """RDY ``count``, capped at the server's max_rdy_count. False if not sent (closed)."""
+        if not self._subscribed:
+            raise ConfigError("RDY before a successful subscribe() is fatal on nsqd")
         n = min(count, self._max_rdy)
         command = commands.rdy(n, self._max_rdy)
         if not self._can_write:
@@ -1058,7 +1078,11 @@ class Connection:
         if timeout is None:
             data = await asyncio.shield(fut)
         else:
-            async with asyncio.timeout(timeout):
-                data = await asyncio.shield(fut)
+            try:
+                async with asyncio.timeout(timeout):
+                    data = await asyncio.shield(fut)
+            except TimeoutError:
+                raise NSQTimeoutError(f"nsqd {self.address} did not answer CLS within "
+                                      f"{timeout}s") from None
         if data != CLOSE_WAIT:
             raise ProtocolError(f"nsqd {self.address} answered CLS with {data[:32]!r}")
