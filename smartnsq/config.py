@@ -78,6 +78,9 @@ class ConnectionConfig(_Model):
     deflate: bool = False
     deflate_level: int = Field(default=6, ge=1, le=9)
     auth_secret: SecretStr | None = None
+    #: stock nsqd 1.3+ locality hints (§2.1); sent only when set
+    topology_region: str | None = None
+    topology_zone: str | None = None
     # youzan IDENTIFY extras (§4.3); ignored by stock nsqd
     extend_support: bool = False
     desired_tag: str | None = Field(default=None, max_length=100)
@@ -139,6 +142,10 @@ class ConnectionConfig(_Model):
             "sample_rate": self.sample_rate,
             "msg_timeout": ms(self.msg_timeout),
         }
+        if self.topology_region:
+            body["topology_region"] = self.topology_region
+        if self.topology_zone:
+            body["topology_zone"] = self.topology_zone
         if self.extend_support:
             body["extend_support"] = True
         if self.desired_tag:
@@ -211,6 +218,13 @@ class ProducerConfig(_Model):
     max_batch: int = Field(default=100, ge=1)
     max_body_size: int = Field(default=5 * 1024 * 1024, ge=1024)
     max_msg_size: int = Field(default=1024 * 1024, ge=1)
+    #: seconds before redialling an nsqd after a failed dial or a lost connection: doubles
+    #: from reconnect_min up to reconnect_max (±25 % jitter); the node is skipped meanwhile
+    reconnect_min: float = Field(default=0.1, gt=0)
+    reconnect_max: float = Field(default=10.0, gt=0)
+    #: shard key → partition rule of publish_ordered: youzan go-nsq's murmur3 (default) or
+    #: the youzan Java SDK's String.hashCode rule (PROTOCOL.md §7.2)
+    shard_hash: Literal["murmur3", "java"] = "murmur3"
     connection: ConnectionConfig = Field(
         default_factory=lambda: ConnectionConfig(heartbeat_interval=30.0)
     )

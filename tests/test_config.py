@@ -38,6 +38,9 @@ def test_identify_body_in_milliseconds() -> None:
     assert body["feature_negotiation"] is True
     assert body["extend_support"] is True and body["desired_tag"] == "tagA"
     assert "extend_support" not in ConnectionConfig().identify_body()
+    assert "topology_zone" not in ConnectionConfig().identify_body()
+    zoned = ConnectionConfig(topology_region="eu", topology_zone="eu-1").identify_body()
+    assert (zoned["topology_region"], zoned["topology_zone"]) == ("eu", "eu-1")
 
 
 @pytest.mark.parametrize(
