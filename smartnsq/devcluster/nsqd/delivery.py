@@ -293,7 +293,7 @@ class Channel:
     def finish(self, c: Consumer, key: MessageKey) -> None:
         self._take(c, key)
         c.message_done("fin")
-        self.pump()
+        self.schedule_pump()
 
     def requeue(self, c: Consumer, key: MessageKey, delay: float) -> None:
         m = self._take(c, key)
@@ -304,7 +304,7 @@ class Channel:
             self._arm()
         else:
             self._ready.append(m)
-        self.pump()
+        self.schedule_pump()
 
     def touch(self, c: Consumer, key: MessageKey) -> None:
         m = self._in_flight.get(key)

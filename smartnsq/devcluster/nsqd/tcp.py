@@ -905,7 +905,7 @@ class ClientConnection(asyncio.Protocol):
             raise ClientError("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
         self.rdy = count
         if self.channel is not None:
-            self.channel.pump()
+            self.channel.schedule_pump()
         return None
 
     def _msg_key(self, cmd: str, params: list[bytes], nparams: int) -> tuple[bytes, MessageKey]:
