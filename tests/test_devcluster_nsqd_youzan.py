@@ -716,3 +716,49 @@ def test_node_view_without_start_raises() -> None:
     node = NsqdNode(ClusterMeta("youzan"), ClusterStore(), "x")
     with pytest.raises(RuntimeError):
         _ = node.info
+
+
+@pytest.mark.parametrize(
+    ("spec", "delivered"),
+    [
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "v"}, [b"v"]),
+        ({"type": 1, "filter_ext_key": "k", "filter_data": "v", "inverse": True},
+         [b"w", b"none"]),
+        ({"type": 2, "filter_ext_key": "k", "filter_data": "^[vw]$"}, [b"v", b"w"]),
+        ({"type": 3, "filter_ext_key": "k", "filter_data": "w*"}, [b"w"]),
+        ({"type": 4, "filter_ext_key": "any", "filter_data_list": [
+            {"filter_ext_key": "k", "filter_data": "w"},
+            {"filter_ext_key": "n", "filter_data": "1"}]}, [b"w"]),
+        # an invalid filter is ignored
+        ({"type": 1, "filter_ext_key": ""}, [b"v", b"w", b"none"]),
+    ],
+)
+async def test_ext_filters(spec: dict[str, object], delivered: list[bytes]) -> None:
+    async with youzan_cluster(1) as (meta, store, (n1,)):
+        create_youzan_topic(meta, "flt", {0: "n1"}, ext=True)
+        async with client(n1.tcp_address) as c:
+            await c.identify(extend_support=True, ext_filter=spec)
+            await c.send(C.sub("flt", "c", 0) + C.rdy(10))
+            await c.expect_ok()
+            async with client(n1.tcp_address) as p:
+                await p.send(C.mpub_ext("flt", 0, [({"k": "v"}, b"v"), ({"k": "w"}, b"w"),
+                                                   (None, b"none")]))
+                await p.expect_ok()
+            got = [decode_message(await c.read_message(), EXT).body for _ in delivered]
+            assert got == delivered
+            await c.no_frame(0.2)
+        assert store.partition("flt", 0).channels["c"].depth() == 0
+
+
+async def test_fin_after_an_unannounced_leader_change_is_fatal() -> None:
+    async with youzan_cluster(2) as (meta, _, (n1, _n2)):
+        create_youzan_topic(meta, "fl", {0: "n1"}, replicas={0: ["n1", "n2"]})
+        async with client(n1.tcp_address) as c:
+            await c.send(C.sub("fl", "c", 0) + C.rdy(1) + C.pub("fl", b"x", 0))
+            await c.expect_ok()
+            await c.expect_ok()
+            m = decode_message(await c.read_message())
+            # metadata changed, but no event reached this node yet
+            meta.topics["fl"].partitions[0].leader = "n2"
+            await c.send(C.fin(m.id))
+            await c.expect_error(b"E_FAILED_ON_NOT_LEADER ", fatal=True)

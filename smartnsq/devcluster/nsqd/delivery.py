@@ -67,6 +67,8 @@ class Consumer(Protocol):
     sample_rate: int
     desired_tag: str
     msg_timeout: float
+    #: youzan ext_filter: messages it refuses are consumed without delivery
+    msg_filter: Callable[[Record], bool] | None
 
     def ready(self) -> bool:
         """Subscribed, not closing, and RDY above the in-flight count."""
@@ -100,6 +102,8 @@ class ChannelStats:
     message_count: int = 0
     requeue_count: int = 0
     timeout_count: int = 0
+    #: consumed without delivery by sample_rate or an ext filter
+    filtered_count: int = 0
 
 
 class Channel:
@@ -358,9 +362,11 @@ class Channel:
                     if not tagging:
                         return
                     continue
-                if c.sample_rate > 0 and random.randrange(100) > c.sample_rate:
-                    # sampled out: the message is consumed for this channel without delivery
-                    pass
+                flt = c.msg_filter
+                if (c.sample_rate > 0 and random.randrange(100) > c.sample_rate) or \
+                        (flt is not None and not flt(m.record)):
+                    # sampled or filtered out: consumed for this channel without delivery
+                    self.stats.filtered_count += 1
                 else:
                     self._start(m, c)
                 if c.ready():

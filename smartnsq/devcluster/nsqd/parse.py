@@ -6,7 +6,10 @@ Error texts that real nsqd builds with Go's formatting (``%q``, ``%v`` of byte s
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,3 +243,65 @@ def decode_identify(body: bytes, *, youzan: bool) -> IdentifyData:
         # Go keeps decoding after a type mismatch but still fails the whole call
         raise IdentifyDecodeError("json: cannot unmarshal a value into an IDENTIFY field")
     return data
+
+
+# --- youzan ext_filter ---------------------------------------------------------------------
+
+HeaderPredicate = Callable[[Any], bool]
+
+
+def compile_ext_filter(spec: dict[str, Any]) -> HeaderPredicate | None:
+    """youzan's IDENTIFY ``ext_filter`` (§4.3) as a predicate over a message's parsed JSON
+    header (None when the message has none). None = no filter, or an invalid one (youzan
+    ignores those)."""
+    kind = spec.get("type", 0)
+    if not isinstance(kind, int) or isinstance(kind, bool) or kind == 0:
+        return None
+    key = spec.get("filter_ext_key")
+    data = spec.get("filter_data")
+    if not isinstance(key, str) or not key:
+        return None
+    match: HeaderPredicate
+    if kind in (1, 2, 3):
+        if not isinstance(data, str) or not data:
+            return None
+        rx: re.Pattern[str] | None = None
+        if kind == 2:
+            try:
+                rx = re.compile(data)
+            except re.error:
+                return None
+
+        def test(value: str) -> bool:
+            if kind == 1:
+                return value == data
+            if rx is not None:
+                return rx.search(value) is not None
+            return fnmatch.fnmatchcase(value, str(data))
+
+        def match(header: Any) -> bool:
+            value = header.get(key) if isinstance(header, dict) else None
+            return isinstance(value, str) and test(value)
+    elif kind == 4:
+        conds = spec.get("filter_data_list")
+        if key not in ("any", "all") or not isinstance(conds, list) or not conds:
+            return None
+        pairs: list[tuple[str, str]] = []
+        for cond in conds:
+            if not isinstance(cond, dict):
+                return None
+            k, d = cond.get("filter_ext_key"), cond.get("filter_data")
+            if not isinstance(k, str) or not k or not isinstance(d, str) or not d:
+                return None
+            pairs.append((k, d))
+        combine = any if key == "any" else all
+
+        def match(header: Any) -> bool:
+            if not isinstance(header, dict):
+                return False
+            return combine(header.get(k) == d for k, d in pairs)
+    else:
+        return None
+    if spec.get("inverse") is True:
+        return lambda header: not match(header)
+    return match

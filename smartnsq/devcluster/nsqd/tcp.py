@@ -28,12 +28,15 @@ from smartnsq.devcluster.nsqd.delivery import (
     ChannelMessage,
     DeliveryError,
     MessageKey,
+    Record,
 )
 from smartnsq.devcluster.nsqd.parse import (
     GoNumError,
+    HeaderPredicate,
     IdentifyData,
     IdentifyDecodeError,
     byte_to_base10,
+    compile_ext_filter,
     decode_identify,
     go_atoi,
     go_bytes,
@@ -215,6 +218,7 @@ class ClientConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._upgrading = False
         self._encoder: StreamEncoder | None = None
         self._decoder: StreamDecoder | None = None
         self._read_paused = False
@@ -240,6 +244,8 @@ class ClientConnection(asyncio.Protocol):
         self.deflate_level = 0
         self.extend_support = False
         self.desired_tag = ""
+        self._ext_filter: HeaderPredicate | None = None
+        self.msg_filter: Callable[[Record], bool] | None = None
         self.identified = False
         self.auth_state: authmod.AuthState | None = None
         self.auth_secret = ""
@@ -339,6 +345,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._upgrading:
+            # mid TLS handshake: anything queued waits for the encrypted transport
+            return
         if not self._out or self._transport is None or self.closed:
             self._out.clear()
             return
@@ -463,7 +472,9 @@ class ClientConnection(asyncio.Protocol):
         self._hb_handle = None
         if self.closed:
             return
-        self._write(_HEARTBEAT_FRAME)
+        if not self._upgrading:
+            # (during a TLS handshake the client must see OK as the first encrypted frame)
+            self._write(_HEARTBEAT_FRAME)
         self._hb_handle = self._loop.call_later(self.heartbeat_interval, self._heartbeat)
 
     # --- the command loop ------------------------------------------------------------------
@@ -702,12 +713,14 @@ class ClientConnection(asyncio.Protocol):
                 return f"invalid desired tag {d.desired_tag[:16]}...: too long"
             self.desired_tag = d.desired_tag
             self.extend_support = d.extend_support
+            self._ext_filter = compile_ext_filter(d.ext_filter)
         return None
 
     async def _upgrade_tls(self) -> None:
         ctx = self.node.ssl_context
         assert ctx is not None and self._transport is not None
         self._flush()
+        self._upgrading = True
         try:
             transport = await self._loop.start_tls(
                 self._transport, self, ctx, server_side=True, ssl_handshake_timeout=5.0
@@ -715,6 +728,8 @@ class ClientConnection(asyncio.Protocol):
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
             log.debug("TLS handshake with %s failed: %r", self.remote_address, exc)
             raise _EOF from None
+        finally:
+            self._upgrading = False
         if transport is None:
             raise _EOF
         self._transport = transport
@@ -863,6 +878,8 @@ class ClientConnection(asyncio.Protocol):
             ch.ordered = True
         if not tmeta.ext:
             self.desired_tag = ""
+        elif self._ext_filter is not None:
+            self.msg_filter = _header_filter(self._ext_filter)
         self._ext_frames = tmeta.ext and self.extend_support
         self._position_frames = kind in (SUB_ORDERED, SUB_ADVANCED)
         self._subscribed(ch, topic, channel_name, partition, kind)
@@ -1308,6 +1325,18 @@ class ClientConnection(asyncio.Protocol):
             )
         self.node.create_local_topic(topic, partition, ext=ext)
         return OK
+
+
+def _header_filter(pred: HeaderPredicate) -> Callable[[Record], bool]:
+    def accepts(rec: Record) -> bool:
+        header: Any = None
+        if rec.ext_version == EXT_VERSION_JSON:
+            try:
+                header = json.loads(rec.ext)
+            except ValueError:
+                header = None
+        return pred(header)
+    return accepts
 
 
 def _tag_of(doc: Any) -> str:
