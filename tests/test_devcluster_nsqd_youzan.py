@@ -762,3 +762,71 @@ async def test_fin_after_an_unannounced_leader_change_is_fatal() -> None:
             meta.topics["fl"].partitions[0].leader = "n2"
             await c.send(C.fin(m.id))
             await c.expect_error(b"E_FAILED_ON_NOT_LEADER ", fatal=True)
+
+
+YOUZAN_ERRORS: list[tuple[str, bytes, bytes]] = [
+    ("rdy-init", b"RDY 1\n", b"E_INVALID cannot RDY in current state"),
+    ("cls-init", b"CLS\n", b"E_INVALID cannot CLS in current state"),
+    ("fin-init", C.fin(youzan_id(2)), b"E_INVALID cannot FIN in current state"),
+    ("sub-few", b"SUB t\n", b"E_INVALID SUB insufficient number of parameters"),
+    ("sub-bad-topic", b"SUB bad! c 0\n", b'E_BAD_TOPIC SUB topic name "bad!" is not valid'),
+    ("sub-bad-channel", b"SUB t b! 0\n", b'E_BAD_CHANNEL SUB channel name "b!" is not valid'),
+    ("sub-bad-partition", b"SUB t c x\n",
+     b'E_BAD_PARTITION topic partition is not valid: strconv.Atoi: parsing "x": invalid syntax'),
+    ("auth-disabled", C.auth(b"x"), b"E_AUTH_DISABLED AUTH Disabled"),
+    ("identify-hb", C.identify({"heartbeat_interval": 10}),
+     b"E_BAD_BODY IDENTIFY heartbeat interval (10) is invalid"),
+    ("identify-obt", C.identify({"output_buffer_timeout": 1001}),
+     b"E_BAD_BODY IDENTIFY output buffer timeout (1001) is invalid"),
+    ("identify-json", b"IDENTIFY\n" + _L.pack(1) + b"[",
+     b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
+    ("pub-too-few", b"PUB\n", b"E_INVALID insufficient number of parameters"),
+    ("unknown", b"NOPE x\n", b"E_INVALID invalid command [[78 79 80 69] [120]]"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "error"), YOUZAN_ERRORS,
+                         ids=[e[0] for e in YOUZAN_ERRORS])
+async def test_youzan_fatal_errors(name: str, data: bytes, error: bytes) -> None:
+    async with youzan_cluster(1) as (meta, _, (n1,)):
+        create_youzan_topic(meta, "t", {0: "n1"})
+        async with client(n1.tcp_address) as c:
+            await c.send(data)
+            f = await c.read_frame()
+            assert (f.type, f.data) == (FRAME_ERROR, error)
+            await c.expect_closed()
+
+
+async def test_youzan_subscribed_state_errors_and_cls() -> None:
+    async with youzan_cluster(1) as (meta, _, (n1,)):
+        create_youzan_topic(meta, "t", {0: "n1"})
+        for data, error in [
+            (b"REQ " + youzan_id(2) + b" x\n",
+             b"E_INVALID REQ could not parse timeout " + youzan_id(2) + b", x"),
+            (b"RDY 2501\n", b"E_INVALID RDY count 2501 out of range 0-2500"),
+            (C.sub("t", "d", 0), b"E_INVALID cannot SUB in current state"),
+        ]:
+            async with client(n1.tcp_address) as c:
+                await c.send(C.sub("t", "c", 0))
+                await c.expect_ok()
+                await c.send(data)
+                await c.expect_error(error, fatal=True)
+        async with client(n1.tcp_address) as c:
+            await c.send(C.sub("t", "c", 0) + C.CLS)
+            await c.expect_ok()
+            await c.expect(FRAME_RESPONSE, b"CLOSE_WAIT")
+            await c.send(C.rdy(3))
+            await c.expect_open()
+
+
+async def test_youzan_reads_fin_ids_by_position() -> None:
+    async with youzan_cluster(1) as (meta, _, (n1,)):
+        create_youzan_topic(meta, "t", {0: "n1"})
+        async with client(n1.tcp_address) as c:
+            await c.send(C.sub("t", "c", 0))
+            await c.expect_ok()
+            # a short FIN line: the next bytes complete the 16-byte id, newline included
+            await c.send(b"FIN 0123\n" + b"x" * 20 + b"\n")
+            await c.expect_error(
+                b"E_FIN_FAILED FIN [48 49 50 51 10 120 120 120 120 120 120 120 120 120 120 120] "
+                b"failed ErrType:7 ErrCode:0 : Message ID not in flight", fatal=False)

@@ -31,6 +31,7 @@ from smartnsq.devcluster.meta import (
     TopicMeta,
 )
 from smartnsq.devcluster.nsqd.delivery import Channel
+from smartnsq.devcluster.nsqd.http import make_app
 from smartnsq.devcluster.nsqd.options import NsqdOptions
 from smartnsq.devcluster.nsqd.store import ClusterStore, PartitionLog
 from smartnsq.devcluster.nsqd.tcp import ClientConnection
@@ -112,8 +113,6 @@ class NsqdNode:
         register as alive in the cluster metadata."""
         if self._server is not None:
             return
-        from smartnsq.devcluster.nsqd.http import make_app
-
         loop = asyncio.get_running_loop()
         tcp_port = tcp_port or self._tcp_port
         http_port = http_port or self._http_port
