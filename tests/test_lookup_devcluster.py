@@ -631,3 +631,16 @@ async def test_admin_write_follows_a_lookupd_leader_election(traffic: Traffic) -
             assert lk.leader == us[1]
             assert await lk.admin.create_topic("after_refuse", 1, 1) == (us[1],)
             assert "after_refuse" in c.meta.topics
+
+
+async def test_admin_write_rediscovers_when_the_leader_stops_answering(traffic: Traffic) -> None:
+    async with DevCluster(nodes=2, lookupds=2) as c:
+        us = urls(c)
+        async with Lookup(cfg(us[0]), session=traffic.session) as lk:
+            await lk.discover()
+            assert lk.leader == us[0]
+            await c.lookupd_fault(0, "refuse")
+            # no discover() here: the failed write itself must find the new leader
+            assert await lk.admin.create_topic("t_after_refuse", 1, 1) == (us[1],)
+            assert lk.leader == us[1]
+            assert "t_after_refuse" in c.meta.topics

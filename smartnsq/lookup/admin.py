@@ -2,7 +2,8 @@
 
 Reads ask every known lookupd and merge (each lookupd only knows the nsqds registered with
 it). Writes go to the lookupd leader named by ``/listlookup``; a lookupd that answers 400
-``E_FAILED_ON_NOT_LEADER`` makes us re-run ``/listlookup`` and retry on the new leader. When
+``E_FAILED_ON_NOT_LEADER``, or a leader that does not answer at all, makes us re-run
+``/listlookup`` and retry on the new leader. When
 no leader is known (stock, standalone youzan: every lookupd keeps its own registry) a write
 goes to every known lookupd and succeeds if at least one accepted it.
 """
@@ -171,12 +172,19 @@ class LookupAdmin:
                 return (leader,)
             except LookupdError as exc:
                 moved = exc.status == 400 and "NOT_LEADER" in exc.reason.upper()
-                if not moved or attempt >= LEADER_ATTEMPTS:
+                # no HTTP answer at all: the leader may be gone; another lookupd names the
+                # new one (we only retry if it really is a different lookupd, so a write
+                # the old leader may have applied is not sent to it twice)
+                unreachable = exc.status is None
+                if not (moved or unreachable) or attempt >= LEADER_ATTEMPTS:
                     raise
-            log.info("%s: %s is not the lookupd leader any more; asking /listlookup",
-                     path, leader)
+                failed = exc
+            log.info("%s: lookupd leader %s %s; asking /listlookup", path, leader,
+                     "moved" if moved else f"unreachable ({failed.detail})")
             attempt += 1
             await lk.discover()
+            if unreachable and lk.leader == leader:
+                raise failed
 
     async def _write_everywhere(self, path: str, params: dict[str, str]) -> tuple[str, ...]:
         lk = self._lookup
