@@ -1,0 +1,105 @@
+"""Shard key → partition, the rules youzan's clients use (PROTOCOL.md §7.2, §11.6).
+
+* ``"murmur3"`` (default, youzan go-nsq and every youzan example):
+  ``murmur3_32(key bytes, seed 0) as unsigned % partition_num``. ``str`` keys are UTF-8
+  encoded; ``bytes`` are used as they are.
+* ``"java"`` (youzan nsqJavaSDK): ``abs(key.hashCode() % partition_num)`` with Java's
+  truncating ``%``; ``str`` keys use ``String.hashCode()`` over UTF-16 code units, ``int``
+  keys ``Long.hashCode()``.
+
+The two rules map the same key to different partitions; producers and consumers that rely on
+the placement must agree on one. With tracing on, youzan go-nsq sends ordered messages with
+PUB_TRACE and the key's unsigned murmur3 hash as trace id: :func:`shard_trace_id`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mmh3
+
+from smartnsq.errors import ConfigError
+
+ShardRule = Literal["murmur3", "java"]
+ShardKey = str | bytes | int
+
+_MASK32 = 0xFFFFFFFF
+
+
+def key_bytes(key: str | bytes) -> bytes:
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes(key)
+    raise ConfigError(f"shard key must be str or bytes, got {type(key).__name__}")
+
+
+def murmur3_32(data: bytes) -> int:
+    """MurmurHash3 x86_32 of ``data`` with seed 0, as an unsigned int."""
+    return int(mmh3.hash(data, 0, signed=False))
+
+
+def _to_int32(h: int) -> int:
+    h &= _MASK32
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode()`` (signed 32-bit) over UTF-16 code units."""
+    h = 0
+    units = s.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + ((units[i] << 8) | units[i + 1])) & _MASK32
+    return _to_int32(h)
+
+
+def java_long_hash(v: int) -> int:
+    """Java's ``Long.hashCode()``: ``(int)(v ^ (v >>> 32))`` of a signed 64-bit value."""
+    if not -(1 << 63) <= v < (1 << 63):
+        raise ConfigError(f"int shard key {v} does not fit a Java long")
+    u = v & 0xFFFFFFFFFFFFFFFF
+    return _to_int32(u ^ (u >> 32))
+
+
+def java_hash(key: ShardKey) -> int:
+    if isinstance(key, bool):
+        raise ConfigError("shard key must be str or int for the java rule, got bool")
+    if isinstance(key, str):
+        return java_string_hash(key)
+    if isinstance(key, int):
+        return java_long_hash(key)
+    raise ConfigError(f"shard key must be str or int for the java rule, got {type(key).__name__}")
+
+
+def _java_mod(h: int, n: int) -> int:
+    # Java's % truncates toward zero (the remainder takes h's sign), so abs(h % n) there
+    # equals abs(h) % n here, Integer.MIN_VALUE included
+    return abs(h) % n
+
+
+def shard_partition(key: ShardKey, partition_num: int, rule: ShardRule = "murmur3") -> int:
+    """The partition of ``key`` among ``partition_num`` partitions under ``rule``."""
+    if partition_num <= 0:
+        raise ConfigError(f"partition_num must be positive, got {partition_num}")
+    if rule == "murmur3":
+        if isinstance(key, int):
+            raise ConfigError("shard key must be str or bytes for the murmur3 rule, got int")
+        return murmur3_32(key_bytes(key)) % partition_num
+    if rule == "java":
+        return _java_mod(java_hash(key), partition_num)
+    raise ConfigError(f"shard rule must be 'murmur3' or 'java', got {rule!r}")
+
+
+def check_shard_key(key: ShardKey, rule: ShardRule = "murmur3") -> None:
+    """Raise ConfigError before any I/O if ``key`` cannot be sharded under ``rule``."""
+    shard_partition(key, 1, rule)
+
+
+def shard_trace_id(key: ShardKey) -> int:
+    """youzan go-nsq's trace id for an ordered message: unsigned murmur3_32 of the key
+    (``int`` keys use their decimal text)."""
+    if isinstance(key, int):
+        if isinstance(key, bool):
+            raise ConfigError("shard key must be str, bytes or int, got bool")
+        return murmur3_32(str(key).encode("ascii"))
+    return murmur3_32(key_bytes(key))
