@@ -1,0 +1,170 @@
+"""Auto-batching: concurrent publishes for one key are sent as one MPUB.
+
+A key is ``(topic, partition)`` (partition None: the producer picks one per batch). The first
+publish for a key opens a batch and arms a ``linger`` timer; later publishes join it. The
+batch is sent when the timer fires, when it holds ``max_batch`` messages, or when the next
+message would push the MPUB body over ``max_body_size`` (then the full batch goes first).
+Each caller waits on its own future and gets the batch's outcome: None when the MPUB was
+acknowledged, the batch's error otherwise (every caller in a failed MPUB gets it — the MPUB
+is atomic on the server). A caller cancelled before its batch is sent is left out of it.
+
+Batches of one key are sent as soon as they close, so several may be in flight at once;
+on one connection they are answered in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+#: per-message overhead inside an MPUB body (4-byte size prefix)
+_MSG_OVERHEAD = 4
+#: the MPUB body's own count field
+_BODY_OVERHEAD = 4
+
+SendBatch = Callable[[Any, list[bytes], float], Awaitable[object]]
+
+
+class _Batch:
+    __slots__ = ("bodies", "deadline", "futures", "handle", "size")
+
+    def __init__(self, deadline: float) -> None:
+        self.bodies: list[bytes] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.size = _BODY_OVERHEAD
+        self.deadline = deadline
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class Batcher:
+    """See the module docstring. ``send(key, bodies, deadline)`` publishes one batch (with
+    the producer's retries) and raises on failure."""
+
+    def __init__(self, send: SendBatch, *, linger: float, max_batch: int,
+                 max_body_size: int) -> None:
+        self._send = send
+        self._linger = linger
+        self._max_batch = max_batch
+        self._max_body = max_body_size
+        self._pending: dict[Hashable, _Batch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: batches sent and messages in them, for stats and tests
+        self.batches = 0
+        self.messages = 0
+
+    def add(self, key: Hashable, body: bytes, deadline: float) -> asyncio.Future[None]:
+        """Queue ``body``; the future resolves when its batch is answered."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        size = _MSG_OVERHEAD + len(body)
+        batch = self._pending.get(key)
+        if batch is not None and batch.size + size > self._max_body:
+            self._close(key, batch)
+            batch = None
+        if batch is None:
+            batch = _Batch(deadline)
+            self._pending[key] = batch
+            batch.handle = loop.call_later(self._linger, self._expire, key, batch)
+        elif deadline < batch.deadline:
+            batch.deadline = deadline
+        fut: asyncio.Future[None] = loop.create_future()
+        batch.bodies.append(body)
+        batch.futures.append(fut)
+        batch.size += size
+        if len(batch.bodies) >= self._max_batch:
+            self._close(key, batch)
+        return fut
+
+    def _expire(self, key: Hashable, batch: _Batch) -> None:
+        if self._pending.get(key) is batch:
+            batch.handle = None
+            self._close(key, batch)
+
+    def _close(self, key: Hashable, batch: _Batch) -> None:
+        del self._pending[key]
+        if batch.handle is not None:
+            batch.handle.cancel()
+            batch.handle = None
+        assert self._loop is not None
+        task = self._loop.create_task(self._run(key, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, key: Hashable, batch: _Batch) -> None:
+        futures = batch.futures
+        bodies = batch.bodies
+        if any(f.done() for f in futures):
+            keep = [i for i, f in enumerate(futures) if not f.done()]
+            futures = [futures[i] for i in keep]
+            bodies = [bodies[i] for i in keep]
+            if not futures:
+                return
+        self.batches += 1
+        self.messages += len(bodies)
+        try:
+            await self._send(key, bodies, batch.deadline)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                for f in futures:
+                    f.cancel()
+                raise
+            for f in futures:
+                if not f.done():
+                    f.set_exception(exc)
+            return
+        for f in futures:
+            if not f.done():
+                f.set_result(None)
+
+    @property
+    def pending(self) -> int:
+        """Messages waiting for their batch to close."""
+        return sum(len(b.bodies) for b in self._pending.values())
+
+    def flush(self) -> None:
+        """Close every open batch now (they are sent in the background)."""
+        for key, batch in list(self._pending.items()):
+            self._close(key, batch)
+
+    async def drain(self) -> None:
+        """Flush and wait until every batch has been answered."""
+        self.flush()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def abort(self) -> None:
+        """Cancel batches still being sent (their callers get CancelledError)."""
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await t
+
+
+def split_batches(bodies: list[bytes], max_body_size: int,
+                  extra_per_message: int = 0) -> list[list[bytes]]:
+    """Split ``bodies`` into MPUB-sized chunks, in order: each chunk's body (count field plus
+    every ``[size][extra][message]``) stays within ``max_body_size`` and its count within
+    the server's ``(max_body_size - 4) // 5`` (PROTOCOL.md §2.11). ``extra_per_message`` is
+    what each element carries besides the body (8 for MPUB_TRACE, 2 + header for
+    MPUB_EXT)."""
+    max_count = max(1, (max_body_size - _BODY_OVERHEAD) // 5)
+    chunks: list[list[bytes]] = []
+    cur: list[bytes] = []
+    size = _BODY_OVERHEAD
+    per = _MSG_OVERHEAD + extra_per_message
+    for b in bodies:
+        s = per + len(b)
+        if cur and (size + s > max_body_size or len(cur) >= max_count):
+            chunks.append(cur)
+            cur = []
+            size = _BODY_OVERHEAD
+        cur.append(b)
+        size += s
+    if cur:
+        chunks.append(cur)
+    return chunks

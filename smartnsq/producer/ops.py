@@ -1,0 +1,208 @@
+"""One publish command each: what to send on a connection once a target is chosen.
+
+An op knows its topic, the partition the caller asked for (None: the producer chooses) and how
+to send itself on a :class:`~smartnsq.conn.Connection` to a given partition. The producer's
+retry loop may call :meth:`Op.send` several times (another node, another leader).
+"""
+
+# Per-call ``timeout`` arguments are the API (they bound the whole call, retries included);
+# asyncio.timeout() around the call could not keep a timed-out publish's FIFO slot.
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, ClassVar
+
+from smartnsq.conn import Connection
+from smartnsq.errors import ConfigError, Flavour, UnsupportedFeatureError
+from smartnsq.ordered.sharding import ShardKey, ShardRule
+from smartnsq.producer.types import PublishReceipt
+from smartnsq.protocol.commands import encode_ext_header
+
+_MAX_U64 = (1 << 64) - 1
+
+
+def check_trace_id(trace_id: int) -> int:
+    if isinstance(trace_id, bool) or not isinstance(trace_id, int) or \
+            not 0 <= trace_id <= _MAX_U64:
+        raise ConfigError(f"trace_id must be an int in 0..2**64-1, got {trace_id!r}")
+    return trace_id
+
+
+def ext_header_bytes(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
+    """The JSON header of PUB_EXT/MPUB_EXT (validated now, before any I/O); a ``trace_id``
+    travels as the reserved ``##trace_id`` key (a decimal string, PROTOCOL.md §4.6)."""
+    if not isinstance(ext, Mapping):
+        raise ConfigError(f"ext must be a dict of header fields, got {type(ext).__name__}")
+    if trace_id is not None:
+        ext = {**ext, "##trace_id": str(check_trace_id(trace_id))}
+    data = encode_ext_header(ext)
+    return data or b"{}"
+
+
+class Op:
+    """Base of the publish commands."""
+
+    __slots__ = ("partition", "rule", "shard", "topic")
+
+    what: ClassVar[str] = "publish"
+    #: needs a partitioned youzan topic (PUB_TRACE, PUB_EXT ...)
+    youzan_only: ClassVar[bool] = False
+    #: stock nsqd only (DPUB)
+    stock_only: ClassVar[bool] = False
+
+    def __init__(self, topic: str, partition: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        #: ordered publishing: the shard key whose partition this op is pinned to
+        self.shard: ShardKey | None = None
+        self.rule: ShardRule = "murmur3"
+
+    def send(self, conn: Connection, partition: int | None,
+             timeout: float) -> Awaitable[PublishReceipt | None]:
+        raise NotImplementedError
+
+    def _youzan_partition(self, conn: Connection, partition: int | None) -> int:
+        if conn.flavour is Flavour.STOCK:
+            raise UnsupportedFeatureError(f"{self.what} needs youzan nsqd; {conn.address} is "
+                                          "stock nsqd")
+        if partition is None:
+            raise ConfigError(f"{self.what} to a directly addressed youzan nsqd needs "
+                              "partition= (or use lookupd)")
+        return partition
+
+    def _receipt(self, resp: Any, conn: Connection, partition: int,
+                 count: int = 1) -> PublishReceipt:
+        return PublishReceipt.from_response(resp, self.topic, partition, conn.address, count)
+
+
+class Pub(Op):
+    __slots__ = ("body", "traced")
+    what = "PUB"
+
+    def __init__(self, topic: str, partition: int | None, body: bytes, traced: bool) -> None:
+        super().__init__(topic, partition)
+        self.body = body
+        #: tracing is on for the topic: use PUB_TRACE (trace id 0) where the server has it
+        self.traced = traced
+
+    def send(self, conn: Connection, partition: int | None,
+             timeout: float) -> Awaitable[PublishReceipt | None]:
+        if self.traced and partition is not None and conn.flavour is Flavour.YOUZAN:
+            return self._send_traced(conn, partition, timeout)
+        return conn.publish(self.topic, self.body, partition, timeout)
+
+    async def _send_traced(self, conn: Connection, partition: int,
+                           timeout: float) -> PublishReceipt:
+        resp = await conn.publish_trace(self.topic, partition, 0, self.body, timeout)
+        return self._receipt(resp, conn, partition)
+
+
+class PubTrace(Op):
+    __slots__ = ("body", "trace_id")
+    what = "PUB_TRACE"
+    youzan_only = True
+
+    def __init__(self, topic: str, partition: int | None, body: bytes, trace_id: int) -> None:
+        super().__init__(topic, partition)
+        self.body = body
+        self.trace_id = trace_id
+
+    async def send(self, conn: Connection, partition: int | None,
+                   timeout: float) -> PublishReceipt:
+        p = self._youzan_partition(conn, partition)
+        resp = await conn.publish_trace(self.topic, p, self.trace_id, self.body, timeout)
+        return self._receipt(resp, conn, p)
+
+
+class PubExt(Op):
+    __slots__ = ("body", "header", "traced")
+    what = "PUB_EXT"
+    youzan_only = True
+
+    def __init__(self, topic: str, partition: int | None, body: bytes, header: bytes,
+                 traced: bool) -> None:
+        super().__init__(topic, partition)
+        self.body = body
+        self.header = header
+        self.traced = traced
+
+    async def send(self, conn: Connection, partition: int | None,
+                   timeout: float) -> PublishReceipt | None:
+        p = self._youzan_partition(conn, partition)
+        resp = await conn.publish_ext(self.topic, p, self.header, self.body, timeout)
+        return None if resp is None else self._receipt(resp, conn, p)
+
+
+class MPub(Op):
+    __slots__ = ("bodies", "traced")
+    what = "MPUB"
+
+    def __init__(self, topic: str, partition: int | None, bodies: list[bytes],
+                 traced: bool) -> None:
+        super().__init__(topic, partition)
+        self.bodies = bodies
+        self.traced = traced
+
+    def send(self, conn: Connection, partition: int | None,
+             timeout: float) -> Awaitable[PublishReceipt | None]:
+        if self.traced and partition is not None and conn.flavour is Flavour.YOUZAN:
+            return self._send_traced(conn, partition, timeout)
+        return conn.publish_many(self.topic, self.bodies, partition, timeout)
+
+    async def _send_traced(self, conn: Connection, partition: int,
+                           timeout: float) -> PublishReceipt:
+        items = [(0, b) for b in self.bodies]
+        resp = await conn.publish_many_trace(self.topic, partition, items, timeout)
+        return self._receipt(resp, conn, partition, len(items))
+
+
+class MPubTrace(Op):
+    __slots__ = ("bodies", "trace_id")
+    what = "MPUB_TRACE"
+    youzan_only = True
+
+    def __init__(self, topic: str, partition: int | None, bodies: list[bytes],
+                 trace_id: int) -> None:
+        super().__init__(topic, partition)
+        self.bodies = bodies
+        self.trace_id = trace_id
+
+    async def send(self, conn: Connection, partition: int | None,
+                   timeout: float) -> PublishReceipt:
+        p = self._youzan_partition(conn, partition)
+        items = [(self.trace_id, b) for b in self.bodies]
+        resp = await conn.publish_many_trace(self.topic, p, items, timeout)
+        return self._receipt(resp, conn, p, len(items))
+
+
+class MPubExt(Op):
+    __slots__ = ("bodies", "header")
+    what = "MPUB_EXT"
+    youzan_only = True
+
+    def __init__(self, topic: str, partition: int | None, bodies: list[bytes],
+                 header: bytes) -> None:
+        super().__init__(topic, partition)
+        self.bodies = bodies
+        self.header = header
+
+    async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
+        p = self._youzan_partition(conn, partition)
+        items: list[tuple[bytes | None, bytes]] = [(self.header, b) for b in self.bodies]
+        await conn.publish_many_ext(self.topic, p, items, timeout)
+
+
+class DPub(Op):
+    __slots__ = ("body", "delay_ms")
+    what = "DPUB"
+    stock_only = True
+
+    def __init__(self, topic: str, partition: int | None, body: bytes, delay_ms: int) -> None:
+        super().__init__(topic, partition)
+        self.body = body
+        self.delay_ms = delay_ms
+
+    async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
+        await conn.publish_deferred(self.topic, self.body, self.delay_ms, timeout)

@@ -1,0 +1,261 @@
+"""Publishing connections to one nsqd: :class:`NodePool`.
+
+Up to ``connections_per_nsqd`` connections, dialled lazily (the first publish waits for the
+first connection; more are dialled in the background while the first one is used), picked
+round-robin, each carrying many publishes in flight (responses are FIFO per connection).
+A connection can carry any topic and partition: every youzan PUB names its partition.
+
+Health: a failed dial or a connection lost to a network error marks the node *down* until
+``retry_at`` (capped exponential backoff with jitter, ``reconnect_min`` … ``reconnect_max``).
+While down the node is skipped by the producer; with ``auto_reconnect`` (direct nsqd
+addresses) a background task redials it when the backoff expires, so publishers never pay
+for probing a dead node while others are healthy. A connection closed by a server error
+(a fatal error frame) says nothing about the node: only that connection is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+
+from smartnsq.config import ProducerConfig
+from smartnsq.conn import Connection
+from smartnsq.errors import (
+    ClientClosedError,
+    Flavour,
+    NSQConnectionError,
+    NSQError,
+    ServerError,
+)
+from smartnsq.protocol.validation import parse_tcp_address
+
+logger = logging.getLogger("smartnsq.producer")
+
+
+def _consume(fut: asyncio.Future[Connection]) -> None:
+    # a dial nobody waits for any more must not log "exception never retrieved"
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _server_caused(exc: BaseException | None) -> bool:
+    """The connection ended because of an error frame, not because the node went away."""
+    while exc is not None:
+        if isinstance(exc, ServerError):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+class NodePool:
+    """See the module docstring. ``on_up`` is called whenever a connection comes up."""
+
+    def __init__(self, address: str, config: ProducerConfig, *, auto_reconnect: bool = False,
+                 on_up: Callable[[NodePool], None] | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.address = address
+        self.host, self.port = parse_tcp_address(address)
+        self._config = config
+        self._size = config.connections_per_nsqd
+        self._auto_reconnect = auto_reconnect
+        self._on_up = on_up
+        self._rng = rng or random.Random()
+        #: connected connections, in the order they came up
+        self._up: list[Connection] = []
+        self._all: set[Connection] = set()
+        self._rr = 0
+        self._dialing: asyncio.Future[Connection] | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._up_waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+        #: why the node was last marked down
+        self.last_error: BaseException | None = None
+        #: learnt from the first IDENTIFY answer
+        self.flavour = Flavour.UNKNOWN
+        self.dials = 0
+
+    def __repr__(self) -> str:
+        return (f"<NodePool {self.address} up={len(self._up)}/{self._size} "
+                f"failures={self._failures} flavour={self.flavour.value}>")
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_up(self) -> bool:
+        return bool(self._up)
+
+    @property
+    def connections(self) -> tuple[Connection, ...]:
+        return tuple(self._up)
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failures (0 once a connection is up)."""
+        return self._failures
+
+    @property
+    def retry_at(self) -> float:
+        return self._retry_at
+
+    def available(self, now: float) -> bool:
+        """Worth trying: connected, or not in backoff."""
+        return bool(self._up) or (not self._closed and now >= self._retry_at)
+
+    async def wait_up(self) -> None:
+        """Wait until the pool has a connection (for instance after a redial); bound it
+        with ``asyncio.timeout``."""
+        while not self._up:
+            if self._closed:
+                raise ClientClosedError(f"the pool for nsqd {self.address} is closed")
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._up_waiters.append(fut)
+            await fut
+
+    # ------------------------------------------------------------------ getting a connection
+
+    def pick(self) -> Connection | None:
+        """A connected connection without waiting (round-robin), or None. Grows the pool in
+        the background when it is below its size."""
+        up = self._up
+        n = len(up)
+        if not n:
+            return None
+        if n < self._size and self._dialing is None and not self._closed:
+            self._start_dial()
+        if n == 1:
+            return up[0]
+        self._rr += 1
+        return up[self._rr % n]
+
+    async def get(self) -> Connection:
+        """A connected connection, dialling one if needed. Raises NSQConnectionError (cause:
+        the last failure) while the node is in backoff, or the dial's error."""
+        conn = self.pick()
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise ClientClosedError(f"the pool for nsqd {self.address} is closed")
+        dialing = self._dialing
+        if dialing is None:
+            loop = asyncio.get_running_loop()
+            wait = self._retry_at - loop.time()
+            if wait > 0:
+                err = NSQConnectionError(
+                    f"nsqd {self.address} is down (next attempt in {wait:.2f}s): "
+                    f"{self.last_error}")
+                err.__cause__ = self.last_error
+                raise err
+            dialing = self._start_dial()
+        return await asyncio.shield(dialing)
+
+    def _start_dial(self) -> asyncio.Future[Connection]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Connection] = loop.create_future()
+        fut.add_done_callback(_consume)
+        self._dialing = fut
+        task = loop.create_task(self._dial(fut))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return fut
+
+    async def _dial(self, fut: asyncio.Future[Connection]) -> None:
+        self.dials += 1
+        conn = Connection(self.host, self.port, self._config.connection,
+                          on_close=self._on_close, on_error=self._on_error)
+        try:
+            await conn.connect()
+        except asyncio.CancelledError:
+            self._dialing = None
+            fut.cancel()
+            raise
+        except Exception as exc:
+            self._dialing = None
+            self._mark_down(exc)
+            fut.set_exception(exc)
+            return
+        self._dialing = None
+        if self._closed:
+            await conn.close()
+            fut.set_exception(ClientClosedError(f"the pool for nsqd {self.address} is closed"))
+            return
+        self._failures = 0
+        self._retry_at = 0.0
+        self.last_error = None
+        self.flavour = conn.flavour
+        self._up.append(conn)
+        self._all.add(conn)
+        fut.set_result(conn)
+        waiters, self._up_waiters = self._up_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+        if self._on_up is not None:
+            self._on_up(self)
+
+    # ------------------------------------------------------------------ failures
+
+    def _backoff(self) -> float:
+        cfg = self._config
+        base = cfg.reconnect_min * (2 ** min(self._failures - 1, 30))
+        return float(min(cfg.reconnect_max, base * (0.75 + 0.5 * self._rng.random())))
+
+    def _mark_down(self, exc: BaseException) -> None:
+        self._failures += 1
+        self.last_error = exc
+        self._retry_at = asyncio.get_running_loop().time() + self._backoff()
+        logger.info("nsqd %s marked down for %.2fs (failure %d): %s", self.address,
+                    self._retry_at - asyncio.get_running_loop().time(), self._failures, exc)
+        if self._auto_reconnect and not self._closed and self._reconnect_task is None:
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        try:
+            while not self._closed and not self._up:
+                loop = asyncio.get_running_loop()
+                await asyncio.sleep(max(0.0, self._retry_at - loop.time()))
+                if self._closed or self._up:
+                    break
+                dialing = self._dialing if self._dialing is not None else self._start_dial()
+                with contextlib.suppress(NSQError):
+                    await asyncio.shield(dialing)
+        finally:
+            self._reconnect_task = None
+
+    def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        if conn in self._up:
+            self._up.remove(conn)
+        self._all.discard(conn)
+        if self._closed or exc is None or _server_caused(exc):
+            return
+        self._mark_down(exc)
+
+    def _on_error(self, conn: Connection, exc: ServerError) -> None:
+        # errors answering publishes whose callers gave up (timeout / cancel)
+        logger.debug("nsqd %s: error for an abandoned publish: %s", self.address, exc)
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Close every connection, letting outstanding publishes be answered first (bounded
+        by the connection's ``close_timeout``)."""
+        self._closed = True
+        for w in self._up_waiters:
+            if not w.done():
+                w.set_exception(ClientClosedError(f"the pool for nsqd {self.address} is closed"))
+        self._up_waiters.clear()
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        dialing = self._dialing
+        if dialing is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(dialing)
+        conns = list(self._all)
+        self._up.clear()
+        self._all.clear()
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)

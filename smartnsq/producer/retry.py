@@ -1,0 +1,80 @@
+"""The producer's retry rule, in one place.
+
+Every failed publish attempt is classified into one :class:`Action`:
+
+* ``RAISE`` — retrying cannot help: the message, topic, partition or header is wrong
+  (E_BAD_MESSAGE, E_BAD_BODY, E_BAD_TOPIC, E_BAD_PARTITION, E_EXT_NOT_SUPPORT,
+  E_INVALID_JSON_HEADER, INVALID_TRACE_ID, E_INVALID, auth errors, any unknown code) or the
+  caller's time is up. Raised at once, unlike youzan go-nsq which retries everything
+  (PROTOCOL.md §11.7).
+* ``REFRESH`` — the partition → leader mapping is stale (E_FAILED_ON_NOT_LEADER,
+  E_FAILED_ON_NOT_WRITABLE, E_TOPIC_NOT_EXIST): drop the mapping, run one coalesced lookup
+  refresh, retry on the new leader (§5, §7.3).
+* ``FAILOVER`` — the connection or node failed (refused, reset, closed, protocol garbage):
+  the publish was not acknowledged, so it is retried on another healthy nsqd (stock) or on
+  the partition's leader after a refresh (youzan).
+* ``RETRY`` — a transient server failure (E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED,
+  E_PUB_TOO_MUCH_WAITING, youzan's connection limit): retry after the delay.
+
+Attempts are bounded by ``ProducerConfig.max_attempts`` (default 3, as youzan go-nsq) and by
+the call's deadline. Before retrying the *same* target the producer sleeps
+:func:`retry_delay` — go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
+capped at :data:`MAX_RETRY_DELAY`; a retry on a *different* target (another nsqd, another
+partition) goes at once. Waiting for a fresh topic to get a writable partition is bounded by
+the deadline, not by attempts (PROTOCOL.md §13).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from smartnsq.errors import (
+    NSQConnectionError,
+    NSQError,
+    NSQTimeoutError,
+    ProtocolError,
+    ServerError,
+    TLSError,
+)
+
+
+class Action(enum.Enum):
+    RAISE = "raise"
+    REFRESH = "refresh"
+    FAILOVER = "failover"
+    RETRY = "retry"
+
+
+#: upper bound of one retry sleep (seconds); go-nsq's formula doubles without bound
+MAX_RETRY_DELAY = 1.0
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to sleep after failed attempt number ``attempt`` (1-based) before retrying
+    the same target: 0.048, 0.088, 0.168, 0.328 … capped at :data:`MAX_RETRY_DELAY`."""
+    if attempt < 1:
+        attempt = 1
+    if attempt >= 16:
+        return MAX_RETRY_DELAY
+    return min(MAX_RETRY_DELAY, (8 + 10 * (2 << attempt)) / 1000.0)
+
+
+def classify(exc: BaseException) -> Action:
+    """What to do after ``exc`` ended a publish attempt (see the module docstring)."""
+    if isinstance(exc, ServerError):
+        if exc.refresh_lookup:
+            return Action.REFRESH
+        if exc.retryable:
+            return Action.RETRY
+        return Action.RAISE
+    if isinstance(exc, NSQTimeoutError):
+        # A connect that timed out is a node problem; an answer that did not come in time
+        # used up the caller's deadline, which the producer checks separately.
+        return Action.FAILOVER
+    if isinstance(exc, TLSError):
+        return Action.RAISE  # a certificate problem does not go away by retrying
+    if isinstance(exc, NSQConnectionError | ProtocolError):
+        return Action.FAILOVER
+    if isinstance(exc, NSQError):
+        return Action.RAISE
+    return Action.RAISE

@@ -1,0 +1,46 @@
+"""Small value types the producer returns or raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smartnsq.errors import NSQTimeoutError, PublishError
+from smartnsq.protocol.responses import TraceResponse
+
+
+@dataclass(frozen=True, slots=True)
+class PublishReceipt:
+    """Where a traced publish (PUB_TRACE, MPUB_TRACE, traced PUB_EXT) was stored.
+
+    For a batch (MPUB_TRACE) ``internal_id`` and ``offset`` are the first message's,
+    ``trace_id`` is 0 and ``raw_size`` covers the whole batch (PROTOCOL.md §4.6); the next
+    message of the partition starts at ``offset + raw_size``.
+    """
+
+    topic: str
+    partition: int
+    #: ``host:port`` of the nsqd that stored it
+    nsqd: str
+    internal_id: int
+    trace_id: int
+    #: disk-queue offset of the stored record
+    offset: int
+    #: stored size of the record(s) including the 4-byte length prefix
+    raw_size: int
+    #: messages covered (1 for PUB_TRACE / PUB_EXT)
+    count: int = 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + self.raw_size
+
+    @classmethod
+    def from_response(cls, resp: TraceResponse, topic: str, partition: int, nsqd: str,
+                      count: int = 1) -> PublishReceipt:
+        return cls(topic, partition, nsqd, resp.internal_id, resp.trace_id, resp.offset,
+                   resp.raw_size, count)
+
+
+class PublishTimeoutError(PublishError, NSQTimeoutError):
+    """The publish was not acknowledged within the call's timeout. It may still have been
+    stored (the answer was late); ``__cause__`` holds the last attempt's error."""

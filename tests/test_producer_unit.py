@@ -1,0 +1,197 @@
+"""Producer pieces without servers: retry rule, MPUB splitting, round-robin partition choice,
+trace switch, and bad input rejected before any I/O."""
+
+from __future__ import annotations
+
+import logging
+from types import MappingProxyType
+
+import pytest
+
+from smartnsq.config import ProducerConfig
+from smartnsq.errors import (
+    BadMessageError,
+    BadPartitionError,
+    ClientClosedError,
+    ConfigError,
+    ConnectionClosedError,
+    ExtNotSupportError,
+    Flavour,
+    InvalidNameError,
+    MPubFailedError,
+    NotLeaderError,
+    NotWritableError,
+    NSQConnectionError,
+    NSQTimeoutError,
+    ProtocolError,
+    PubFailedError,
+    TopicNotExistError,
+)
+from smartnsq.lookup.view import Node, TopicMeta, TopicView
+from smartnsq.producer import Producer, PublishReceipt, TraceSwitch
+from smartnsq.producer.batcher import split_batches
+from smartnsq.producer.retry import MAX_RETRY_DELAY, Action, classify, retry_delay
+from smartnsq.producer.router import TopicRoute
+from smartnsq.producer.trace import log_receipt
+from smartnsq.protocol.commands import mpub, mpub_size
+
+
+def test_retry_delays_follow_go_nsq_and_are_capped() -> None:
+    assert [round(retry_delay(a), 3) for a in (1, 2, 3, 4)] == [0.048, 0.088, 0.168, 0.328]
+    assert retry_delay(0) == retry_delay(1)
+    assert retry_delay(10) == MAX_RETRY_DELAY
+    assert retry_delay(100) == MAX_RETRY_DELAY
+
+
+@pytest.mark.parametrize(("exc", "action"), [
+    (NotLeaderError(fatal=False), Action.REFRESH),
+    (NotWritableError(fatal=False), Action.REFRESH),
+    (TopicNotExistError(), Action.REFRESH),
+    (PubFailedError(fatal=False), Action.RETRY),
+    (MPubFailedError(fatal=False), Action.RETRY),
+    (BadMessageError(), Action.RAISE),
+    (BadPartitionError(), Action.RAISE),
+    (ExtNotSupportError(fatal=False), Action.RAISE),
+    (ConnectionClosedError("gone"), Action.FAILOVER),
+    (NSQConnectionError("refused"), Action.FAILOVER),
+    (NSQTimeoutError("dial"), Action.FAILOVER),
+    (ProtocolError("garbage"), Action.FAILOVER),
+    (ConfigError("bad"), Action.RAISE),
+    (ValueError("?"), Action.RAISE),
+])
+def test_retry_classification(exc: BaseException, action: Action) -> None:
+    assert classify(exc) is action
+
+
+def test_split_batches_respects_body_size_and_order() -> None:
+    bodies = [bytes([i % 256]) * 100 for i in range(100)]
+    chunks = split_batches(bodies, 1024)
+    assert [b for c in chunks for b in c] == bodies
+    for c in chunks:
+        assert mpub_size(c) <= 1024
+        # the size field of the real encoding agrees
+        enc = mpub("t", c)
+        assert int.from_bytes(enc[7:11], "big") == mpub_size(c)
+    assert len(chunks) == 12  # 9 messages of 104 bytes fit in 1024 - 4
+    # trace ids add 8 bytes per message
+    assert all(4 + sum(12 + len(b) for b in c) <= 1024 for c in split_batches(bodies, 1024, 8))
+    # a count limit of (max_body - 4) // 5 applies to tiny messages
+    tiny = [b"x"] * 500
+    assert max(len(c) for c in split_batches(tiny, 1024)) <= (1024 - 4) // 5
+
+
+def _node(i: int) -> Node:
+    return Node(f"127.0.0.1:{4000 + i}", "127.0.0.1", 4000 + i, 5000 + i)
+
+
+def _view(partitions: dict[int, int], n: int, legacy: tuple[int, ...] = ()) -> TopicView:
+    nodes = {_node(i).address: _node(i) for i in set(partitions.values()) | set(legacy)}
+    return TopicView(
+        topic="t", access="w", nodes=MappingProxyType(nodes),
+        partitions=MappingProxyType({p: _node(i) for p, i in partitions.items()}),
+        legacy_nodes=tuple(_node(i).address for i in legacy),
+        meta=TopicMeta(partition_num=n, replica=1), has_meta=True, channels=("c",),
+        flavour=Flavour.YOUZAN, built_at=0.0, answered_by=("x",))
+
+
+def test_round_robin_starts_at_one_and_skips_missing_leaders() -> None:
+    route = TopicRoute(_view({0: 0, 1: 1, 2: 2, 3: 0}, 4))
+    assert [route.pick() for _ in range(8)] == [1, 2, 3, 0, 1, 2, 3, 0]
+    route = TopicRoute(_view({0: 0, 2: 2, 3: 0}, 4))  # partition 1 has no leader
+    picks = [route.pick() for _ in range(6)]
+    assert 1 not in picks
+    assert sorted(set(picks)) == [0, 2, 3]
+    route.drop(2, _node(2).address)
+    assert 2 not in [route.pick() for _ in range(6)]
+    route.drop(0, _node(1).address)  # not the leader we know: nothing dropped
+    assert route.leader(0) == _node(0).address
+    assert route.pick(avoid={0, 3}) is None
+
+
+def test_single_partition_is_always_zero_and_legacy_round_robin() -> None:
+    route = TopicRoute(_view({0: 1}, 1))
+    assert {route.pick() for _ in range(5)} == {0}
+    legacy = TopicRoute(_view({}, 0, legacy=(1, 2)))
+    assert not legacy.partitioned
+    assert {legacy.pick_legacy() for _ in range(4)} == {_node(1).address, _node(2).address}
+    assert legacy.pick_legacy(avoid={_node(1).address}) == _node(2).address
+
+
+def test_trace_switch_global_and_per_topic(caplog: pytest.LogCaptureFixture) -> None:
+    sw = TraceSwitch()
+    assert not sw.is_on("a")
+    sw.enable("a")
+    assert sw.is_on("a") and not sw.is_on("b")
+    sw.enable()
+    sw.disable("c")
+    assert sw.is_on("b") and not sw.is_on("c")
+    sw.reset("c")
+    assert sw.is_on("c")
+    sw.disable()
+    assert sw.is_on("a") and not sw.is_on("b")
+    with pytest.raises(InvalidNameError):
+        sw.enable("bad topic")
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    log_receipt(PublishReceipt("t", 1, "h:1", 7, 9, 45, 41))
+    rec = caplog.records[-1]
+    assert rec.name == "smartnsq.trace"
+    assert (rec.internal_id, rec.trace_id, rec.offset, rec.raw_size) == (  # type: ignore[attr-defined]
+        7, 9, 45, 41)
+    assert rec.partition == 1 and rec.topic == "t"  # type: ignore[attr-defined]
+
+
+async def test_bad_input_raises_before_any_io() -> None:
+    # nothing listens on this port: any I/O would show up as a dial
+    p = Producer(["127.0.0.1:1"], config=ProducerConfig(max_msg_size=1000))
+    pool = p.pools["127.0.0.1:1"]
+    cases = [
+        (InvalidNameError, p.publish("bad topic", b"x")),
+        (InvalidNameError, p.publish("x" * 65, b"x")),
+        (InvalidNameError, p.publish("t\n", b"x")),
+        (ConfigError, p.publish("t", "text")),  # type: ignore[arg-type]
+        (ConfigError, p.publish("t", b"")),
+        (ConfigError, p.publish("t", b"x" * 1001)),
+        (ConfigError, p.publish("t", b"x", partition=-1)),
+        (ConfigError, p.publish("t", b"x", partition=5000)),
+        (ConfigError, p.publish("t", b"x", partition="1")),  # type: ignore[arg-type]
+        (ConfigError, p.publish("t", b"x", trace_id=-1)),
+        (ConfigError, p.publish("t", b"x", trace_id=1 << 64)),
+        (ConfigError, p.publish("t", b"x", ext=["k"])),  # type: ignore[arg-type]
+        (ConfigError, p.publish("t", b"x", ext={"##trace_id": 5})),
+        (ConfigError, p.publish("t", b"x", timeout=0)),
+        (ConfigError, p.publish("t", b"x", timeout=-1)),
+        (ConfigError, p.publish_many("t", [])),
+        (ConfigError, p.publish_many("t", b"abc")),  # type: ignore[arg-type]
+        (ConfigError, p.publish_many("t", [b"ok", b""])),
+        (ConfigError, p.publish_deferred("t", b"x", -1)),
+        (ConfigError, p.publish_deferred("t", b"x", 10**9)),
+        (ConfigError, p.publish_ordered("t", "key", b"x")),  # needs lookupd
+        (ConfigError, p.publish_ordered("t", 5, b"x")),  # murmur3 keys are str/bytes
+    ]
+    for exc_type, coro in cases:
+        with pytest.raises(exc_type):
+            await coro
+    assert pool.dials == 0
+    await p.close()
+    with pytest.raises(ClientClosedError):
+        await p.publish("t", b"x")
+    with pytest.raises(ClientClosedError):
+        await p.publish_many("t", [b"x"])
+    assert pool.dials == 0
+
+
+def test_constructor_arguments_are_checked() -> None:
+    with pytest.raises(ConfigError):
+        Producer()
+    with pytest.raises(ConfigError):
+        Producer(["127.0.0.1:1"], lookupd=["127.0.0.1:2"])
+    with pytest.raises(ConfigError):
+        Producer([])
+    with pytest.raises(ConfigError):
+        Producer(["nohost"])
+    with pytest.raises(ConfigError):
+        Producer(lookupd=[])
+    with pytest.raises(ConfigError):
+        Producer(["127.0.0.1:1"], config={"linger": 1})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        ProducerConfig(reconnect_min=0)
