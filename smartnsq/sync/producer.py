@@ -1,0 +1,106 @@
+"""Blocking facade of :class:`smartnsq.producer.Producer` for scripts, web apps and Spark
+executors: the asyncio producer runs on a shared background thread (``_loop.py``); every
+method blocks until the asyncio call returns and has the same semantics, errors and
+timeouts. Safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from smartnsq.config import ProducerConfig
+from smartnsq.errors import ClientClosedError
+from smartnsq.ordered.sharding import ShardKey, ShardRule
+from smartnsq.producer.producer import LookupdSpec
+from smartnsq.producer.producer import Producer as AsyncProducer
+from smartnsq.producer.trace import TraceSwitch
+from smartnsq.producer.types import PublishReceipt
+from smartnsq.sync._loop import BackgroundLoop, acquire, release
+
+
+class Producer:
+    """``with smartnsq.sync.Producer(nsqd_tcp_addresses=[...]) as p: p.publish("t", b"x")``."""
+
+    def __init__(self, nsqd_tcp_addresses: Sequence[str] | None = None, *,
+                 lookupd: LookupdSpec | None = None, config: ProducerConfig | None = None,
+                 trace: TraceSwitch | None = None) -> None:
+        # arguments are validated here, in the caller's thread, before the loop is touched
+        self._async = AsyncProducer(nsqd_tcp_addresses, lookupd=lookupd, config=config,
+                                    trace=trace)
+        self._loop: BackgroundLoop | None = acquire()
+        try:
+            self._loop.run(self._async.start())
+        except BaseException:
+            release(self._loop)
+            self._loop = None
+            raise
+
+    @property
+    def trace(self) -> TraceSwitch:
+        """The run-time trace switch (thread-safe)."""
+        return self._async.trace
+
+    @property
+    def async_producer(self) -> AsyncProducer:
+        """The asyncio producer underneath (use it only on the facade's loop)."""
+        return self._async
+
+    def _run_loop(self) -> BackgroundLoop:
+        loop = self._loop
+        if loop is None:
+            raise ClientClosedError("the producer is closed")
+        return loop
+
+    def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                trace_id: int | None = None, ext: Mapping[str, Any] | None = None,
+                timeout: float | None = None) -> PublishReceipt | None:
+        """See :meth:`smartnsq.producer.Producer.publish`."""
+        return self._run_loop().run(self._async.publish(
+            topic, body, partition=partition, trace_id=trace_id, ext=ext, timeout=timeout))
+
+    def publish_many(self, topic: str, bodies: Sequence[bytes], *,
+                     partition: int | None = None, trace_id: int | None = None,
+                     ext: Mapping[str, Any] | None = None,
+                     timeout: float | None = None) -> list[PublishReceipt]:
+        """See :meth:`smartnsq.producer.Producer.publish_many`."""
+        return self._run_loop().run(self._async.publish_many(
+            topic, bodies, partition=partition, trace_id=trace_id, ext=ext, timeout=timeout))
+
+    def publish_deferred(self, topic: str, body: bytes, delay: float, *,
+                         timeout: float | None = None) -> None:
+        """See :meth:`smartnsq.producer.Producer.publish_deferred`."""
+        self._run_loop().run(self._async.publish_deferred(topic, body, delay, timeout=timeout))
+
+    def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
+                        trace_id: int | None = None, timeout: float | None = None,
+                        rule: ShardRule | None = None) -> PublishReceipt | None:
+        """See :meth:`smartnsq.producer.Producer.publish_ordered`. Calls from one thread are
+        in order per key; calls racing from several threads are ordered as they reach the
+        producer."""
+        return self._run_loop().run(self._async.publish_ordered(
+            topic, shard_key, body, trace_id=trace_id, timeout=timeout, rule=rule))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Let accepted publishes finish (see the asyncio ``close``), close the connections
+        and give the background thread back. Idempotent."""
+        loop = self._loop
+        if loop is None:
+            return
+        self._loop = None
+        try:
+            loop.run(self._async.close(timeout))
+        finally:
+            release(loop)
+
+    @property
+    def closed(self) -> bool:
+        return self._loop is None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
