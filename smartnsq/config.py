@@ -202,6 +202,15 @@ class ConsumerConfig(_Model):
     #: reconnect backoff for direct nsqd addresses: doubles from min up to max, with jitter
     reconnect_min: float = Field(default=1.0, gt=0)
     reconnect_max: float = Field(default=60.0, gt=0)
+    #: default bound of ``Consumer.stop()``: how long in-flight messages may still be
+    #: answered before the rest is requeued (go-nsq waits up to 30 s too)
+    drain_timeout: float = Field(default=30.0, ge=0)
+    #: ordered consumer: client-side pause before a failed message is retried with
+    #: ``REQ <id> 0`` (youzan ignores delayed REQs on ordered channels, PROTOCOL.md §11.5)
+    ordered_retry_pause: float = Field(default=1.0, ge=0)
+    #: ordered consumer: from this many attempts on, a failing message is handed to the
+    #: ``on_blocked`` policy (retry / skip / stop)
+    blocked_attempts: int = Field(default=5, ge=1)
     connection: ConnectionConfig = Field(default_factory=ConnectionConfig)
 
 

@@ -1,0 +1,206 @@
+"""The consumer's subscriptions: one per :class:`Endpoint` (nsqd, partition), each kept alive
+by a small runner task that connects, waits for the connection to end and reconnects.
+
+Reconnects back off exponentially with jitter (``reconnect_min`` doubling up to
+``reconnect_max``; each wait is drawn from the upper half of the current step). Before each
+retry the discovery is asked whether the endpoint is still wanted: always for direct
+addresses, "does a fresh lookup still list it" with lookupds. Errors that retrying cannot
+fix (configuration errors) end the runner and are reported to the consumer once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from smartnsq.consumer.discovery import Discovery, Endpoint, EndpointKey, Topology
+
+__all__ = ["ConnectionSet", "Session", "Slot"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+
+class Session(Protocol):
+    """A subscribed connection as the consumer runs it."""
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is closed, for whatever reason."""
+        ...
+
+    async def retire(self) -> None:
+        """The endpoint is no longer wanted: stop delivery, drain briefly, close."""
+        ...
+
+    @property
+    def stale_leader(self) -> bool:
+        """The server said it does not lead (or hold) this partition any more."""
+        ...
+
+
+Opener = Callable[[Endpoint], Awaitable[Session]]
+
+
+class Slot:
+    """One endpoint's runner and state."""
+
+    __slots__ = ("endpoint", "failures", "first_attempt", "session", "task", "wanted")
+
+    def __init__(self, endpoint: Endpoint, first_attempt: asyncio.Future[None]) -> None:
+        self.endpoint = endpoint
+        self.wanted = True
+        self.failures = 0
+        self.session: Session | None = None
+        self.task: asyncio.Task[None] | None = None
+        #: resolved after the first connect attempt, whatever its outcome
+        self.first_attempt = first_attempt
+
+
+class ConnectionSet:
+    """Reconciles running subscriptions against :class:`Topology` snapshots."""
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        opener: Opener,
+        *,
+        is_fatal: Callable[[BaseException], bool],
+        on_fatal: Callable[[BaseException], None],
+        reconnect_min: float,
+        reconnect_max: float,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._discovery = discovery
+        self._open = opener
+        self._is_fatal = is_fatal
+        self._on_fatal = on_fatal
+        self._min = reconnect_min
+        self._max = max(reconnect_max, reconnect_min)
+        self._rng = rng if rng is not None else random.Random()
+        self._slots: dict[EndpointKey, Slot] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.topology = Topology()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return tuple(self._slots.values())
+
+    def backoff_delay(self, failures: int) -> float:
+        """Seconds before retry number ``failures`` (≥ 1): the step ``min × 2^(n-1)``
+        capped at ``max``, then a random point of its upper half."""
+        step = min(self._max, self._min * (2.0 ** min(max(failures, 1) - 1, 62)))
+        return step * (0.5 + 0.5 * self._rng.random())
+
+    def reconcile(self, topology: Topology) -> None:
+        """Start runners for new endpoints; retire those no longer listed."""
+        if self._closed:
+            return
+        self.topology = topology
+        wanted = topology.endpoints
+        for key, ep in wanted.items():
+            slot = self._slots.get(key)
+            if slot is None:
+                self._start(ep)
+            else:
+                slot.endpoint = ep
+        for key in [k for k in self._slots if k not in wanted]:
+            slot = self._slots.pop(key)
+            slot.wanted = False
+            log.info("%s is no longer listed for this topic; unsubscribing", slot.endpoint)
+            self._stop_slot(slot)
+
+    async def wait_first_attempts(self) -> None:
+        """Wait until every current endpoint was tried once."""
+        firsts = [s.first_attempt for s in self._slots.values()]
+        if firsts:
+            await asyncio.gather(*(asyncio.shield(f) for f in firsts))
+
+    def _start(self, ep: Endpoint) -> None:
+        loop = asyncio.get_running_loop()
+        slot = Slot(ep, loop.create_future())
+        self._slots[ep.key] = slot
+        slot.task = loop.create_task(self._run(slot), name=f"smartnsq consumer {ep}")
+
+    def _stop_slot(self, slot: Slot) -> None:
+        session = slot.session
+        if session is not None:
+            # graceful: the runner ends when the retired connection closes
+            task = asyncio.get_running_loop().create_task(self._retire(session))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        elif slot.task is not None:
+            slot.task.cancel()
+
+    async def _retire(self, session: Session) -> None:
+        try:
+            await session.retire()
+        except Exception:
+            log.exception("retiring a subscription failed")
+
+    async def _run(self, slot: Slot) -> None:
+        ep = slot.endpoint
+        try:
+            while slot.wanted and not self._closed:
+                if slot.failures:
+                    await asyncio.sleep(self.backoff_delay(slot.failures))
+                    if not slot.wanted or self._closed:
+                        break
+                    if not await self._discovery.still_wanted(slot.endpoint):
+                        log.info("%s is not listed any more; not reconnecting", ep)
+                        break
+                try:
+                    session = await self._open(slot.endpoint)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if self._is_fatal(exc):
+                        self._on_fatal(exc)
+                        return
+                    slot.failures += 1
+                    log.warning("cannot subscribe at %s (attempt %d): %s", ep, slot.failures,
+                                exc)
+                    self._discovery.connection_lost(ep, bool(getattr(exc, "refresh_lookup",
+                                                                     False)))
+                    continue
+                finally:
+                    if not slot.first_attempt.done():
+                        slot.first_attempt.set_result(None)
+                slot.failures = 0
+                slot.session = session
+                try:
+                    await session.wait_closed()
+                finally:
+                    slot.session = None
+                if not slot.wanted or self._closed:
+                    break
+                # a healthy subscription that ended: retry soon, via a fresh poll if lookupds
+                slot.failures = 1
+                self._discovery.connection_lost(ep, session.stale_leader)
+        finally:
+            if not slot.first_attempt.done():
+                slot.first_attempt.set_result(None)
+            if self._slots.get(ep.key) is slot and not slot.wanted:
+                del self._slots[ep.key]
+            elif self._slots.get(ep.key) is slot and not self._closed:
+                # gave up (fatal, or no longer listed): forget it so a later topology
+                # listing it again starts afresh
+                del self._slots[ep.key]
+
+    async def close(self) -> None:
+        """Stop every runner (sessions are closed by the consumer). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        tasks.extend(self._retiring)
+        for s in self._slots.values():
+            s.wanted = False
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,144 @@
+"""Bad input to the consumer fails at the call, before any I/O (nothing listens on the
+addresses used here, so any attempt to connect would show up as a different error)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer import Consumer
+from smartnsq.errors import ClientClosedError, ConfigError, InvalidNameError
+from smartnsq.message import Message
+from smartnsq.protocol.commands import OffsetSpec
+
+NSQD = ["127.0.0.1:1"]
+
+
+async def handler(msg: Message) -> None:
+    return None
+
+
+@pytest.mark.parametrize("topic", ["", "a b", "x" * 65, "bad/topic", "t\n", 5])
+def test_invalid_topic(topic: object) -> None:
+    with pytest.raises(InvalidNameError):
+        Consumer(topic, "c", handler, nsqd_tcp_addresses=NSQD)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("channel", ["", "c c", "y" * 65, "c#notephemeral"])
+def test_invalid_channel(channel: str) -> None:
+    with pytest.raises(InvalidNameError):
+        Consumer("t", channel, handler, nsqd_tcp_addresses=NSQD)
+
+
+def test_ephemeral_names_are_fine() -> None:
+    c = Consumer("t#ephemeral", "c#ephemeral", handler, nsqd_tcp_addresses=NSQD)
+    assert c.topic == "t#ephemeral"
+
+
+def test_max_in_flight_negative() -> None:
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD,
+                 config=ConsumerConfig(max_in_flight=-1))
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "3", True])
+def test_set_max_in_flight_rejects(value: object) -> None:
+    c = Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD)
+    with pytest.raises(ConfigError):
+        c.set_max_in_flight(value)  # type: ignore[arg-type]
+    assert c.max_in_flight == 1
+
+
+def test_handler_not_callable() -> None:
+    with pytest.raises(ConfigError, match="async callable"):
+        Consumer("t", "c", "nope", nsqd_tcp_addresses=NSQD)  # type: ignore[arg-type]
+
+
+def test_handler_not_async() -> None:
+    def sync_handler(msg: Message) -> None:
+        return None
+
+    with pytest.raises(ConfigError, match="async function"):
+        Consumer("t", "c", sync_handler, nsqd_tcp_addresses=NSQD)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="async function"):
+        Consumer("t", "c", lambda m: None, nsqd_tcp_addresses=NSQD)  # type: ignore[arg-type]
+
+
+def test_async_callables_accepted() -> None:
+    class Handler:
+        async def __call__(self, msg: Message) -> None:
+            return None
+
+    async def with_extra(msg: Message, extra: int) -> None:
+        return None
+
+    Consumer("t", "c", Handler(), nsqd_tcp_addresses=NSQD)
+    Consumer("t", "c", functools.partial(with_extra, extra=1), nsqd_tcp_addresses=NSQD)
+
+
+def test_sources() -> None:
+    with pytest.raises(ConfigError, match="exactly one"):
+        Consumer("t", "c", handler)
+    with pytest.raises(ConfigError, match="exactly one"):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD,
+                 lookupd_http_addresses=["127.0.0.1:2"])
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=[])
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, nsqd_tcp_addresses="127.0.0.1:4150")  # type: ignore
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=["no-port"])
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, lookupd_http_addresses=["ftp://x:1"])
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, lookup="not a lookup")  # type: ignore[arg-type]
+
+
+def test_config_type_and_callbacks() -> None:
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD,
+                 config={"max_in_flight": 5})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD,
+                 giving_up=42)  # type: ignore[arg-type]
+
+
+def test_start_at_needs_lookups_and_valid_specs() -> None:
+    with pytest.raises(ConfigError, match="start_at needs"):
+        Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD, start_at=OffsetSpec.end())
+    lookupd = ["127.0.0.1:2"]
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, lookupd_http_addresses=lookupd,
+                 start_at={-1: OffsetSpec.end()})
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, lookupd_http_addresses=lookupd,
+                 start_at={0: "end"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", handler, lookupd_http_addresses=lookupd,
+                 start_at="virtual_queue:0")  # type: ignore[arg-type]
+
+
+def test_iterating_a_handler_consumer() -> None:
+    c = Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD)
+    with pytest.raises(ConfigError, match="handler"):
+        c.__aiter__()
+
+
+async def test_use_after_close() -> None:
+    c = Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD)
+    await c.stop()
+    assert c.is_closed
+    with pytest.raises(ClientClosedError):
+        await c.start()
+    with pytest.raises(ClientClosedError):
+        c.set_max_in_flight(3)
+    await c.stop()  # idempotent
+
+
+async def test_bad_drain_timeout() -> None:
+    c = Consumer("t", "c", handler, nsqd_tcp_addresses=NSQD)
+    with pytest.raises(ConfigError):
+        await c.stop(drain_timeout=-1)
+    assert not c.is_closed
