@@ -1,0 +1,109 @@
+"""Shared pieces of the throughput benchmarks: the embedded cluster in a subprocess, and
+one JSON line per measurement so that peers can run in their own processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+BODY = b"x" * 100
+
+
+@dataclass
+class Result:
+    client: str
+    scenario: str
+    messages: int
+    wall: float
+    cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.wall if self.wall else 0.0
+
+    @property
+    def cpu_us_per_msg(self) -> float:
+        return self.cpu / self.messages * 1e6 if self.messages else 0.0
+
+    def emit(self) -> None:
+        print("RESULT " + json.dumps(asdict(self)), flush=True)
+
+    @classmethod
+    def parse(cls, line: str) -> Result:
+        return cls(**json.loads(line.removeprefix("RESULT ")))
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process only."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Meter:
+    """Wall and CPU time of this process between start() and stop()."""
+
+    def __init__(self) -> None:
+        self.wall0 = self.cpu0 = 0.0
+        self.wall = self.cpu = 0.0
+
+    def start(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), cpu_seconds()
+
+    def stop(self) -> None:
+        self.wall = time.perf_counter() - self.wall0
+        self.cpu = cpu_seconds() - self.cpu0
+
+
+@contextmanager
+def embedded_cluster(flavour: str = "stock", nodes: int = 1,
+                     topics: tuple[str, ...] = ()) -> Iterator[dict[str, list[str]]]:
+    """Run ``python -m smartnsq.devcluster`` in a subprocess (so the server's CPU is not the
+    client's) and yield its addresses by kind."""
+    cmd = [sys.executable, "-m", "smartnsq.devcluster", "--flavour", flavour,
+           "--nodes", str(nodes)]
+    for t in topics:
+        cmd += ["--topic", t]
+    if topics:
+        cmd += ["--channel", "bench"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    addrs: dict[str, list[str]] = {}
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the embedded cluster exited before it was ready")
+            if line.strip() == "ready":
+                break
+            kind, _, value = line.strip().partition(" ")
+            addrs.setdefault(kind, []).append(value)
+        else:
+            raise RuntimeError("the embedded cluster did not start within 30 s")
+        yield addrs
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_peer(script: str, *args: str, timeout: float = 300) -> list[Result]:
+    """Run a peer script in its own process and collect its RESULT lines."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, script), *args],
+                         capture_output=True, text=True, timeout=timeout, check=False)
+    results = [Result.parse(line) for line in out.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    if out.returncode != 0 or not results:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        print(f"  ! {script} {' '.join(args[:1])} failed: {' | '.join(tail)}", file=sys.stderr)
+    return results
