@@ -18,7 +18,7 @@ import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from smartnsq.devcluster.meta import TopicMeta
 from smartnsq.devcluster.nsqd import auth as authmod
@@ -276,8 +276,8 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (uvloop's transports are not asyncio.Transport subclasses, hence no isinstance)
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote_address = f"{peer[0]}:{peer[1]}"
@@ -307,7 +307,8 @@ class ClientConnection(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._reader.feed_eof()
         # keep the write side open so a pending error frame still reaches the client
-        return True
+        # (a TLS connection cannot be half-closed)
+        return not self.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
