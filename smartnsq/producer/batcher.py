@@ -28,9 +28,10 @@ SendBatch = Callable[[Any, list[bytes], float], Awaitable[object]]
 
 
 class _Batch:
-    __slots__ = ("bodies", "deadline", "futures", "handle", "size")
+    __slots__ = ("bodies", "deadline", "futures", "handle", "loop", "size")
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        self.loop = loop
         self.bodies: list[bytes] = []
         self.futures: list[asyncio.Future[None]] = []
         self.size = _BODY_OVERHEAD
@@ -57,27 +58,29 @@ class Batcher:
 
     def add(self, key: Hashable, body: bytes, deadline: float) -> asyncio.Future[None]:
         """Queue ``body``; the future resolves when its batch is answered."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
         size = _MSG_OVERHEAD + len(body)
         batch = self._pending.get(key)
-        if batch is not None and batch.size + size > self._max_body:
-            self._close(key, batch)
-            batch = None
-        if batch is None:
-            batch = _Batch(deadline)
-            self._pending[key] = batch
-            batch.handle = loop.call_later(self._linger, self._expire, key, batch)
+        if batch is None or batch.size + size > self._max_body:
+            batch = self._open(key, batch, deadline)
         elif deadline < batch.deadline:
             batch.deadline = deadline
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[None] = batch.loop.create_future()
         batch.bodies.append(body)
         batch.futures.append(fut)
         batch.size += size
-        if len(batch.bodies) >= self._max_batch:
+        if len(batch.futures) >= self._max_batch:
             self._close(key, batch)
         return fut
+
+    def _open(self, key: Hashable, full: _Batch | None, deadline: float) -> _Batch:
+        if full is not None:
+            self._close(key, full)  # the next message would not fit: send what we have
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        batch = self._pending[key] = _Batch(loop, deadline)
+        batch.handle = loop.call_later(self._linger, self._expire, key, batch)
+        return batch
 
     def _expire(self, key: Hashable, batch: _Batch) -> None:
         if self._pending.get(key) is batch:

@@ -82,7 +82,11 @@ class Pub(Op):
     what = "PUB"
 
     def __init__(self, topic: str, partition: int | None, body: bytes, traced: bool) -> None:
-        super().__init__(topic, partition)
+        # the hot path: no super().__init__ call
+        self.topic = topic
+        self.partition = partition
+        self.shard = None
+        self.rule = "murmur3"
         self.body = body
         #: tracing is on for the topic: use PUB_TRACE (trace id 0) where the server has it
         self.traced = traced
