@@ -397,8 +397,10 @@ AUTH_ERRORS: tuple[type[ServerError], ...] = (
 
 # Codes after which the server keeps the connection open (PROTOCOL.md §2.13, §5).
 _STOCK_NON_FATAL = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+# E_MPUB_FAILED stays fatal on youzan: its nsqd raises it as a fatal client error (read in
+# youzan/nsq nsqdserver/protocol_v2.go), although PROTOCOL.md §5 lists it as non-fatal.
 _YOUZAN_NON_FATAL = _STOCK_NON_FATAL | frozenset({
-    "E_PUB_FAILED", "E_MPUB_FAILED", "E_EXT_NOT_SUPPORT", "E_INVALID_JSON_HEADER",
+    "E_PUB_FAILED", "E_EXT_NOT_SUPPORT", "E_INVALID_JSON_HEADER",
     "INVALID_TRACE_ID", "E_CREATE_TOPIC_FAILED",
 })
 # youzan: these two are non-fatal when they answer a publish, fatal on SUB/FIN.

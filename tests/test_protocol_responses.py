@@ -169,7 +169,7 @@ def test_non_fatal_on_both(code: str) -> None:
         ("E_BAD_PARTITION", e.BadPartitionError, True, True, False, False),
         ("E_PUB_TOO_MUCH_WAITING", e.PubTooMuchWaitingError, True, True, False, True),
         ("E_PUB_FAILED", e.PubFailedError, False, False, False, True),
-        ("E_MPUB_FAILED", e.MPubFailedError, False, False, False, True),
+        ("E_MPUB_FAILED", e.MPubFailedError, True, True, False, True),
         ("E_EXT_NOT_SUPPORT", e.ExtNotSupportError, False, False, False, False),
         ("E_INVALID_JSON_HEADER", e.InvalidJsonHeaderError, False, False, False, False),
         ("INVALID_TRACE_ID", e.InvalidTraceIdError, False, False, False, False),
