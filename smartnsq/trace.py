@@ -19,12 +19,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from typing import Protocol
 
 from smartnsq.protocol.validation import check_topic
 
-__all__ = ["TraceSwitch", "disable", "enable", "is_on", "reset", "switch", "trace_logger"]
+__all__ = ["TraceSwitch", "TraceToggle", "disable", "enable", "is_on", "reset", "switch",
+           "trace_logger"]
 
 trace_logger = logging.getLogger("smartnsq.trace")
+
+
+class TraceToggle(Protocol):
+    """What a client asks of a trace switch (any object with ``is_on(topic)``)."""
+
+    def is_on(self, topic: str) -> bool: ...
 
 
 class TraceSwitch:

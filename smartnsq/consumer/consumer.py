@@ -72,7 +72,7 @@ from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.protocol.validation import check_channel, check_topic
 
-__all__ = ["Consumer", "GivingUpCallback", "Handler", "StartAt"]
+__all__ = ["Consumer", "GivingUpCallback", "Handler", "StartAt", "Sub"]
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -147,7 +147,7 @@ def _local_address(conn: Connection) -> str | None:
     return None
 
 
-class _Sub:
+class Sub:
     """One subscription: a connection to one endpoint. It answers messages for them
     (:class:`smartnsq.message.MessageOwner`) and is what the connection set runs
     (:class:`smartnsq.consumer.conns.Session`)."""
@@ -156,7 +156,8 @@ class _Sub:
         "address", "channel", "closed", "conn", "consumer", "dirty", "drained", "endpoint",
         "error",
         "fin_pending", "finished", "given_up", "local_address", "outstanding", "partition",
-        "received", "recv_pending", "registered", "requeued", "retiring", "topic", "youzan",
+        "received", "recv_pending", "registered", "requeued", "retiring", "seeked", "topic",
+        "youzan",
     )
 
     def __init__(self, consumer: Consumer, endpoint: Endpoint) -> None:
@@ -173,6 +174,8 @@ class _Sub:
         self.closed = False
         self.retiring = False
         self.registered = False
+        #: its start position was set explicitly (start_at)
+        self.seeked = False
         self.error: BaseException | None = None
         self.received = 0
         self.finished = 0
@@ -230,7 +233,8 @@ class Consumer:
     ``giving_up`` receives messages delivered more than ``config.max_attempts`` times; they
     are finished without reaching the handler (default: a warning is logged).
     ``start_at`` (youzan, lookups only) positions the channel once per partition at start.
-    ``trace`` is the trace switch to obey (default: the process-wide ``smartnsq.trace``).
+    ``trace`` is the trace switch to obey (default: the process-wide
+    ``smartnsq.trace.switch``); any object with ``is_on(topic)`` will do.
 
     Use ``async with Consumer(...) as c:`` or ``await start()`` / ``await stop()``.
     """
@@ -250,7 +254,7 @@ class Consumer:
         config: ConsumerConfig | None = None,
         giving_up: GivingUpCallback | None = None,
         start_at: StartAt | None = None,
-        trace: _trace.TraceSwitch | None = None,
+        trace: _trace.TraceToggle | None = None,
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
@@ -267,8 +271,8 @@ class Consumer:
             raise ConfigError(f"config must be a ConsumerConfig, got {type(config).__name__}")
         if giving_up is not None and not callable(giving_up):
             raise ConfigError("giving_up must be callable")
-        if trace is not None and not isinstance(trace, _trace.TraceSwitch):
-            raise ConfigError("trace must be a smartnsq.trace.TraceSwitch")
+        if trace is not None and not callable(getattr(trace, "is_on", None)):
+            raise ConfigError("trace must be a trace switch (smartnsq.trace.TraceSwitch)")
         sources = sum(x is not None for x in (nsqd_tcp_addresses, lookupd_http_addresses,
                                               lookup))
         if sources != 1:
@@ -294,7 +298,8 @@ class Consumer:
         self._config = config
         self._handler = handler
         self._giving_up = giving_up
-        self._trace = trace if trace is not None else _trace.switch
+        #: the trace switch this consumer obeys (default: the process-wide one)
+        self.trace: _trace.TraceToggle = trace if trace is not None else _trace.switch
         self._discovery = discovery
         self._policy = AttemptPolicy.from_config(config)
         self._max_attempts = 0 if self._ordered else config.max_attempts
@@ -308,9 +313,9 @@ class Consumer:
         self._positioned: set[int] = set()
 
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._flow: BatchRdyController[_Sub] | None = None
-        self._subs: set[_Sub] = set()
-        self._dirty: list[_Sub] = []
+        self._flow: BatchRdyController[Sub] | None = None
+        self._subs: set[Sub] = set()
+        self._dirty: list[Sub] = []
         self._flush_scheduled = False
         self._backoff_handle: asyncio.TimerHandle | None = None
         self._redistribute_handle: asyncio.TimerHandle | None = None
@@ -468,6 +473,10 @@ class Consumer:
             log.error("consumer of %s/%s stops: %s", self.topic, self.channel, exc)
         if self._starting or self._stopping or self._closed:
             return
+        if self._flow is not None and self._loop is not None:
+            # no more deliveries from now on, not only once the stop task runs
+            self._flush()
+            self._exec(self._flow.set_max_in_flight(0, self._loop.time()))
         self._spawn(self.stop())
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -526,6 +535,7 @@ class Consumer:
         while self._buffer:
             self._buffer.popleft().requeue(0, backoff=False)
         self._wake_iterators()
+        self._before_drain()
         # 4. let in-flight messages be answered
         if self._outstanding and drain_timeout > 0:
             self._drained = asyncio.Event()
@@ -557,7 +567,10 @@ class Consumer:
             self._closed_event.set()
         log.info("consumer of %s/%s stopped", self.topic, self.channel)
 
-    async def _cls(self, sub: _Sub) -> None:
+    def _before_drain(self) -> None:
+        """Hook: stop is about to wait for outstanding messages."""
+
+    async def _cls(self, sub: Sub) -> None:
         conn = sub.conn
         if conn is None or not conn.is_connected or not conn.subscribed:
             return
@@ -569,7 +582,7 @@ class Consumer:
     def _requeue_outstanding(self) -> None:
         while self._queue:
             msg = self._queue.popleft()
-            owner: _Sub = msg._owner  # type: ignore[assignment]
+            owner: Sub = msg._owner  # type: ignore[assignment]
             if owner.closed:
                 self._discard(owner)
             else:
@@ -587,7 +600,7 @@ class Consumer:
             self._conn_configs[ext] = cfg
         return cfg
 
-    async def _open(self, ep: Endpoint) -> _Sub:
+    async def _open(self, ep: Endpoint) -> Sub:
         """Connect and subscribe to ``ep``; return the registered subscription."""
         self._check_open()
         topology = self._conns.topology
@@ -617,6 +630,7 @@ class Consumer:
                 await self._seek_http(ep, seek)
             if sub.partition is not None and (offset is not None or seek is not None):
                 self._positioned.add(sub.partition)
+                sub.seeked = True
             sub.local_address = _local_address(conn)
         except BaseException:
             sub.closed = True
@@ -638,10 +652,10 @@ class Consumer:
         log.info("subscribed to %s/%s at %s (%s)", self.topic, self.channel, ep, mode)
         return sub
 
-    def _new_sub(self, ep: Endpoint) -> _Sub:
-        return _Sub(self, ep)
+    def _new_sub(self, ep: Endpoint) -> Sub:
+        return Sub(self, ep)
 
-    def _on_subscribed(self, sub: _Sub) -> None:
+    def _on_subscribed(self, sub: Sub) -> None:
         """Hook: a subscription is about to receive RDY."""
 
     def _start_position(self, partition: int | None) -> OffsetSpec | None:
@@ -670,7 +684,7 @@ class Consumer:
             if topology.partitions_led.get(ep.address, 0) == 1:
                 return "advanced", start, None
             return "advanced", None, start
-        if youzan and partition is not None and self._trace.is_on(self.topic):
+        if youzan and partition is not None and self.trace.is_on(self.topic):
             # positions (offset, raw size) for the trace log
             return "advanced", None, None
         return "plain", None, None
@@ -702,7 +716,7 @@ class Consumer:
         # server and went to someone else; nothing to do
         log.debug("nsqd %s: %s", conn.address, exc)
 
-    def _on_conn_close(self, sub: _Sub, conn: Connection, exc: BaseException | None) -> None:
+    def _on_conn_close(self, sub: Sub, conn: Connection, exc: BaseException | None) -> None:
         sub.closed = True
         sub.error = exc
         if sub.registered:
@@ -720,7 +734,7 @@ class Consumer:
         if exc is not None and not self._stopping:
             log.warning("subscription at %s ended: %s", sub.endpoint, exc)
 
-    async def _retire(self, sub: _Sub) -> None:
+    async def _retire(self, sub: Sub) -> None:
         """``sub``'s endpoint left the topology: stop its deliveries, give its in-flight
         messages a short while, then close."""
         conn = sub.conn
@@ -743,7 +757,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ flow control
 
-    def _exec(self, actions: list[Action[_Sub]]) -> None:
+    def _exec(self, actions: list[Action[Sub]]) -> None:
         for a in actions:
             if type(a) is SendRdy:
                 conn = a.conn.conn
@@ -759,7 +773,7 @@ class Consumer:
                 self._backoff_handle = self._loop.call_later(a.delay, self._backoff_ended,
                                                              a.token)
 
-    def _mark(self, sub: _Sub) -> None:
+    def _mark(self, sub: Sub) -> None:
         sub.dirty = True
         self._dirty.append(sub)
         if not self._flush_scheduled:
@@ -833,13 +847,13 @@ class Consumer:
 
     # ------------------------------------------------------------------ receiving
 
-    def _on_message(self, sub: _Sub, conn: Connection, raw: RawMessage) -> None:
+    def _on_message(self, sub: Sub, conn: Connection, raw: RawMessage) -> None:
         sub.received += 1
         sub.recv_pending += 1
         if not sub.dirty:
             self._mark(sub)
         msg = Message(raw, sub)
-        if self._trace.is_on(self.topic):
+        if self.trace.is_on(self.topic):
             self._trace_message(sub, msg)
         if self._ordered:
             if not self._admit(sub, msg):
@@ -849,6 +863,16 @@ class Consumer:
             return
         self._outstanding += 1
         sub.outstanding += 1
+        # _enqueue inlined: this runs for every message
+        if self._handler is not None:
+            self._queue.append(msg)
+            if not self._pumping and not self._waking:
+                self._wake()
+        else:
+            self._enqueue(msg)
+
+    def _enqueue(self, msg: Message) -> None:
+        """Hand an outstanding message to the handler or the iterator."""
         if self._handler is not None:
             self._queue.append(msg)
             if not self._pumping and not self._waking:
@@ -863,11 +887,12 @@ class Consumer:
                 if not fut.done():
                     fut.set_result(None)
 
-    def _admit(self, sub: _Sub, msg: Message) -> bool:
-        """Hook of the ordered consumer: True to deliver ``msg``."""
+    def _admit(self, sub: Sub, msg: Message) -> bool:
+        """Hook of the ordered consumer: True to deliver ``msg``; on False the hook has
+        taken charge of it (and counted it as outstanding if it keeps it)."""
         return True
 
-    def _trace_message(self, sub: _Sub, msg: Message) -> None:
+    def _trace_message(self, sub: Sub, msg: Message) -> None:
         raw = msg._raw
         fields = {
             "event": "consume",
@@ -889,7 +914,7 @@ class Consumer:
             sub.partition, sub.address, sub.local_address, fields["internal_id"],
             fields["trace_id"], raw.offset, raw.raw_size, raw.attempts, extra=fields)
 
-    def _give_up(self, sub: _Sub, msg: Message) -> None:
+    def _give_up(self, sub: Sub, msg: Message) -> None:
         self._outstanding += 1
         sub.outstanding += 1
         msg.finish()
@@ -919,7 +944,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ answering
 
-    def _finish(self, sub: _Sub, msg: Message) -> bool:
+    def _finish(self, sub: Sub, msg: Message) -> bool:
         conn = sub.conn
         ok = conn is not None and conn.fin(msg._raw.id)
         sub.finished += 1
@@ -936,14 +961,14 @@ class Consumer:
             sub.drained.set()
         return ok
 
-    def _requeue(self, sub: _Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+    def _requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
         delay_ms = self._policy.requeue_delay_ms(msg._raw.attempts, delay)
         conn = sub.conn
         ok = conn is not None and conn.req(msg._raw.id, delay_ms)
         self._requeued(sub, msg, backoff)
         return ok
 
-    def _requeued(self, sub: _Sub, msg: Message, backoff: bool) -> None:
+    def _requeued(self, sub: Sub, msg: Message, backoff: bool) -> None:
         sub.requeued += 1
         sub.outstanding -= 1
         self._outstanding -= 1
@@ -954,13 +979,13 @@ class Consumer:
                                                    backoff=backoff))
         self._settled(sub)
 
-    def _discard(self, sub: _Sub) -> None:
+    def _discard(self, sub: Sub) -> None:
         """A queued message whose connection is gone: the server redelivers it."""
         sub.outstanding -= 1
         self._outstanding -= 1
         self._settled(sub)
 
-    def _settled(self, sub: _Sub) -> None:
+    def _settled(self, sub: Sub) -> None:
         if self._drained is not None and not self._outstanding:
             self._drained.set()
         if sub.drained is not None and not sub.outstanding:
@@ -1006,7 +1031,7 @@ class Consumer:
             try:
                 while queue:
                     msg = queue.popleft()
-                    sub: _Sub = msg._owner  # type: ignore[assignment]
+                    sub: Sub = msg._owner  # type: ignore[assignment]
                     if sub.closed and msg._state == _PENDING:
                         self._discard(sub)
                         continue
@@ -1080,7 +1105,7 @@ class Consumer:
             buf = self._buffer
             while buf:
                 msg = buf.popleft()
-                owner: _Sub = msg._owner  # type: ignore[assignment]
+                owner: Sub = msg._owner  # type: ignore[assignment]
                 if owner.closed and msg._state == _PENDING:
                     self._tracked.discard(msg)
                     self._discard(owner)

@@ -1,0 +1,269 @@
+"""The ordered consumer: SUB_ORDERED on every partition, position validation, blocked-message
+policy, per-partition positions (youzan nsqd only).
+
+youzan delivers an ordered partition one message at a time: the next one only after the
+current one is finished (PROTOCOL.md §4.4). Partitions are consumed concurrently, each in
+order. On top of :class:`smartnsq.consumer.Consumer` this class
+
+* validates every delivery (:mod:`smartnsq.ordered.offsets`) before the handler sees it:
+  gaps and rewinds are logged with the numbers; a position that goes backwards is an order
+  violation that never reaches the handler unasked (``on_violation``, else the consumer
+  stops with :class:`~smartnsq.errors.OrderViolationError`);
+* retries a failed message with ``REQ <id> 0`` after ``config.ordered_retry_pause`` (a
+  delayed REQ is silently ignored on ordered channels), never skips it unless
+  ``on_blocked`` says so (:mod:`smartnsq.ordered.policy`); ``max_attempts`` does not apply;
+* keeps the position (offset of the last finished message) of every partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from smartnsq import trace as _trace
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.consumer import Consumer, Handler, StartAt, Sub
+from smartnsq.errors import ConfigError, OrderViolationError
+from smartnsq.lookup import Lookup
+from smartnsq.message import Message
+from smartnsq.ordered.offsets import Check, CheckKind, OffsetValidator, Position
+from smartnsq.ordered.policy import (
+    BlockedAction,
+    BlockedMessageError,
+    DeadLetterCallback,
+    OnBlocked,
+    OnViolation,
+    ViolationAction,
+    decide,
+)
+
+__all__ = ["OrderedConsumer"]
+
+log = logging.getLogger("smartnsq.ordered")
+
+_PENDING = 0  # Message._state values (smartnsq.message)
+
+
+class OrderedConsumer(Consumer):
+    """Consume an ordered youzan topic (or consume any youzan topic in order): one
+    SUB_ORDERED subscription per partition, found through lookupds.
+
+    ``on_blocked(message) -> "retry" | "skip" | "stop"`` is asked each time a message that
+    has been tried ``config.blocked_attempts`` times or more fails again (default: always
+    retry). ``dead_letter(message)`` receives a message before it is skipped; if it raises,
+    the message is not skipped. ``on_violation(message, error) -> "accept" | "skip" |
+    "stop"`` decides about a delivery whose position went backwards (default: stop with the
+    error). Callbacks may be sync or async.
+
+    ``start_at`` positions the channel once per partition (``POST /channel/setoffset`` on the
+    leader before the first RDY; SUB_ADVANCED cannot be used on ordered subscriptions).
+    """
+
+    _ordered = True
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler | None = None,
+        *,
+        lookupd_http_addresses: Sequence[str] | None = None,
+        lookup: Lookup | None = None,
+        config: ConsumerConfig | None = None,
+        on_blocked: OnBlocked | None = None,
+        dead_letter: DeadLetterCallback | None = None,
+        on_violation: OnViolation | None = None,
+        start_at: StartAt | None = None,
+        trace: _trace.TraceToggle | None = None,
+    ) -> None:
+        for name, cb in (("on_blocked", on_blocked), ("dead_letter", dead_letter),
+                         ("on_violation", on_violation)):
+            if cb is not None and not callable(cb):
+                raise ConfigError(f"{name} must be callable")
+        if lookupd_http_addresses is None and lookup is None:
+            raise ConfigError("OrderedConsumer needs lookupd_http_addresses or lookup= "
+                              "(it subscribes per partition, and partition leaders move)")
+        super().__init__(topic, channel, handler,
+                         lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
+                         config=config, start_at=start_at, trace=trace)
+        self._on_blocked = on_blocked
+        self._dead_letter = dead_letter
+        self._on_violation = on_violation
+        self._validators: dict[int, OffsetValidator] = {}
+        self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool]] = {}
+        self.skipped = 0
+
+    # ------------------------------------------------------------------ positions
+
+    def validator(self, partition: int) -> OffsetValidator:
+        v = self._validators.get(partition)
+        if v is None:
+            v = self._validators[partition] = OffsetValidator(partition)
+        return v
+
+    def position(self, partition: int) -> int | None:
+        """Disk-queue offset of the last message finished on ``partition`` (None before)."""
+        v = self._validators.get(partition)
+        return v.position if v is not None else None
+
+    def positions(self) -> dict[int, int]:
+        """``{partition: offset of the last finished message}`` for every partition that
+        finished one."""
+        return {p: v.position for p, v in sorted(self._validators.items())
+                if v.position is not None}
+
+    def _on_subscribed(self, sub: Sub) -> None:
+        if sub.partition is not None:
+            self.validator(sub.partition).new_connection(seeked=sub.seeked)
+
+    def _finish(self, sub: Sub, msg: Message) -> bool:
+        ok = super()._finish(sub, msg)
+        raw = msg._raw
+        if sub.partition is not None and raw.offset is not None and raw.raw_size is not None:
+            self.validator(sub.partition).finished(
+                Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
+        return ok
+
+    # ------------------------------------------------------------------ validation
+
+    def _admit(self, sub: Sub, msg: Message) -> bool:
+        raw = msg._raw
+        if sub.partition is None or raw.offset is None or raw.raw_size is None:
+            return True  # not an ordered subscription (cannot happen: SUB_ORDERED only)
+        v = self.validator(sub.partition)
+        check = v.check(Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
+        if check.accepted:
+            v.accept(check)
+            if check.kind is CheckKind.GAP or check.kind is CheckKind.REWIND:
+                log.warning("topic %s: %s", self.topic, check.describe())
+            return True
+        # a violation: hold the message (it counts as in flight) until decided
+        self._outstanding += 1
+        sub.outstanding += 1
+        self._tracked.add(msg)
+        error = OrderViolationError(f"topic {self.topic!r} channel {self.channel!r} "
+                                    f"{check.describe()}")
+        log.error("%s", error)
+        if self._on_violation is None:
+            v.reject(check)
+            self._fatal(error)
+            msg.requeue(0, backoff=False)
+        else:
+            self._spawn(self._violation(sub, msg, check, error))
+        return False
+
+    async def _violation(self, sub: Sub, msg: Message, check: Check,
+                         error: OrderViolationError) -> None:
+        assert self._on_violation is not None
+        try:
+            action = await decide(ViolationAction, self._on_violation(msg, error))
+        except Exception as exc:
+            log.exception("on_violation failed; stopping")
+            error.__cause__ = exc
+            action = ViolationAction.STOP
+        if msg._state != _PENDING:
+            return  # answered meanwhile (the consumer stopped)
+        v = self.validator(check.partition)
+        if action is ViolationAction.ACCEPT:
+            v.accept(check)
+            self._tracked.discard(msg)
+            self._enqueue(msg)
+        elif action is ViolationAction.SKIP:
+            v.accept(check)
+            msg.finish()
+            self.skipped += 1
+        else:
+            v.reject(check)
+            self._fatal(error)
+            msg.requeue(0, backoff=False)
+
+    # ------------------------------------------------------------------ failures
+
+    def _handler_failed(self, msg: Message, exc: BaseException) -> None:
+        if msg._state != _PENDING:
+            return
+        blocked = msg.attempts >= self._config.blocked_attempts
+        log.warning("handler failed for message %s (attempt %d) on partition %s of %s/%s: "
+                    "%r%s", msg.id.hex(), msg.attempts, msg.partition, self.topic,
+                    self.channel, exc, "; the partition is blocked" if blocked else "",
+                    exc_info=log.isEnabledFor(logging.DEBUG))
+        if not msg._auto:
+            self._tracked.add(msg)
+            return
+        if blocked and self._on_blocked is not None:
+            self._tracked.add(msg)
+            self._spawn(self._blocked(msg))
+            return
+        msg.requeue()
+
+    async def _blocked(self, msg: Message) -> None:
+        assert self._on_blocked is not None
+        try:
+            action = await decide(BlockedAction, self._on_blocked(msg))
+        except Exception:
+            log.exception("on_blocked failed; retrying the message")
+            action = BlockedAction.RETRY
+        if msg._state != _PENDING:
+            return
+        if action is BlockedAction.RETRY:
+            msg.requeue()
+            return
+        if action is BlockedAction.STOP:
+            self._fatal(BlockedMessageError(
+                f"on_blocked stopped the consumer of {self.topic}/{self.channel} at message "
+                f"{msg.id.hex()} (partition {msg.partition}, offset {msg.offset}) after "
+                f"{msg.attempts} attempts"))
+            msg.requeue(0, backoff=False)
+            return
+        if self._dead_letter is not None:
+            try:
+                result = self._dead_letter(msg)
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    await result
+            except Exception:
+                log.exception("dead_letter failed for message %s; not skipping it",
+                              msg.id.hex())
+                if msg._state == _PENDING:
+                    msg.requeue()
+                return
+        if msg._state != _PENDING:
+            return
+        log.warning("skipping message %s (partition %s, offset %s) after %d attempts, as "
+                    "on_blocked decided", msg.id.hex(), msg.partition, msg.offset,
+                    msg.attempts)
+        msg.finish()
+        self.skipped += 1
+
+    def _requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+        # a delayed REQ is ignored on ordered channels: wait here, then REQ <id> 0
+        pause = self._config.ordered_retry_pause if delay is None else delay
+        conn = sub.conn
+        if conn is not None:
+            # past the server's timeout the message is redelivered anyway (same id)
+            pause = min(pause, 0.9 * conn.msg_timeout)
+        if pause <= 0 or self._stopping or self._loop is None:
+            return self._req_now(sub, msg, backoff)
+        self._tracked.add(msg)
+        handle = self._loop.call_later(pause, self._retry_due, msg)
+        self._retries[msg] = (handle, sub, backoff)
+        return True
+
+    def _req_now(self, sub: Sub, msg: Message, backoff: bool) -> bool:
+        conn = sub.conn
+        ok = conn is not None and conn.req(msg._raw.id, 0)
+        self._requeued(sub, msg, backoff)
+        return ok
+
+    def _retry_due(self, msg: Message) -> None:
+        entry = self._retries.pop(msg, None)
+        if entry is not None:
+            _, sub, backoff = entry
+            self._req_now(sub, msg, backoff)
+
+    def _before_drain(self) -> None:
+        # retries waiting for their pause go now: nobody is going to handle them here
+        for msg, (handle, sub, _) in list(self._retries.items()):
+            handle.cancel()
+            del self._retries[msg]
+            self._req_now(sub, msg, False)
