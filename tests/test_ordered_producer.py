@@ -16,7 +16,7 @@ from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ConfigError, PublishError, UnsupportedFeatureError
 from smartnsq.ordered import OrderedProducer
 from smartnsq.ordered.sharding import java_string_hash
-from smartnsq.producer import Producer, PublishTimeoutError
+from smartnsq.producer import Producer, PublishTimeoutError, TraceSwitch
 from tests.test_producer_support import consume, murmur3_32_reference
 
 FAST = ProducerConfig(publish_timeout=10.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -98,6 +98,40 @@ async def test_order_held_through_leader_moves(cluster: DevCluster) -> None:
         assert dedup == list(range(100)), key
 
 
+async def test_order_held_through_a_node_restart(cluster: DevCluster) -> None:
+    cluster.create_topic("ordrs", partition_num=4, replica=2, ordered=True, channels=("c",))
+    acked: dict[str, list[int]] = defaultdict(list)
+    async with Producer(lookupd=cluster.lookupd_http_addresses,
+                        config=FAST.replace(max_attempts=8)) as p:
+        enough = asyncio.Event()
+
+        async def key_worker(key: str) -> None:
+            for seq in range(100):
+                await p.publish_ordered("ordrs", key, f"{key}:{seq}".encode())
+                acked[key].append(seq)
+                if sum(map(len, acked.values())) >= 400:
+                    enough.set()
+
+        tasks = [asyncio.create_task(key_worker(f"r{k}")) for k in range(20)]
+        async with asyncio.timeout(15):
+            await enough.wait()
+            leader = cluster.leader("ordrs", 0)
+            assert leader is not None
+            await cluster.restart_node(leader)
+            await asyncio.gather(*tasks)
+        assert p.refreshes >= 1  # the stopped leader's publishes were re-routed
+    check_order(acked)
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for part in range(4):
+        for rec in cluster.store.partition("ordrs", part).records:
+            key, seq = rec.body.decode().rsplit(":", 1)
+            assert murmur3_32_reference(key.encode()) % 4 == part
+            per_key[key].append(int(seq))
+    for key, seqs in per_key.items():
+        dedup = [s for i, s in enumerate(seqs) if i == 0 or seqs[i - 1] != s]
+        assert dedup == list(range(100)), key
+
+
 async def test_lane_waits_for_the_previous_message_and_keys_run_in_parallel(
         cluster: DevCluster) -> None:
     cluster.create_topic("lane", partition_num=2, replica=1, ordered=True, channels=("c",))
@@ -153,7 +187,8 @@ async def test_java_rule_and_ordered_producer(cluster: DevCluster) -> None:
 
 async def test_tracing_uses_the_key_hash_as_trace_id(cluster: DevCluster) -> None:
     cluster.create_topic("ordtr", partition_num=2, replica=1, ordered=True, channels=("c",))
-    async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST) as p:
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST,
+                        trace=TraceSwitch()) as p:
         assert await p.publish_ordered("ordtr", "user-1", b"untraced") is None
         p.trace.enable()
         r = await p.publish_ordered("ordtr", "user-1", b"traced")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+import smartnsq.trace
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import (
@@ -25,7 +26,13 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.lookup import Lookup
-from smartnsq.producer import HttpProducer, Producer, PublishReceipt, PublishTimeoutError
+from smartnsq.producer import (
+    HttpProducer,
+    Producer,
+    PublishReceipt,
+    PublishTimeoutError,
+    TraceSwitch,
+)
 from tests.test_producer_support import LookupCounter
 
 FAST = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -44,6 +51,7 @@ def stored(c: DevCluster, topic: str, partition: int) -> list[bytes]:
 async def test_round_robin_over_partitions_starts_at_one(cluster: DevCluster) -> None:
     cluster.create_topic("rr", partition_num=3, replica=1, channels=("c",))
     async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST) as p:
+        assert p.trace is smartnsq.trace.switch  # the process-wide switch by default
         for i in range(30):
             assert await p.publish("rr", b"%02d" % i) is None
         route = p.route("rr")
@@ -102,7 +110,10 @@ async def test_trace_switch_makes_publishes_traced_and_logged(
         cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
     cluster.create_topic("sw", partition_num=2, replica=1, channels=("c",))
     caplog.set_level(logging.INFO, logger="smartnsq.trace")
-    async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST) as p:
+    # a switch of its own: the process-wide one is shared with every other client
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST,
+                        trace=TraceSwitch()) as p:
+        assert p.trace is not smartnsq.trace.switch
         assert await p.publish("sw", b"off") is None
         assert not [r for r in caplog.records if r.name == "smartnsq.trace"]
         p.trace.enable("sw")

@@ -17,6 +17,7 @@ from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ClientClosedError, ConfigError, UnsupportedFeatureError
 from smartnsq.sync import _loop
+from smartnsq.trace import TraceSwitch
 
 FAST = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
 
@@ -86,7 +87,8 @@ def test_sync_round_trip_youzan_ordered_and_traced(youzan: ClusterThread) -> Non
     c = youzan.cluster
     youzan.sync(functools.partial(c.create_topic, "yz", partition_num=2, ordered=True,
                                   channels=("c",)))
-    with smartnsq.sync.Producer(lookupd=c.lookupd_http_addresses, config=FAST) as p:
+    with smartnsq.sync.Producer(lookupd=c.lookupd_http_addresses, config=FAST,
+                                trace=TraceSwitch()) as p:
         for i in range(10):
             p.publish_ordered("yz", "key", b"%d" % i)
         r = p.publish("yz", b"traced", partition=0, trace_id=3)

@@ -49,6 +49,7 @@ from smartnsq.producer.producer import LookupdSpec, make_lookup
 from smartnsq.producer.retry import Action, classify, retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
 from smartnsq.producer.trace import TraceSwitch, log_receipt
+from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
 from smartnsq.protocol.validation import (
     check_delay_ms,
@@ -118,7 +119,7 @@ class HttpProducer:
         if (nsqd_http_addresses is None) == (lookupd is None):
             raise ConfigError("give either nsqd_http_addresses or lookupd (not both)")
         self.config = config
-        self.trace = trace if trace is not None else TraceSwitch()
+        self.trace = trace if trace is not None else trace_switch
         self._nodes: dict[str, _Node] = {}
         self._direct: list[_Node] = []
         if nsqd_http_addresses is not None:

@@ -73,6 +73,7 @@ from smartnsq.producer.pool import NodePool
 from smartnsq.producer.retry import Action, classify, retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
 from smartnsq.producer.trace import TraceSwitch, log_receipt
+from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
 from smartnsq.protocol.validation import (
     check_delay_ms,
@@ -94,8 +95,8 @@ class Producer:
     """Publishes to stock or youzan nsqd (see the module docstring).
 
     Use as ``async with Producer(...) as p:`` or call :meth:`close` when done. Connections are
-    made on first use. ``trace`` is the run-time trace switch (``producer.trace``), shared
-    if you pass one.
+    made on first use. ``trace`` is the run-time trace switch (``producer.trace``): by
+    default the process-wide :data:`smartnsq.trace.switch`, shared with consumers.
     """
 
     def __init__(self, nsqd_tcp_addresses: Sequence[str] | None = None, *,
@@ -108,7 +109,8 @@ class Producer:
         if (nsqd_tcp_addresses is None) == (lookupd is None):
             raise ConfigError("give either nsqd_tcp_addresses or lookupd (not both)")
         self.config = config
-        self.trace = trace if trace is not None else TraceSwitch()
+        #: the trace switch: the process-wide ``smartnsq.trace.switch`` unless one is given
+        self.trace = trace if trace is not None else trace_switch
         self._max_msg = config.max_msg_size
         self._max_body = config.max_body_size
         self._max_attempts = config.max_attempts

@@ -1,4 +1,7 @@
-"""The run-time trace switch and the ``smartnsq.trace`` log records of traced publishes.
+"""The producer's ``smartnsq.trace`` log records of traced publishes.
+
+The switch itself is :mod:`smartnsq.trace` (one process-wide switch shared with consumers, or
+any ``TraceSwitch`` passed to a producer).
 
 When tracing is on for a topic, the producer publishes to it with PUB_TRACE / MPUB_TRACE on
 youzan nsqd (trace id 0 unless one is given) and logs internal id, trace id, disk-queue
@@ -11,67 +14,11 @@ for their topic. When the switch is off, the cost is one attribute test per publ
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterable
 
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.protocol.validation import check_topic
+from smartnsq.trace import TraceSwitch, switch, trace_logger
 
-trace_logger = logging.getLogger("smartnsq.trace")
-
-
-class TraceSwitch:
-    """Tracing on/off, globally and per topic; flippable at run time from any thread.
-
-    A per-topic setting wins over the global one: ``enable()`` turns tracing on for every
-    topic except those disabled explicitly, ``enable("t")`` only for ``t``.
-    """
-
-    __slots__ = ("_any", "_global", "_lock", "_topics")
-
-    def __init__(self, enabled: bool = False, topics: Iterable[str] = ()) -> None:
-        self._lock = threading.Lock()
-        self._global = enabled
-        self._topics: dict[str, bool] = {check_topic(t): True for t in topics}
-        self._any = self._compute_any()
-
-    def _compute_any(self) -> bool:
-        return self._global or any(self._topics.values())
-
-    def enable(self, topic: str | None = None) -> None:
-        self._set(topic, True)
-
-    def disable(self, topic: str | None = None) -> None:
-        self._set(topic, False)
-
-    def reset(self, topic: str) -> None:
-        """Let ``topic`` follow the global setting again."""
-        with self._lock:
-            self._topics.pop(check_topic(topic), None)
-            self._any = self._compute_any()
-
-    def _set(self, topic: str | None, on: bool) -> None:
-        with self._lock:
-            if topic is None:
-                self._global = on
-            else:
-                self._topics[check_topic(topic)] = on
-            self._any = self._compute_any()
-
-    @property
-    def enabled(self) -> bool:
-        """The global setting."""
-        return self._global
-
-    def is_on(self, topic: str) -> bool:
-        # fast path: everything off (the common case) is one attribute read
-        if not self._any:
-            return False
-        on = self._topics.get(topic)
-        return self._global if on is None else on
-
-    def __repr__(self) -> str:
-        return f"<TraceSwitch global={self._global} topics={self._topics}>"
+__all__ = ["TraceSwitch", "log_receipt", "switch", "trace_logger"]
 
 
 def log_receipt(receipt: PublishReceipt) -> None:
