@@ -1,0 +1,261 @@
+"""Blocking facade of :class:`smartnsq.consumer.Consumer` (and of the ordered consumer) for
+scripts, web apps and Spark executors.
+
+The asyncio consumer runs on the shared background loop thread (``_loop.py``). The handler
+may be a plain function, run in a thread pool (``threads`` workers), or an ``async``
+function, run on the loop. A plain handler gets a :class:`ThreadMessage`, whose
+``finish()`` / ``requeue()`` / ``touch()`` are handed to the loop thread, so they are safe
+to call from the handler's thread. Same rules as the asyncio consumer: returning finishes
+the message, raising requeues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Self
+
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.consumer import Consumer as AsyncConsumer
+from smartnsq.consumer.consumer import GivingUpCallback, StartAt, _is_async_callable
+from smartnsq.consumer.stats import ConsumerStats
+from smartnsq.errors import ClientClosedError, ConfigError
+from smartnsq.message import Message
+from smartnsq.ordered.consumer import OrderedConsumer
+from smartnsq.sync._loop import BackgroundLoop, acquire, release
+from smartnsq.trace import TraceToggle
+
+__all__ = ["Consumer", "ThreadMessage"]
+
+
+class ThreadMessage:
+    """A :class:`Message` seen from a handler thread: read its fields freely; answering is
+    forwarded to the event loop (in call order, before the handler's own return is seen)."""
+
+    __slots__ = ("_loop", "_msg")
+
+    def __init__(self, msg: Message, loop: asyncio.AbstractEventLoop) -> None:
+        self._msg = msg
+        self._loop = loop
+
+    def __repr__(self) -> str:
+        return repr(self._msg)
+
+    @property
+    def message(self) -> Message:
+        """The underlying message (only touch it on the loop thread)."""
+        return self._msg
+
+    body = property(lambda self: self._msg.body)
+    id = property(lambda self: self._msg.id)
+    attempts = property(lambda self: self._msg.attempts)
+    timestamp = property(lambda self: self._msg.timestamp)
+    topic = property(lambda self: self._msg.topic)
+    channel = property(lambda self: self._msg.channel)
+    nsqd_address = property(lambda self: self._msg.nsqd_address)
+    partition = property(lambda self: self._msg.partition)
+    internal_id = property(lambda self: self._msg.internal_id)
+    trace_id = property(lambda self: self._msg.trace_id)
+    offset = property(lambda self: self._msg.offset)
+    raw_size = property(lambda self: self._msg.raw_size)
+    ext = property(lambda self: self._msg.ext)
+
+    def finish(self) -> None:
+        self._loop.call_soon_threadsafe(self._msg.finish)
+
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        if delay is not None and (isinstance(delay, bool) or not isinstance(
+                delay, int | float) or not math.isfinite(delay) or delay < 0):
+            raise ConfigError(f"requeue delay must be a number of seconds >= 0, got "
+                              f"{delay!r}")
+        self._loop.call_soon_threadsafe(self._msg.requeue, delay, backoff)
+
+    def touch(self) -> None:
+        self._loop.call_soon_threadsafe(self._msg.touch)
+
+    def disable_auto_response(self) -> None:
+        self._loop.call_soon_threadsafe(self._msg.disable_auto_response)
+
+
+class Consumer:
+    """``with smartnsq.sync.Consumer("t", "c", handle, lookupd_http_addresses=[...]) as c:
+    c.wait()``.
+
+    ``ordered=True`` uses :class:`smartnsq.ordered.OrderedConsumer` (``on_blocked``,
+    ``dead_letter``, ``on_violation`` are passed on). Methods block; all of them may be
+    called from any thread but the loop's own.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Callable[[Any], Any],
+        *,
+        nsqd_tcp_addresses: Sequence[str] | None = None,
+        lookupd_http_addresses: Sequence[str] | None = None,
+        config: ConsumerConfig | None = None,
+        giving_up: GivingUpCallback | None = None,
+        start_at: StartAt | None = None,
+        trace: TraceToggle | None = None,
+        threads: int | None = None,
+        ordered: bool = False,
+        **ordered_options: Any,
+    ) -> None:
+        if not callable(handler):
+            raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise ConfigError(f"threads must be an int >= 1, got {threads!r}")
+        if ordered_options and not ordered:
+            raise ConfigError(f"{', '.join(sorted(ordered_options))}: only for ordered=True")
+        cfg = config if config is not None else ConsumerConfig()
+        self._handler = handler
+        self._pool: ThreadPoolExecutor | None = None
+        wrapped: Callable[[Message], Any] = handler
+        if not _is_async_callable(handler):
+            n = threads if threads is not None else min(32, max(1, getattr(
+                cfg, "max_in_flight", 1)))
+            self._pool = ThreadPoolExecutor(max_workers=n,
+                                            thread_name_prefix="smartnsq-handler")
+            wrapped = self._in_thread
+        # validated here, in the caller's thread, before the loop is touched
+        self._async: AsyncConsumer
+        try:
+            if ordered:
+                if nsqd_tcp_addresses is not None:
+                    raise ConfigError("ordered=True needs lookupd_http_addresses")
+                self._async = OrderedConsumer(
+                    topic, channel, wrapped, lookupd_http_addresses=lookupd_http_addresses,
+                    config=config, start_at=start_at, trace=trace, **ordered_options)
+            else:
+                self._async = AsyncConsumer(
+                    topic, channel, wrapped, nsqd_tcp_addresses=nsqd_tcp_addresses,
+                    lookupd_http_addresses=lookupd_http_addresses, config=config,
+                    giving_up=giving_up, start_at=start_at, trace=trace)
+        except BaseException:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            raise
+        self._loop: BackgroundLoop | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    async def _in_thread(self, msg: Message) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._pool is not None
+        await loop.run_in_executor(self._pool, self._handler, ThreadMessage(msg, loop))
+
+    @property
+    def async_consumer(self) -> AsyncConsumer:
+        """The asyncio consumer underneath (use it only on the facade's loop)."""
+        return self._async
+
+    def _running_loop(self) -> BackgroundLoop:
+        loop = self._loop
+        if loop is None or self._closed:
+            raise ClientClosedError("the consumer is not running (start() it; a stopped "
+                                    "consumer cannot be restarted)")
+        return loop
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Connect and subscribe (see :meth:`smartnsq.consumer.Consumer.start`)."""
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("the consumer is closed")
+            if self._loop is not None:
+                return
+            self._loop = acquire()
+        try:
+            self._loop.run(self._async.start())
+        except BaseException:
+            self._shutdown_resources()
+            raise
+
+    def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop gracefully (see :meth:`smartnsq.consumer.Consumer.stop`), then release the
+        loop and the handler threads. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            loop = self._loop
+        if loop is not None:
+            try:
+                loop.run(self._async.stop(drain_timeout))
+            finally:
+                self._shutdown_resources()
+        else:
+            self._closed = True
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+
+    def _shutdown_resources(self) -> None:
+        with self._lock:
+            self._closed = True
+            loop, self._loop = self._loop, None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if loop is not None:
+            release(loop)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the consumer stops (another thread called ``stop()``, or an error
+        stopped it: then that error is raised). False if ``timeout`` seconds passed."""
+        loop = self._running_loop()
+
+        async def waiter() -> bool:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._async.wait_closed()
+            except TimeoutError:
+                return False
+            return True
+
+        try:
+            return loop.run(waiter())
+        except BaseException:
+            if self._async.is_closed:
+                self._shutdown_resources()
+            raise
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        loop = self._running_loop()
+
+        async def call() -> None:
+            self._async.set_max_in_flight(max_in_flight)
+
+        loop.run(call())
+
+    def is_starved(self) -> bool:
+        loop = self._running_loop()
+
+        async def call() -> bool:
+            return self._async.is_starved()
+
+        return loop.run(call())
+
+    def stats(self) -> ConsumerStats:
+        loop = self._loop
+        if loop is None:
+            return self._async.stats()
+
+        async def call() -> ConsumerStats:
+            return self._async.stats()
+
+        return loop.run(call())
+
+    @property
+    def is_running(self) -> bool:
+        return self._async.is_running
