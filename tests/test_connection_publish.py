@@ -18,6 +18,7 @@ from smartnsq.errors import (
     ExtNotSupportError,
     NotLeaderError,
     NSQTimeoutError,
+    ProtocolError,
     PubFailedError,
     ServerError,
     UnsupportedFeatureError,
@@ -478,4 +479,29 @@ async def test_close_during_connect() -> None:
             with pytest.raises(ClientClosedError, match="while connecting"):
                 await connecting
         assert conn.is_closed
+    assert not leftover_tasks()
+
+
+async def test_a_plain_publish_answered_with_anything_but_ok_breaks_the_connection() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake(version=YOUZAN_VERSION)
+        await p.expect(b"PUB")
+        await p.expect(b"PUB")
+        # a trace reply to a plain PUB: commands and answers no longer line up
+        p.send_response(encode_trace_response(1, 0, 0, 30))
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        first = asyncio.ensure_future(conn.publish("t", b"a", 0))
+        second = asyncio.ensure_future(conn.publish("t", b"b", 0))
+        with pytest.raises(ProtocolError, match=r"answered PUB with .* expected OK"):
+            await first
+        with pytest.raises(ProtocolError):
+            await second
+        assert conn.is_closed or conn.is_closing
+        with pytest.raises(ConnectionClosedError):
+            await conn.publish("t", b"c", 0)
+        await conn.close()
     assert not leftover_tasks()

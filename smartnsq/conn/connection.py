@@ -902,7 +902,7 @@ class Connection:
         command = commands.pub(topic, body, partition)
         if self._wire is not None and self._wire.paused:
             await self._drain()
-        await self._send(command, _PUBLISH, timeout, topic, partition)
+        self._check_ok(await self._send(command, _PUBLISH, timeout, topic, partition), "PUB")
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes],
                            partition: int | None = None, timeout: float | None = None) -> None:
@@ -910,7 +910,7 @@ class Connection:
         command = commands.mpub(topic, bodies, partition)
         if self._wire is not None and self._wire.paused:
             await self._drain()
-        await self._send(command, _PUBLISH, timeout, topic, partition)
+        self._check_ok(await self._send(command, _PUBLISH, timeout, topic, partition), "MPUB")
 
     async def publish_deferred(self, topic: str, body: bytes, delay_ms: int,
                                timeout: float | None = None) -> None:
@@ -918,7 +918,7 @@ class Connection:
         if self._flavour is Flavour.YOUZAN:
             raise UnsupportedFeatureError("youzan nsqd has no DPUB (deferred publish)")
         command = commands.dpub(topic, delay_ms, body)
-        await self.request(command, _PUBLISH, timeout, topic=topic)
+        self._check_ok(await self.request(command, _PUBLISH, timeout, topic=topic), "DPUB")
 
     async def publish_trace(self, topic: str, partition: int, trace_id: int, body: bytes,
                             timeout: float | None = None) -> TraceResponse:
@@ -956,8 +956,18 @@ class Connection:
         connection: the server may have left the rest of the body unread (§11.3)."""
         self._require_youzan("MPUB_EXT")
         command = commands.mpub_ext(topic, partition, items)
-        await self.request(command, _PUBLISH, timeout, topic=topic, partition=partition,
-                           close_on_error=True)
+        data = await self.request(command, _PUBLISH, timeout, topic=topic, partition=partition,
+                                  close_on_error=True)
+        self._check_ok(data, "MPUB_EXT")
+
+    def _check_ok(self, data: bytes, what: str) -> None:
+        """A plain publish is answered with exactly OK (§7.2). Anything else means responses
+        and commands no longer line up, so no later answer on this connection can be trusted."""
+        if data != OK:
+            exc = ProtocolError(f"nsqd {self.address} answered {what} with {data[:32]!r}, "
+                                "expected OK")
+            self._fail(exc)
+            raise exc
 
     def _require_youzan(self, what: str) -> None:
         if self._flavour is Flavour.STOCK:
