@@ -84,6 +84,7 @@ GivingUpCallback = Callable[[Message], object]
 StartAt = OffsetSpec | Mapping[int, OffsetSpec]
 
 _PENDING = 0  # Message._state values (smartnsq.message)
+_FINISHED = 1
 
 #: errors that reconnecting cannot fix: the consumer stops and reports them
 _CONFIG_ERRORS: tuple[type[BaseException], ...] = (
@@ -183,7 +184,8 @@ class Sub:
         self.given_up = 0
         #: handed out and not answered yet
         self.outstanding = 0
-        #: flow-control events not reported yet (see Consumer._flush)
+        #: received / finished since the last flush: reported to the flow control and then
+        #: added to ``received`` / ``finished`` (one counter per message, see _flush)
         self.recv_pending = 0
         self.fin_pending = 0
         self.dirty = False
@@ -317,6 +319,7 @@ class Consumer:
         self._subs: set[Sub] = set()
         self._dirty: list[Sub] = []
         self._flush_scheduled = False
+        self._tracing = False
         self._backoff_handle: asyncio.TimerHandle | None = None
         self._redistribute_handle: asyncio.TimerHandle | None = None
 
@@ -779,6 +782,8 @@ class Consumer:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            # the trace switch is read once per loop iteration, not per message
+            self._tracing = self.trace.is_on(self.topic)
 
     def _flush(self) -> None:
         """Report the received/finished counts gathered since the last flush."""
@@ -795,10 +800,12 @@ class Consumer:
             n = sub.recv_pending
             if n:
                 sub.recv_pending = 0
+                sub.received += n
                 self._exec(flow.messages_received(sub, n, now))
             n = sub.fin_pending
             if n:
                 sub.fin_pending = 0
+                sub.finished += n
                 self._exec(flow.messages_finished(sub, n, now))
 
     def _backoff_ended(self, token: int) -> None:
@@ -848,12 +855,11 @@ class Consumer:
     # ------------------------------------------------------------------ receiving
 
     def _on_message(self, sub: Sub, conn: Connection, raw: RawMessage) -> None:
-        sub.received += 1
         sub.recv_pending += 1
         if not sub.dirty:
             self._mark(sub)
         msg = Message(raw, sub)
-        if self.trace.is_on(self.topic):
+        if self._tracing:
             self._trace_message(sub, msg)
         if self._ordered:
             if not self._admit(sub, msg):
@@ -947,7 +953,6 @@ class Consumer:
     def _finish(self, sub: Sub, msg: Message) -> bool:
         conn = sub.conn
         ok = conn is not None and conn.fin(msg._raw.id)
-        sub.finished += 1
         sub.outstanding -= 1
         sub.fin_pending += 1
         if not sub.dirty:
@@ -955,10 +960,8 @@ class Consumer:
         self._outstanding -= 1
         if self._tracked:
             self._tracked.discard(msg)
-        if self._drained is not None and not self._outstanding:
-            self._drained.set()
-        if sub.drained is not None and not sub.outstanding:
-            sub.drained.set()
+        if self._drained is not None or sub.drained is not None:
+            self._settled(sub)
         return ok
 
     def _requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
@@ -1009,7 +1012,9 @@ class Consumer:
 
     async def _worker(self) -> None:
         queue = self._queue
+        popleft = queue.popleft
         handler = self._handler
+        finish = self._finish
         assert handler is not None and self._loop is not None
         loop = self._loop
         while True:
@@ -1030,7 +1035,7 @@ class Consumer:
             inline = 0
             try:
                 while queue:
-                    msg = queue.popleft()
+                    msg = popleft()
                     sub: Sub = msg._owner  # type: ignore[assignment]
                     if sub.closed and msg._state == _PENDING:
                         self._discard(sub)
@@ -1039,10 +1044,13 @@ class Consumer:
                         coro = handler(msg)
                         yielded = coro.send(None)  # type: ignore[attr-defined]
                     except StopIteration:
-                        if msg._state == _PENDING and msg._auto:
-                            msg.finish()
-                        elif msg._state == _PENDING:
-                            self._tracked.add(msg)
+                        if msg._state == _PENDING:
+                            if msg._auto:
+                                # Message.finish() without its two indirections
+                                msg._state = _FINISHED
+                                finish(sub, msg)
+                            else:
+                                self._tracked.add(msg)
                     except (Exception, asyncio.CancelledError) as exc:
                         self._handler_failed(msg, exc)
                     else:
