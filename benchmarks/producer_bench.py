@@ -21,45 +21,19 @@ import argparse
 import asyncio
 import contextlib
 import os
-import resource
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import BODY, Result, cpu_seconds, embedded_cluster
 
 from smartnsq.config import ProducerConfig
 from smartnsq.producer import Producer
 
-BODY = b"x" * 100
 STOCK_TOPIC = "bench"
 YOUZAN_TOPIC = "bench_y"
 YOUZAN_PARTITIONS = 4
-
-
-@dataclass
-class Result:
-    """One measurement (same fields as the shared throughput harness)."""
-
-    client: str
-    scenario: str
-    messages: int
-    wall: float
-    cpu: float
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.wall if self.wall else 0.0
-
-    @property
-    def cpu_us_per_msg(self) -> float:
-        return self.cpu / self.messages * 1e6 if self.messages else 0.0
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process only."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 async def measure(scenario: str, messages: int,
@@ -70,33 +44,10 @@ async def measure(scenario: str, messages: int,
                   cpu_seconds() - cpu0)
 
 
-@contextlib.contextmanager
-def cluster_process(flavour: str, nodes: int, topic: str) -> Iterator[dict[str, list[str]]]:
+def cluster_process(flavour: str, nodes: int,
+                    topic: str) -> contextlib.AbstractContextManager[dict[str, list[str]]]:
     """``python -m smartnsq.devcluster`` in a subprocess; yields its addresses by kind."""
-    cmd = [sys.executable, "-m", "smartnsq.devcluster", "--flavour", flavour, "--nodes",
-           str(nodes), "--topic", topic, "--channel", "bench"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    addrs: dict[str, list[str]] = {}
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 30
-        while True:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the embedded cluster did not start within 30 s")
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the embedded cluster exited before it was ready")
-            if line.strip() == "ready":
-                break
-            kind, _, value = line.strip().partition(" ")
-            addrs.setdefault(kind, []).append(value)
-        yield addrs
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return embedded_cluster(flavour, nodes, (topic,))
 
 
 async def _warm(p: Producer, topic: str, **kw: object) -> None:
