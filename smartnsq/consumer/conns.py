@@ -185,11 +185,9 @@ class ConnectionSet:
         finally:
             if not slot.first_attempt.done():
                 slot.first_attempt.set_result(None)
-            if self._slots.get(ep.key) is slot and not slot.wanted:
-                del self._slots[ep.key]
-            elif self._slots.get(ep.key) is slot and not self._closed:
-                # gave up (fatal, or no longer listed): forget it so a later topology
-                # listing it again starts afresh
+            if self._slots.get(ep.key) is slot and not self._closed:
+                # gave up (fatal, or no longer listed): forget it, so that a later topology
+                # listing the endpoint again starts a new runner
                 del self._slots[ep.key]
 
     async def close(self) -> None:

@@ -628,7 +628,7 @@ class Consumer:
                        else "start positions (SUB_ADVANCED)") + " needs youzan nsqd")
             mode, offset, seek = self._subscription(ep, topology, conn)
             await conn.subscribe(self.topic, self.channel, sub.partition, mode, offset,
-                                 ext=ext)
+                                 ext=ext, timeout=self._config.connection.handshake_timeout)
             if seek is not None:
                 await self._seek_http(ep, seek)
             if sub.partition is not None and (offset is not None or seek is not None):

@@ -1,0 +1,189 @@
+"""ConnectionSet with a fake discovery and opener: reconnect backoff with jitter and cap,
+reconciling against topologies, fatal errors, and the lookup rule "reconnect only while a
+later poll still lists the endpoint"."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import MappingProxyType
+
+import pytest
+
+from smartnsq.consumer.conns import ConnectionSet
+from smartnsq.consumer.discovery import (
+    DirectDiscovery,
+    Discovery,
+    Endpoint,
+    OnUpdate,
+    Topology,
+)
+from smartnsq.errors import ConfigError, NotLeaderError, NSQConnectionError
+
+A = Endpoint("10.0.0.1:4150", "10.0.0.1", 4150)
+B = Endpoint("10.0.0.2:4150", "10.0.0.2", 4150, partition=3)
+
+
+def topology(*eps: Endpoint) -> Topology:
+    return Topology(MappingProxyType({e.key: e for e in eps}))
+
+
+class FakeDiscovery(Discovery):
+    kind = "lookupd"
+
+    def __init__(self) -> None:
+        self.listed: set[tuple[str, int]] = set()
+        self.lost: list[tuple[Endpoint, bool]] = []
+        self.asked: list[Endpoint] = []
+
+    async def start(self, on_update: OnUpdate) -> Topology:
+        return Topology()
+
+    def connection_lost(self, endpoint: Endpoint, stale_leader: bool) -> None:
+        self.lost.append((endpoint, stale_leader))
+
+    async def still_wanted(self, endpoint: Endpoint) -> bool:
+        self.asked.append(endpoint)
+        return endpoint.key in self.listed
+
+    async def close(self) -> None:
+        return None
+
+
+class Session:
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+        self.retired = False
+        self.stale_leader = False
+
+    async def wait_closed(self) -> None:
+        await self.closed.wait()
+
+    async def retire(self) -> None:
+        self.retired = True
+        self.closed.set()
+
+
+class Opener:
+    """Fails the first ``failures`` attempts per endpoint with ``error``."""
+
+    def __init__(self, failures: int = 0, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error or NSQConnectionError("refused")
+        self.calls: list[Endpoint] = []
+        self.sessions: list[Session] = []
+        self.opened = asyncio.Event()
+
+    async def __call__(self, ep: Endpoint) -> Session:
+        self.calls.append(ep)
+        if sum(1 for c in self.calls if c == ep) <= self.failures:
+            raise self.error
+        s = Session()
+        self.sessions.append(s)
+        self.opened.set()
+        return s
+
+
+def make(discovery: Discovery, opener: Opener,
+         fatal: list[BaseException] | None = None) -> ConnectionSet:
+    errors = fatal if fatal is not None else []
+    return ConnectionSet(discovery, opener, is_fatal=lambda e: isinstance(e, ConfigError),
+                         on_fatal=errors.append, reconnect_min=0.01, reconnect_max=0.04,
+                         rng=random.Random(7))
+
+
+def test_backoff_doubles_with_jitter_and_cap() -> None:
+    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e: False,
+                       on_fatal=lambda e: None, reconnect_min=1.0, reconnect_max=8.0,
+                       rng=random.Random(1))
+    for n, step in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (60, 8.0), (10**6, 8.0)):
+        delays = [cs.backoff_delay(n) for _ in range(200)]
+        assert all(step / 2 <= d <= step for d in delays)
+        assert len(set(delays)) > 100  # jittered, not fixed
+
+
+async def test_direct_endpoint_is_retried_until_it_works() -> None:
+    d = DirectDiscovery(["10.0.0.1:4150"])
+    opener = Opener(failures=3)
+    cs = make(d, opener)
+    cs.reconcile(d.topology)
+    await cs.wait_first_attempts()
+    async with asyncio.timeout(5):
+        await opener.opened.wait()
+    assert len(opener.calls) == 4
+    # the connection ends: reconnected again
+    opener.opened.clear()
+    opener.sessions[0].closed.set()
+    async with asyncio.timeout(5):
+        await opener.opened.wait()
+    assert len(opener.calls) == 5
+    await cs.close()
+
+
+async def test_lookup_endpoint_not_listed_any_more_is_not_reconnected() -> None:
+    d = FakeDiscovery()
+    d.listed = {A.key, B.key}
+    opener = Opener()
+    cs = make(d, opener)
+    cs.reconcile(topology(A, B))
+    await cs.wait_first_attempts()
+    assert {e.key for e in opener.calls} == {A.key, B.key}
+    # B's leader says it is not the leader any more, and the next poll drops it
+    d.listed = {A.key}
+    session_b = opener.sessions[[e.key for e in opener.calls].index(B.key)]
+    runner_b = next(s.task for s in cs.slots if s.endpoint == B)
+    assert runner_b is not None
+    session_b.stale_leader = True
+    session_b.closed.set()
+    # the runner asks the discovery once more, and ends without reconnecting
+    async with asyncio.timeout(5):
+        await runner_b
+    assert (B, True) in d.lost and d.asked == [B]
+    assert [e.key for e in opener.calls].count(B.key) == 1
+    assert {s.endpoint.key for s in cs.slots} == {A.key}
+    await cs.close()
+
+
+async def test_reconcile_retires_and_starts() -> None:
+    d = FakeDiscovery()
+    opener = Opener()
+    cs = make(d, opener)
+    cs.reconcile(topology(A))
+    await cs.wait_first_attempts()
+    first = opener.sessions[0]
+    cs.reconcile(topology(B))
+    await cs.wait_first_attempts()
+    async with asyncio.timeout(5):
+        await first.closed.wait()
+    assert first.retired
+    assert [s.endpoint for s in cs.slots] == [B]
+    await cs.close()
+    cs.reconcile(topology(A))  # ignored once closed
+    assert len(opener.calls) == 2
+
+
+async def test_fatal_errors_end_the_runner() -> None:
+    d = FakeDiscovery()
+    opener = Opener(failures=10, error=ConfigError("bad"))
+    fatal: list[BaseException] = []
+    cs = make(d, opener, fatal)
+    cs.reconcile(topology(A))
+    await cs.wait_first_attempts()
+    assert len(fatal) == 1 and isinstance(fatal[0], ConfigError)
+    assert len(opener.calls) == 1 and cs.slots == ()
+    await cs.close()
+
+
+@pytest.mark.parametrize("error,stale", [(NotLeaderError("", fatal=True), True),
+                                         (NSQConnectionError("x"), False)])
+async def test_failed_attempts_report_to_discovery(error: Exception, stale: bool) -> None:
+    d = FakeDiscovery()
+    d.listed = {A.key}
+    opener = Opener(failures=1, error=error)
+    cs = make(d, opener)
+    cs.reconcile(topology(A))
+    await cs.wait_first_attempts()
+    assert d.lost == [(A, stale)]
+    async with asyncio.timeout(5):
+        await opener.opened.wait()
+    await cs.close()
