@@ -413,7 +413,9 @@ class Consumer:
             await self._conns.wait_first_attempts()
             if self._error is not None:
                 raise self._error
-        except BaseException:
+        except BaseException as exc:
+            if self._error is None and self._is_fatal(exc):
+                self._error = exc
             self._starting = False
             await self._shutdown(0.0)
             raise
