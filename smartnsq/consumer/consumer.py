@@ -998,16 +998,20 @@ class Consumer:
 
     # ------------------------------------------------------------------ handler workers
 
-    def _wake(self) -> None:
-        while self._idle:
+    def _wake(self, count: int = 1) -> None:
+        """Get ``count`` more workers going (idle ones first), within the worker cap."""
+        while count > 0 and self._idle:
             fut = self._idle.pop()
             if not fut.done():
                 self._waking = True
                 fut.set_result(None)
-                return
-        if len(self._workers) < max(1, self._max_in_flight) and not self._closed:
+                count -= 1
+        if count <= 0 or self._closed:
+            return
+        room = max(1, self._max_in_flight) - len(self._workers)
+        assert self._loop is not None
+        for _ in range(min(count, room)):
             self._waking = True
-            assert self._loop is not None
             task = self._loop.create_task(self._worker())
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
@@ -1069,7 +1073,9 @@ class Consumer:
         self._pumping -= 1
         self._tracked.add(msg)
         if self._queue and not self._waking:
-            self._wake()
+            # handlers that suspend probably all do: start enough workers at once rather
+            # than one per loop turn
+            self._wake(len(self._queue))
         try:
             await _resume(coro, yielded)
         except asyncio.CancelledError as exc:

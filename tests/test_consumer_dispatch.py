@@ -1,0 +1,248 @@
+"""The consumer's dispatch path without sockets: a fake connection records what would be
+written. Covers REQ delays, inline vs suspended handlers, concurrency bounds, handlers that
+use asyncio.timeout, batched flow-control reporting, giving up, and the trace switch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.batchflow import BatchRdyController
+from smartnsq.consumer.consumer import Consumer, Sub
+from smartnsq.consumer.discovery import Endpoint
+from smartnsq.message import Message
+from smartnsq.protocol.messages import RawMessage
+from smartnsq.trace import TraceSwitch
+
+
+class FakeConn:
+    max_rdy_count = 2500
+    is_connected = True
+    msg_timeout = 60.0
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+        self.rdy = 0
+
+    def fin(self, msg_id: bytes) -> bool:
+        self.sent.append(("FIN", msg_id))
+        return True
+
+    def req(self, msg_id: bytes, delay_ms: int) -> bool:
+        self.sent.append(("REQ", (msg_id, delay_ms)))
+        return True
+
+    def touch(self, msg_id: bytes) -> bool:
+        self.sent.append(("TOUCH", msg_id))
+        return True
+
+    def send_rdy(self, n: int) -> bool:
+        self.rdy = n
+        self.sent.append(("RDY", n))
+        return True
+
+
+class Rig:
+    """A consumer wired to one fake subscription, driven message by message."""
+
+    def __init__(self, handler: Callable[[Message], Awaitable[object]] | None,
+                 **cfg: Any) -> None:
+        base: dict[str, Any] = {"max_in_flight": 100}
+        base.update(cfg)
+        self.config = ConsumerConfig(**base)
+        self.consumer = Consumer("t", "c", handler, nsqd_tcp_addresses=["127.0.0.1:1"],
+                                 config=self.config, **self.extra)
+        c = self.consumer
+        c._loop = asyncio.get_running_loop()
+        c._flow = BatchRdyController(self.config)
+        self.sub = Sub(c, Endpoint("127.0.0.1:1", "127.0.0.1", 1))
+        self.conn = FakeConn()
+        self.sub.conn = self.conn  # type: ignore[assignment]
+        self.sub.registered = True
+        c._subs.add(self.sub)
+        c._exec(c._flow.add_connection(self.sub, 2500, c._loop.time()))
+
+    extra: dict[str, Any] = {}
+
+    def deliver(self, n: int, attempts: int = 1, start: int = 0) -> None:
+        for i in range(start, start + n):
+            raw = RawMessage(1, attempts, b"%016x" % i, b"body-%d" % i)
+            self.consumer._on_message(self.sub, None, raw)  # type: ignore[arg-type]
+
+    def sent(self, kind: str) -> list[Any]:
+        return [v for k, v in self.conn.sent if k == kind]
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_requeue_delays_computed_explicit_and_capped() -> None:
+    async def fail(msg: Message) -> None:
+        raise ValueError("no")
+
+    rig = Rig(fail, default_requeue_delay=2.0, max_requeue_delay=5.0, backoff_enabled=False)
+    rig.deliver(1, attempts=1)
+    rig.deliver(1, attempts=2, start=1)
+    rig.deliver(1, attempts=4, start=2)  # 8 s computed, capped at 5 s
+    await turns()
+    assert [d for _, d in rig.sent("REQ")] == [2000, 4000, 5000]
+    assert rig.consumer.stats().requeued == 3
+
+    async def explicit(msg: Message) -> None:
+        msg.requeue(0.25, backoff=False)
+
+    rig2 = Rig(explicit, max_requeue_delay=5.0)
+    rig2.deliver(1)
+    await turns()
+    assert [d for _, d in rig2.sent("REQ")] == [250]
+    assert not rig2.consumer.stats().in_backoff
+
+
+async def test_inline_handlers_finish_in_one_turn() -> None:
+    seen: list[bytes] = []
+
+    async def handler(msg: Message) -> None:
+        seen.append(msg.body)
+
+    rig = Rig(handler)
+    rig.deliver(300)
+    await turns(2)
+    assert len(seen) == 300 and len(rig.sent("FIN")) == 300
+    # one worker was enough: nothing suspended
+    assert len(rig.consumer._workers) == 1
+    st = rig.consumer.stats()
+    assert st.received == st.finished == 300 and st.in_flight == 0
+
+
+async def test_suspended_handlers_run_concurrently_up_to_max_in_flight() -> None:
+    gate = asyncio.Event()
+    running = 0
+    peak = 0
+
+    async def handler(msg: Message) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await gate.wait()
+        running -= 1
+
+    rig = Rig(handler, max_in_flight=8)
+    rig.deliver(20)  # more than max_in_flight (a server would not send them; we cope)
+    await turns(5)
+    assert peak == 8 and len(rig.consumer._workers) == 8
+    gate.set()
+    await turns(10)
+    assert len(rig.sent("FIN")) == 20 and running == 0
+
+
+async def test_handler_using_asyncio_timeout() -> None:
+    async def handler(msg: Message) -> None:
+        async with asyncio.timeout(0.01 if msg.body.endswith(b"0") else 5):
+            await asyncio.sleep(0.05)
+
+    rig = Rig(handler, backoff_enabled=False)
+    rig.deliver(2)
+    async with asyncio.timeout(5):
+        while len(rig.sent("FIN") + rig.sent("REQ")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    # the first timed out inside the handler (requeued), the second finished
+    assert [v[0] for v in rig.sent("REQ")] == [b"%016x" % 0]
+    assert rig.sent("FIN") == [b"%016x" % 1]
+    # the timeout cancelled the handler, not the worker
+    assert all(not w.done() for w in rig.consumer._workers)
+
+
+async def test_flow_events_are_batched_per_turn() -> None:
+    async def handler(msg: Message) -> None:
+        return None
+
+    rig = Rig(handler, max_in_flight=2000)
+    calls: list[tuple[str, int]] = []
+    flow = rig.consumer._flow
+    assert flow is not None
+    orig_r, orig_f = flow.messages_received, flow.messages_finished
+
+    def received(key: Sub, n: int, now: float) -> list[Any]:
+        calls.append(("received", n))
+        return orig_r(key, n, now)
+
+    def finished(key: Sub, n: int, now: float) -> list[Any]:
+        calls.append(("finished", n))
+        return orig_f(key, n, now)
+
+    flow.messages_received = received  # type: ignore[method-assign]
+    flow.messages_finished = finished  # type: ignore[method-assign]
+    rig.deliver(500)
+    await turns(4)
+    assert ("received", 500) in calls and sum(n for k, n in calls if k == "finished") == 500
+    assert len(calls) <= 4
+    # the first RDY was 1; the batch raised it to the target
+    assert rig.sent("RDY") == [1, 2000]
+
+
+async def test_giving_up_default_logs_and_finishes(caplog: pytest.LogCaptureFixture) -> None:
+    handled: list[Message] = []
+
+    async def handler(msg: Message) -> None:
+        handled.append(msg)
+
+    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    rig = Rig(handler, max_attempts=2)
+    rig.deliver(1, attempts=3)
+    await turns()
+    assert handled == [] and rig.sent("FIN") == [b"%016x" % 0]
+    assert "giving up on message" in caplog.text
+    assert rig.consumer.stats().given_up == 1
+
+
+async def test_giving_up_callback_sync_and_async() -> None:
+    got: list[int] = []
+
+    class Cb:
+        async def __call__(self, msg: Message) -> None:
+            got.append(msg.attempts)
+
+    async def handler(msg: Message) -> None:
+        return None
+
+    Rig.extra = {"giving_up": Cb()}
+    try:
+        rig = Rig(handler, max_attempts=1)
+    finally:
+        Rig.extra = {}
+    rig.deliver(2, attempts=2)
+    await turns(4)
+    assert got == [2, 2]
+
+
+async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    switch = TraceSwitch()
+
+    async def handler(msg: Message) -> None:
+        return None
+
+    Rig.extra = {"trace": switch}
+    try:
+        rig = Rig(handler)
+    finally:
+        Rig.extra = {}
+    rig.deliver(3)
+    await turns()
+    switch.enable("t")
+    rig.deliver(2, start=3)
+    await turns()
+    switch.disable()
+    switch.reset("t")
+    rig.deliver(1, start=5)
+    await turns()
+    traced = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    assert [r.message_id for r in traced] == [  # type: ignore[attr-defined]
+        (b"%016x" % i).hex() for i in (3, 4)]
