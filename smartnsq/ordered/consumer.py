@@ -120,7 +120,9 @@ class OrderedConsumer(Consumer):
     def _finish(self, sub: Sub, msg: Message) -> bool:
         ok = super()._finish(sub, msg)
         raw = msg._raw
-        if sub.partition is not None and raw.offset is not None and raw.raw_size is not None:
+        # a FIN that could not be written does not move the position: the server redelivers
+        if ok and sub.partition is not None and raw.offset is not None \
+                and raw.raw_size is not None:
             self.validator(sub.partition).finished(
                 Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
         return ok
