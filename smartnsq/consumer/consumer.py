@@ -8,10 +8,11 @@ Per-message path (kept short on purpose; a consume+FIN loop spends most of its t
 2. ``_on_message`` wraps it in a :class:`Message`, counts it for RDY (flow-control events are
    reported once per socket read, see ``batchflow.py``), applies the attempts limit and
    queues it.
-3. A worker task runs the handler. A handler that completes without suspending is driven
-   inline, without a task of its own; when it does suspend, the worker stays with it and
-   another worker takes over the queue, so slow handlers run concurrently (at most
-   ``max_in_flight`` of them, which is all RDY can let in anyway).
+3. A worker task awaits the handler for each queued message: no task per message. A
+   callback scheduled once per batch notices when a handler suspends (inline handlers never
+   yield to the loop); the worker then stays with that handler and other workers take over
+   the queue, so slow handlers run concurrently (at most ``max_in_flight`` of them, which
+   is all RDY can let in anyway).
 4. Returning finishes the message (FIN), raising requeues it (REQ with the computed delay);
    FIN/REQ writes of one loop iteration go out in one socket write.
 """
@@ -26,7 +27,7 @@ import math
 import random
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar
 
 import aiohttp
@@ -94,30 +95,21 @@ _CONFIG_ERRORS: tuple[type[BaseException], ...] = (
 )
 #: handler messages processed inline before the worker lets the loop run other callbacks
 _INLINE_BATCH = 512
+#: most workers one stalled handler wakes at once
+_WAKE_BURST = 64
 #: how long a subscription that is no longer listed may drain before it is closed
 _RETIRE_DRAIN = 5.0
 
 
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
-    """Finish ``coro`` inside the current task; it already ran up to a suspension point,
-    where it yielded ``yielded`` (normally the future it waits for)."""
-    while True:
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
+class _Stall:
+    """A worker's batch, as its stall check sees it."""
+
+    __slots__ = ("batch", "msg", "stalled")
+
+    def __init__(self) -> None:
+        self.batch = 0
+        self.msg: Message | None = None
+        self.stalled = False
 
 
 def _is_async_callable(fn: object) -> bool:
@@ -1021,8 +1013,12 @@ class Consumer:
         popleft = queue.popleft
         handler = self._handler
         finish = self._finish
+        tracked = self._tracked
         assert handler is not None and self._loop is not None
         loop = self._loop
+        me = asyncio.current_task()
+        assert me is not None
+        st = _Stall()
         while True:
             # whoever woke this worker is answered: the next arrival may wake another
             self._waking = False
@@ -1038,6 +1034,11 @@ class Consumer:
                         self._idle.remove(fut)
                 continue
             self._pumping += 1
+            st.batch += 1
+            st.stalled = False
+            # runs at the next loop turn: if this batch is still going then, a handler
+            # suspended (inline handlers never yield to the loop)
+            loop.call_soon(self._stall_check, st, st.batch)
             inline = 0
             try:
                 while queue:
@@ -1046,52 +1047,59 @@ class Consumer:
                     if sub.closed and msg._state == _PENDING:
                         self._discard(sub)
                         continue
+                    st.msg = msg
                     try:
-                        coro = handler(msg)
-                        yielded = coro.send(None)  # type: ignore[attr-defined]
-                    except StopIteration:
+                        await handler(msg)
+                    except asyncio.CancelledError as exc:
+                        if me.cancelling():
+                            raise
+                        self._handler_failed(msg, exc)
+                    except Exception as exc:
+                        self._handler_failed(msg, exc)
+                    else:
                         if msg._state == _PENDING:
                             if msg._auto:
                                 # Message.finish() without its two indirections
                                 msg._state = _FINISHED
                                 finish(sub, msg)
                             else:
-                                self._tracked.add(msg)
-                    except (Exception, asyncio.CancelledError) as exc:
-                        self._handler_failed(msg, exc)
-                    else:
-                        await self._run_suspended(msg, coro, yielded)
+                                tracked.add(msg)
+                    if st.stalled:
+                        # back from a suspension: pumping again, watched again
+                        st.stalled = False
+                        if msg._state != _PENDING:
+                            tracked.discard(msg)
+                        self._pumping += 1
+                        st.batch += 1
+                        loop.call_soon(self._stall_check, st, st.batch)
                     inline += 1
                     if inline >= _INLINE_BATCH:
+                        # let I/O in; not a handler suspension, so the check is re-armed
                         inline = 0
+                        st.batch += 1
                         await asyncio.sleep(0)
+                        st.batch += 1
+                        loop.call_soon(self._stall_check, st, st.batch)
             finally:
-                self._pumping -= 1
+                st.msg = None
+                st.batch += 1
+                if not st.stalled:
+                    self._pumping -= 1
 
-    async def _run_suspended(self, msg: Message, coro: Any, yielded: Any) -> None:
-        """The handler suspended: stay with it and let another worker take the queue."""
+    def _stall_check(self, st: _Stall, batch: int) -> None:
+        """A worker's handler suspended: let other workers take the queue meanwhile."""
+        if st.batch != batch or st.stalled:
+            return
+        st.stalled = True
         self._pumping -= 1
-        self._tracked.add(msg)
+        msg = st.msg
+        if msg is not None and msg._state == _PENDING:
+            # outstanding outside the queue: stop() must be able to find it
+            self._tracked.add(msg)
         if self._queue and not self._waking:
-            # handlers that suspend probably all do: start enough workers at once rather
-            # than one per loop turn
-            self._wake(len(self._queue))
-        try:
-            await _resume(coro, yielded)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            self._handler_failed(msg, exc)
-        except Exception as exc:
-            self._handler_failed(msg, exc)
-        else:
-            if msg._state == _PENDING and msg._auto:
-                msg.finish()
-        finally:
-            self._pumping += 1
-            if msg._state != _PENDING:
-                self._tracked.discard(msg)
+            # handlers that suspend probably all do: start several workers at once rather
+            # than one per loop turn (each of them does the same when it stalls)
+            self._wake(min(len(self._queue), _WAKE_BURST))
 
     def _handler_failed(self, msg: Message, exc: BaseException) -> None:
         log.warning("handler failed for message %s (attempt %d) of %s/%s: %r",
