@@ -12,7 +12,6 @@ import os
 import ssl
 import struct
 from collections.abc import AsyncIterator, Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,17 +36,14 @@ from smartnsq.protocol.frames import (
     MAGIC_V2,
     Frame,
 )
+from tests.captures import capture as read_capture
 
-CAPTURES = Path(__file__).resolve().parents[1].parent / "shared" / "captures"
 TIMEOUT = 3.0
 
 
 def capture(flavour: str, name: str) -> bytes:
     """The recorded bytes of ``captures/<flavour>/<name>.bin`` (skips when absent)."""
-    path = CAPTURES / flavour / f"{name}.bin"
-    if not path.is_file():
-        pytest.skip(f"capture {flavour}/{name} not available")
-    return path.read_bytes()
+    return read_capture(f"{flavour}/{name}.bin")
 
 
 def frame_bytes(ftype: int, data: bytes) -> bytes:

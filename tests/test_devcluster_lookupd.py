@@ -9,7 +9,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,17 +25,14 @@ from smartnsq.devcluster.meta import (
     NodeInfo,
     NodeView,
 )
+from tests.captures import capture as read_capture
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
 
 def capture(path: str) -> bytes:
-    p = CAPTURES / path
-    if not p.exists():
-        pytest.skip(f"capture {path} not available")
-    return p.read_bytes().rstrip(b"\n")
+    return read_capture(path).rstrip(b"\n")
 
 
 def shape(value: Any) -> Any:

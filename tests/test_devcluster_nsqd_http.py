@@ -12,8 +12,8 @@ import pytest
 
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.messages import MessageLayout, decode_message
+from tests.captures import capture as read_capture
 from tests.devcluster_helpers import (
-    CAPTURES,
     client,
     create_youzan_topic,
     running_node,
@@ -106,7 +106,7 @@ async def test_stock_pub_with_defer() -> None:
 
 
 async def test_stock_stats_shape_matches_capture() -> None:
-    recorded = json.loads((CAPTURES / "stock" / "nsqd_stats.raw.txt").read_text())
+    recorded = json.loads(read_capture("stock/nsqd_stats.raw.txt"))
     async with running_node("stock") as node:
         base = f"http://{node.http_address}"
         async with client(node.tcp_address) as c:
@@ -164,12 +164,11 @@ async def test_youzan_pub_partition_and_envelopes() -> None:
     async with youzan_cluster(2) as (meta, store, (n1, n2)):
         create_youzan_topic(meta, "T", {0: "n1", 1: "n2"})
         base = f"http://{n1.http_address}"
-        recorded_ok = (CAPTURES / "youzan" / "nsqd_http_pub_partition.raw.txt").read_bytes()
+        recorded_ok = read_capture("youzan/nsqd_http_pub_partition.raw.txt")
         assert (await call("POST", base + "/pub?topic=T&partition=0", data=b"x"))[:2] == \
             (200, recorded_ok)
         wrong = await call("POST", base + "/pub?topic=T&partition=1", data=b"x")
-        recorded = json.loads((CAPTURES / "youzan" / "nsqd_http_pub_wrong_partition.json")
-                              .read_text())
+        recorded = json.loads(read_capture("youzan/nsqd_http_pub_wrong_partition.json"))
         assert wrong[:2] == (500, recorded["_raw_body"].encode())
         v1 = await call("POST", base + "/pub?topic=T&partition=1", data=b"x", headers=V1)
         assert v1[:2] == (404, b'{"message":"E_TOPIC_NOT_EXIST"}')
@@ -183,8 +182,8 @@ async def test_youzan_pub_partition_and_envelopes() -> None:
 
 
 async def test_youzan_info_and_stats_shapes_match_captures() -> None:
-    info_rec = json.loads((CAPTURES / "youzan" / "nsqd_info.raw.txt").read_text())
-    stats_rec = json.loads((CAPTURES / "youzan" / "nsqd_stats_topic.raw.txt").read_text())
+    info_rec = json.loads(read_capture("youzan/nsqd_info.raw.txt"))
+    stats_rec = json.loads(read_capture("youzan/nsqd_stats_topic.raw.txt"))
     async with youzan_cluster(1) as (meta, _, (n1,)):
         create_youzan_topic(meta, "T", {0: "n1"})
         base = f"http://{n1.http_address}"

@@ -34,7 +34,8 @@ from smartnsq.protocol import commands as C
 from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
 from smartnsq.protocol.messages import MessageLayout, decode_message, youzan_id
 from smartnsq.protocol.responses import decode_trace_response
-from tests.devcluster_helpers import CAPTURES, RawClient, capture, client, frame_bytes
+from tests.captures import CAPTURES
+from tests.devcluster_helpers import RawClient, capture, client, frame_bytes
 
 pytestmark = pytest.mark.real_youzan
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +26,9 @@ from smartnsq.lookup.parse import (
     validate,
 )
 from smartnsq.lookup.view import LookupAnswer, merge_answers
+from tests.captures import CAPTURES
 
 V1 = {"X-NSQ-Content-Type": "nsq; version=1.0"}
-CAPTURES = Path(__file__).resolve().parents[1].parent / "shared" / "captures"
 L = "http://127.0.0.1:4161"
 
 
