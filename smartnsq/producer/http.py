@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import struct
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -44,6 +43,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup import Lookup
 from smartnsq.producer.batcher import split_batches
+from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.producer import LookupdSpec, make_lookup
 from smartnsq.producer.retry import Action, classify, retry_delay
@@ -180,25 +180,10 @@ class HttpProducer:
         if self._closed:
             raise ClientClosedError("the producer is closed")
         check_topic(topic)
-        if isinstance(body, bytearray | memoryview):
-            body = bytes(body)
-        if not isinstance(body, bytes):
-            raise ConfigError(f"message body must be bytes, got {type(body).__name__}")
-        if not body:
-            raise ConfigError("message body must not be empty")
-        if len(body) > self.config.max_msg_size:
-            raise ConfigError(f"message body of {len(body)} bytes exceeds max_msg_size "
-                              f"({self.config.max_msg_size} bytes)")
-        return body
+        return check_body(body, self.config.max_msg_size)
 
     def _deadline(self, timeout: float | None) -> float:
-        now = asyncio.get_running_loop().time()
-        if timeout is None:
-            return now + self.config.publish_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
-                not timeout > 0 or math.isinf(timeout):
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        return now + timeout
+        return deadline(timeout, self.config.publish_timeout)
 
     # ------------------------------------------------------------------ public API
 

@@ -57,6 +57,7 @@ from smartnsq.ordered.sharding import (
     shard_trace_id,
 )
 from smartnsq.producer.batcher import Batcher, split_batches
+from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.ops import (
     DPub,
     MPub,
@@ -251,31 +252,10 @@ class Producer:
                 self._topics_ok.add(topic)
 
     def _check_body(self, body: object) -> bytes:
-        if type(body) is bytes:
-            n = len(body)
-            if 0 < n <= self._max_msg:
-                return body
-        elif isinstance(body, bytearray | memoryview):
-            body = bytes(body)
-        else:
-            raise ConfigError(f"message body must be bytes, got {type(body).__name__}")
-        assert isinstance(body, bytes)
-        n = len(body)
-        if n == 0:
-            raise ConfigError("message body must not be empty")
-        if n > self._max_msg:
-            raise ConfigError(f"message body of {n} bytes exceeds max_msg_size "
-                              f"({self._max_msg} bytes)")
-        return body
+        return check_body(body, self._max_msg)
 
     def _deadline(self, timeout: float | None) -> float:
-        now = asyncio.get_running_loop().time()
-        if timeout is None:
-            return now + self.config.publish_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
-                not timeout > 0 or math.isinf(timeout):
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        return now + timeout
+        return deadline(timeout, self.config.publish_timeout)
 
     # ------------------------------------------------------------------ public API
 

@@ -1,0 +1,38 @@
+"""Argument checks shared by the TCP and HTTP producers: raised before any I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from smartnsq.errors import ConfigError
+
+
+def check_body(body: object, max_msg_size: int) -> bytes:
+    """The body as bytes, or ConfigError naming what is wrong with it."""
+    if type(body) is bytes:
+        if 0 < len(body) <= max_msg_size:  # the common case, checked first and cheaply
+            return body
+    elif isinstance(body, bytearray | memoryview):
+        body = bytes(body)
+    else:
+        raise ConfigError(f"message body must be bytes, got {type(body).__name__}")
+    assert isinstance(body, bytes)
+    n = len(body)
+    if n == 0:
+        raise ConfigError("message body must not be empty")
+    if n > max_msg_size:
+        raise ConfigError(f"message body of {n} bytes exceeds max_msg_size "
+                          f"({max_msg_size} bytes)")
+    return body
+
+
+def deadline(timeout: float | None, default: float) -> float:
+    """Loop time by which a publish call must be done (``timeout`` or the default)."""
+    now = asyncio.get_running_loop().time()
+    if timeout is None:
+        return now + default
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
+            not timeout > 0 or math.isinf(timeout):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return now + timeout
