@@ -23,7 +23,9 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,speed,bench]'
 	$(BIN)/python benchmarks/codec.py
+	$(BIN)/python benchmarks/throughput.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

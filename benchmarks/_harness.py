@@ -99,8 +99,13 @@ def embedded_cluster(flavour: str = "stock", nodes: int = 1,
 def run_peer(script: str, *args: str, timeout: float = 300) -> list[Result]:
     """Run a peer script in its own process and collect its RESULT lines."""
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, os.path.join(here, script), *args],
-                         capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        out = subprocess.run([sys.executable, os.path.join(here, script), *args],
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"  ! {script} {' '.join(args[:1])} did not finish within {timeout:g} s",
+              file=sys.stderr)
+        return []
     results = [Result.parse(line) for line in out.stdout.splitlines()
                if line.startswith("RESULT ")]
     if out.returncode != 0 or not results:

@@ -30,10 +30,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import BODY, Meter, Result, embedded_cluster
 
-from benchmarks._harness import BODY, Meter, Result, embedded_cluster
 from smartnsq.config import ConsumerConfig, LookupConfig
 from smartnsq.conn import Connection
 from smartnsq.consumer import Consumer
@@ -69,6 +68,20 @@ async def preload(address: str, topic: str, count: int, partition: int | None = 
         await conn.close()
 
 
+async def preload_channel(address: str, topic: str, count: int,
+                          channel: str = CHANNEL) -> None:
+    """Create ``channel`` on ``topic`` (a SUB that never sends RDY), MPUB ``count`` messages
+    into it, then unsubscribe: the channel keeps them for whichever client consumes next."""
+    host, port = parse_tcp_address(address)
+    conn = Connection(host, port, on_message=lambda *_: None)
+    await conn.connect()
+    try:
+        await conn.subscribe(topic, channel, timeout=10)
+        await preload(address, topic, count)
+    finally:
+        await conn.close()
+
+
 class Counter:
     """The benchmark handler: counts, and signals when ``target`` messages were seen."""
 
@@ -84,10 +97,11 @@ class Counter:
 
 
 async def _measure(scenario: str, consumer: Consumer, counter: Counter,
-                   load: Callable[[], Awaitable[None]], limit: float) -> Result:
+                   load: Callable[[], Awaitable[None]] | None, limit: float) -> Result:
     async with consumer:
-        await load()
-        await asyncio.sleep(0.2)  # let the server settle after the preload
+        if load is not None:
+            await load()
+            await asyncio.sleep(0.2)  # let the server settle after the preload
         meter = Meter()
         meter.start()
         consumer.set_max_in_flight(MAX_IN_FLIGHT)
@@ -105,13 +119,15 @@ def _config() -> ConsumerConfig:
     return ConsumerConfig(max_in_flight=0, max_attempts=0, lookupd_poll_interval=60.0)
 
 
-async def consume_fin(nsqd: str, count: int) -> Result:
-    """Stock nsqd: one connection, consume + FIN with max_in_flight 2500."""
+async def consume_fin(nsqd: str, count: int, topic: str = STOCK_TOPIC,
+                      preloaded: bool = False) -> Result:
+    """Stock nsqd: one connection, consume + FIN with max_in_flight 2500. ``preloaded``:
+    ``count`` messages already wait on ``topic``/``bench`` (see :func:`preload_channel`)."""
     counter = Counter(count)
-    consumer = Consumer(STOCK_TOPIC, CHANNEL, counter, nsqd_tcp_addresses=[nsqd],
+    consumer = Consumer(topic, CHANNEL, counter, nsqd_tcp_addresses=[nsqd],
                         config=_config())
-    return await _measure("consume_fin", consumer, counter,
-                          lambda: preload(nsqd, STOCK_TOPIC, count), limit=600)
+    load = None if preloaded else lambda: preload(nsqd, topic, count)
+    return await _measure("consume_fin", consumer, counter, load, limit=600)
 
 
 async def _youzan_topic(lookupd: str, topic: str, partitions: int, ordered: bool) -> Lookup:

@@ -69,47 +69,50 @@ async def _workers(n: int, concurrency: int,
 
 # ---------------------------------------------------------------------- stock scenarios
 
-async def pub_one_at_a_time(nsqd: str, n: int) -> Result:
+async def pub_one_at_a_time(nsqd: str, n: int, topic: str = STOCK_TOPIC) -> Result:
     async with Producer([nsqd]) as p:
-        await _warm(p, STOCK_TOPIC)
+        await _warm(p, topic)
 
         async def run() -> None:
             for _ in range(n):
-                await p.publish(STOCK_TOPIC, BODY)
+                await p.publish(topic, BODY)
 
         return await measure("PUB one-at-a-time", n, run)
 
 
-async def pub_in_flight(nsqd: str, n: int, concurrency: int = 1000) -> Result:
+async def pub_in_flight(nsqd: str, n: int, concurrency: int = 1000,
+                        topic: str = STOCK_TOPIC) -> Result:
     async with Producer([nsqd]) as p:
-        await _warm(p, STOCK_TOPIC)
+        await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(n, concurrency, lambda w, i: p.publish(STOCK_TOPIC, BODY))
+            await _workers(n, concurrency, lambda w, i: p.publish(topic, BODY))
 
         return await measure(f"PUB {concurrency} in flight", n, run)
 
 
 async def pub_auto_batched(nsqd: str, n: int, concurrency: int = 5000,
-                           linger: float = 0.001, max_batch: int = 500) -> Result:
+                           linger: float = 0.001, max_batch: int = 500,
+                           topic: str = STOCK_TOPIC) -> Result:
     cfg = ProducerConfig(linger=linger, max_batch=max_batch)
     async with Producer([nsqd], config=cfg) as p:
-        await _warm(p, STOCK_TOPIC)
+        await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(n, concurrency, lambda w, i: p.publish(STOCK_TOPIC, BODY))
+            await _workers(n, concurrency, lambda w, i: p.publish(topic, BODY))
 
         return await measure(f"auto-batched publish ({concurrency} callers)", n, run)
 
 
-async def mpub_pipelined(nsqd: str, n: int, batch: int = 100, in_flight: int = 50) -> Result:
+async def mpub_pipelined(nsqd: str, n: int, batch: int = 100, in_flight: int = 50,
+                         topic: str = STOCK_TOPIC) -> Result:
     bodies = [BODY] * batch
     calls = n // batch
     async with Producer([nsqd]) as p:
-        await _warm(p, STOCK_TOPIC)
+        await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(calls, in_flight, lambda w, i: p.publish_many(STOCK_TOPIC, bodies))
+            await _workers(calls, in_flight, lambda w, i: p.publish_many(topic, bodies))
 
         return await measure(f"MPUB x{batch} pipelined", calls * batch, run)
 
