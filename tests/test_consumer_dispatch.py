@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from smartnsq.config import ConsumerConfig
-from smartnsq.consumer.batchflow import BatchRdyController
 from smartnsq.consumer.consumer import Consumer, Sub
 from smartnsq.consumer.discovery import Endpoint
+from smartnsq.flow import RdyController
 from smartnsq.message import Message
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.trace import TraceSwitch
@@ -59,7 +59,7 @@ class Rig:
                                  config=self.config, **self.extra)
         c = self.consumer
         c._loop = asyncio.get_running_loop()
-        c._flow = BatchRdyController(self.config)
+        c._flow = RdyController(self.config)
         self.sub = Sub(c, Endpoint("127.0.0.1:1", "127.0.0.1", 1))
         self.conn = FakeConn()
         self.sub.conn = self.conn  # type: ignore[assignment]
@@ -167,18 +167,18 @@ async def test_flow_events_are_batched_per_turn() -> None:
     calls: list[tuple[str, int]] = []
     flow = rig.consumer._flow
     assert flow is not None
-    orig_r, orig_f = flow.messages_received, flow.messages_finished
+    orig_r, orig_f = flow.message_received, flow.message_finished
 
-    def received(key: Sub, n: int, now: float) -> list[Any]:
-        calls.append(("received", n))
-        return orig_r(key, n, now)
+    def received(key: Sub, now: float, count: int = 1) -> list[Any]:
+        calls.append(("received", count))
+        return orig_r(key, now, count)
 
-    def finished(key: Sub, n: int, now: float) -> list[Any]:
-        calls.append(("finished", n))
-        return orig_f(key, n, now)
+    def finished(key: Sub, now: float, count: int = 1) -> list[Any]:
+        calls.append(("finished", count))
+        return orig_f(key, now, count)
 
-    flow.messages_received = received  # type: ignore[method-assign]
-    flow.messages_finished = finished  # type: ignore[method-assign]
+    flow.message_received = received  # type: ignore[method-assign]
+    flow.message_finished = finished  # type: ignore[method-assign]
     rig.deliver(500)
     await turns(4)
     assert ("received", 500) in calls and sum(n for k, n in calls if k == "finished") == 500

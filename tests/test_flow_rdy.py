@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -16,6 +17,7 @@ from smartnsq.flow.rdy import (
     RdyController,
     ScheduleTimer,
     SendRdy,
+    _messages_until_due,
     is_conn_starved,
     per_connection_target,
     rdy_update_due,
@@ -299,6 +301,10 @@ def test_argument_errors() -> None:
         ctl.add_connection("b", 0, 0.0)
     with pytest.raises(ConfigError):
         ctl.set_max_in_flight(-1, 0.0)
+    with pytest.raises(ConfigError):
+        ctl.message_received("a", 0.0, count=-1)
+    with pytest.raises(ConfigError):
+        ctl.message_finished("a", 0.0, count=-1)
 
 
 def test_unknown_connection_events_are_harmless() -> None:
@@ -455,3 +461,161 @@ def test_full_jitter_window_is_random_and_bounded() -> None:
     ctl = two_busy_connections(backoff_strategy="full_jitter")
     pause = timer(ctl.message_requeued("a", 0.0))
     assert 0.0 <= pause.delay < 2.0
+
+
+# -- batched events ----------------------------------------------------------------------------
+
+
+def state(ctl: RdyController[Any]) -> tuple[Any, ...]:
+    """Everything that decides a controller's future answers, for comparing two of them.
+    Private on purpose: equivalence must hold for the hidden counters too, not only for
+    what the public views show."""
+    conns = {k: dataclasses.replace(c) for k, c in ctl._conns.items()}
+    return (conns, ctl._total, ctl._max_in_flight, ctl._timer_token, ctl._tokens,
+            ctl._backoff.level, ctl._backoff.window_active, ctl._rng.getstate())
+
+
+def test_messages_until_due_matches_the_25_percent_rule() -> None:
+    for last_rdy in range(0, 60):
+        for received in range(0, 70):
+            n = _messages_until_due(last_rdy, received)
+            assert n >= 1 and rdy_update_due(last_rdy, received + n)
+            # the first such count: one message less is not due (a count of 0 never is)
+            assert n == 1 or not rdy_update_due(last_rdy, received + n - 1)
+
+
+def test_batched_receive_ramps_at_the_first_due_message() -> None:
+    ctl = controller(max_in_flight=10)
+    single = controller(max_in_flight=10)
+    for c in (ctl, single):
+        c.add_connection("a", 2500, 0.0)
+    assert ctl.message_received("a", 1.0, count=4) == [SendRdy("a", 10)]
+    assert [single.message_received("a", 1.0) for _ in range(4)] == [
+        [SendRdy("a", 10)], [], [], []]
+    assert ctl.in_flight("a") == 4
+    # the 3 messages after the raise count against RDY 10, as one by one
+    assert ctl._conns["a"].received == 3
+    assert state(ctl) == state(single)
+
+
+def test_batched_receive_below_the_threshold_sends_nothing() -> None:
+    ctl = controller(max_in_flight=8)
+    ctl.add_connection("a", 2500, 0.0)
+    ctl.message_received("a", 0.0)
+    assert ctl.message_received("a", 0.0, count=6) == []  # 7 of 8: 1 left, not below 25 %
+    assert ctl.in_flight("a") == 7 and ctl.rdy("a") == 8
+
+
+def test_batch_of_zero_changes_nothing() -> None:
+    ctl = two_busy_connections()
+    before = state(ctl)
+    assert ctl.message_received("a", 5.0, count=0) == []
+    assert ctl.message_finished("a", 5.0, count=0) == []
+    assert state(ctl) == before
+
+
+def test_batched_finish_clamps_in_flight() -> None:
+    ctl = controller(max_in_flight=10)
+    ctl.add_connection("a", 2500, 0.0)
+    ctl.message_received("a", 0.0, count=3)
+    assert ctl.message_finished("a", 0.0, count=5) == []
+    assert ctl.in_flight("a") == 0
+
+
+def test_batched_finish_is_one_backoff_success() -> None:
+    # Level 2: a batch of finishes lowers the level by one and opens a window, exactly like
+    # the same finishes one by one (the window ignores all but the first).
+    ctl = two_busy_connections()
+    ctl.message_requeued("a", 0.0)
+    ctl.timer_fired(1, 2.0)
+    ctl.message_requeued("a", 2.1)
+    ctl.timer_fired(2, 6.1)
+    assert ctl.backoff_level == 2
+    tester = next(k for k, v in rdys(ctl).items() if v)
+    ctl.message_received(tester, 6.15)
+    assert ctl.message_finished(tester, 6.2, count=3) == [SendRdy(tester, 0),
+                                                          ScheduleTimer(2.0, 3)]
+    assert ctl.backoff_level == 1 and ctl.backoff_window_active
+    # level 1: the batch ends backoff; the rest of it has no level left to lower
+    ctl.timer_fired(3, 8.2)
+    actions = ctl.message_finished("b", 8.3, count=4)
+    assert sorted(sends(actions), key=lambda a: a.conn) == [SendRdy("a", 5), SendRdy("b", 5)]
+    assert not ctl.in_backoff
+
+
+# One event of a history: (name, connection index, count or other argument). Few
+# connections and batched events drawn twice as often, so that batches meet connections
+# with messages in flight and every RDY mode.
+_KEY = st.integers(0, 3)
+_RECV = st.tuples(st.just("recv"), _KEY, st.integers(0, 12))
+_FIN = st.tuples(st.just("fin"), _KEY, st.integers(0, 12))
+EVENTS = st.one_of(
+    _RECV, _FIN, _RECV, _FIN,
+    st.tuples(st.just("add"), _KEY, st.integers(1, 6)),
+    st.tuples(st.just("remove"), _KEY, st.just(0)),
+    st.tuples(st.sampled_from(["req", "req_no_backoff"]), _KEY, st.just(0)),
+    st.tuples(st.just("timer"), st.just(0), st.just(0)),
+    st.tuples(st.just("advance"), st.just(0), st.sampled_from([0, 1, 5, 11, 31])),
+    st.tuples(st.just("max_in_flight"), st.just(0), st.integers(0, 12)),
+    st.tuples(st.just("redistribute"), st.just(0), st.just(0)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    max_in_flight=st.integers(1, 12),
+    jitter=st.booleans(),
+    max_backoff=st.sampled_from([120.0, 3.0, 0.0]),
+    enabled=st.booleans(),
+    seed=st.integers(0, 2**16),
+    events=st.lists(EVENTS, min_size=10, max_size=80),
+)
+def test_batched_calls_equal_repeated_single_calls(
+    max_in_flight: int, jitter: bool, max_backoff: float, enabled: bool, seed: int,
+    events: list[tuple[str, int, int]],
+) -> None:
+    """Over any history, a controller fed ``count``-message events answers and ends up
+    exactly like one fed the same messages one by one (same seed, so equal random draws
+    too): per event the concatenated single-call actions equal the batched ones."""
+    config = {"max_in_flight": max_in_flight, "max_backoff_duration": max_backoff,
+              "backoff_enabled": enabled,
+              "backoff_strategy": "full_jitter" if jitter else "exponential"}
+    batched = controller(seed, **config)
+    single = controller(seed, **config)
+    now = 0.0
+    keys = [f"c{i}" for i in range(4)]
+    for name, i, arg in events:
+        key = keys[i]
+        if name == "recv":
+            got = batched.message_received(key, now, count=arg)
+            want: list[Action[str]] = []
+            for _ in range(arg):
+                want += single.message_received(key, now)
+        elif name == "fin":
+            got = batched.message_finished(key, now, count=arg)
+            want = []
+            for _ in range(arg):
+                want += single.message_finished(key, now)
+        elif name == "advance":
+            now += arg
+            continue
+        else:
+            got, want = (_single_event(c, name, key, arg, now) for c in (batched, single))
+        assert got == want
+        assert state(batched) == state(single)
+
+
+def _single_event(ctl: RdyController[str], name: str, key: str, arg: int,
+                  now: float) -> list[Action[str]]:
+    if name == "add":
+        return [] if key in ctl else ctl.add_connection(key, arg, now)
+    if name == "remove":
+        return ctl.remove_connection(key, now)
+    if name in ("req", "req_no_backoff"):
+        return ctl.message_requeued(key, now, backoff=name == "req")
+    if name == "timer":
+        return ctl.timer_fired(ctl._timer_token or 0, now)
+    if name == "max_in_flight":
+        return ctl.set_max_in_flight(arg, now)
+    assert name == "redistribute"
+    return ctl.redistribute(now)

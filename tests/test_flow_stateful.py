@@ -7,6 +7,11 @@ finishes and requeues them, moves time, fires the backoff
 timer, changes max_in_flight and runs redistribution. After every step it checks the
 contract's invariants and the controller's stronger mode invariants.
 
+Messages are received and finished one at a time and also in batches (``count``), as the
+consumer reports them. A twin controller with the same seed is fed every event too, but
+each batch as that many single calls: it must answer with the same actions, and end up in
+the same state, at every step.
+
 max_in_flight 0 while a backoff window ends is covered: the controller then hands out no
 test-the-waters RDY at all (it would break total <= max_in_flight), and gives it when
 max_in_flight is raised again, so the bound below holds with no exception.
@@ -56,6 +61,7 @@ class FlowMachine(RuleBasedStateMachine):
         self.stale: list[int] = []
         self.config = ConsumerConfig()
         self.ctl: RdyController[int] = RdyController(self.config)
+        self.twin: RdyController[int] = RdyController(self.config)
 
     @initialize(
         max_in_flight=st.integers(1, 6),
@@ -85,8 +91,26 @@ class FlowMachine(RuleBasedStateMachine):
             backoff_enabled=enabled,
         )
         self.ctl = RdyController(self.config, rng=random.Random(seed))
+        self.twin = RdyController(self.config, rng=random.Random(seed))
         for max_rdy in max_rdys:
             self.add_connection(max_rdy)
+
+    # -- feeding events to both controllers -------------------------------------------------
+
+    def event(self, method: str, *args: Any, **kwargs: Any) -> list[Action[int]]:
+        """Call ``method`` on the controller and its twin; both must answer the same."""
+        actions: list[Action[int]] = getattr(self.ctl, method)(*args, **kwargs)
+        assert getattr(self.twin, method)(*args, **kwargs) == actions
+        return actions
+
+    def batch(self, method: str, key: int, count: int) -> list[Action[int]]:
+        """``count`` messages in one call; the twin gets ``count`` single calls."""
+        actions: list[Action[int]] = getattr(self.ctl, method)(key, self.now, count=count)
+        unrolled: list[Action[int]] = []
+        for _ in range(count):
+            unrolled += getattr(self.twin, method)(key, self.now)
+        assert unrolled == actions
+        return actions
 
     # -- executing actions like a consumer -------------------------------------------------
 
@@ -126,7 +150,7 @@ class FlowMachine(RuleBasedStateMachine):
         self.max_rdy[key] = max_rdy
         self.in_flight[key] = 0
         self.in_transit[key] = 0
-        self.execute(self.ctl.add_connection(key, max_rdy, self.now))
+        self.execute(self.event("add_connection", key, max_rdy, self.now))
 
     @precondition(lambda self: self.wire)
     @rule(data=st.data())
@@ -136,7 +160,7 @@ class FlowMachine(RuleBasedStateMachine):
         del self.wire[key]
         del self.max_rdy[key]
         del self.in_transit[key]
-        self.execute(self.ctl.remove_connection(key, self.now))
+        self.execute(self.event("remove_connection", key, self.now))
 
     @precondition(lambda self: any(r > self.in_flight[k] for k, r in self.wire.items()))
     @rule(data=st.data(), count=st.integers(1, 4))
@@ -148,7 +172,22 @@ class FlowMachine(RuleBasedStateMachine):
                 break
             key = data.draw(st.sampled_from(ready))
             self.in_flight[key] += 1
-            self.execute(self.ctl.message_received(key, self.now))
+            self.execute(self.event("message_received", key, self.now))
+
+    @precondition(lambda self: any(r > self.in_flight[k] or self.in_transit[k]
+                                   for k, r in self.wire.items()))
+    @rule(data=st.data())
+    def receive_batch(self, data: st.DataObject) -> None:
+        """One socket read: nsqd delivered k messages on one connection (what its window
+        allows, then stragglers), reported in one call."""
+        ready = sorted(k for k, r in self.wire.items()
+                       if r > self.in_flight[k] or self.in_transit[k])
+        key = data.draw(st.sampled_from(ready))
+        window = max(0, self.wire[key] - self.in_flight[key])
+        count = data.draw(st.integers(1, window + self.in_transit[key]))
+        self.in_transit[key] -= max(0, count - window)
+        self.in_flight[key] += count
+        self.execute(self.batch("message_received", key, count))
 
     @precondition(lambda self: any(self.in_transit.values()))
     @rule(data=st.data())
@@ -157,7 +196,7 @@ class FlowMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(k for k, n in self.in_transit.items() if n)))
         self.in_transit[key] -= 1
         self.in_flight[key] += 1
-        self.execute(self.ctl.message_received(key, self.now))
+        self.execute(self.event("message_received", key, self.now))
 
     @precondition(lambda self: any(self.in_flight.values()))
     @rule(data=st.data(), outcomes=st.lists(
@@ -172,16 +211,32 @@ class FlowMachine(RuleBasedStateMachine):
             self.in_flight[key] -= 1
             self.execute(self.answer(key, outcome))
 
+    @precondition(lambda self: any(self.in_flight.values()))
+    @rule(data=st.data())
+    def finish_batch(self, data: st.DataObject) -> None:
+        """The FINs of one loop turn on one connection, reported in one call."""
+        key = data.draw(st.sampled_from(sorted(k for k, n in self.in_flight.items() if n)))
+        count = data.draw(st.integers(1, self.in_flight[key]))
+        self.in_flight[key] -= count
+        self.execute(self.batch("message_finished", key, count))
+
     @precondition(lambda self: self.orphans > 0)
     @rule(outcome=st.sampled_from(["fin", "req", "req_no_backoff"]))
     def respond_after_close(self, outcome: str) -> None:
         self.orphans -= 1
         self.execute(self.answer(GONE, outcome))
 
+    @precondition(lambda self: self.orphans > 0)
+    @rule(data=st.data())
+    def finish_batch_after_close(self, data: st.DataObject) -> None:
+        count = data.draw(st.integers(1, self.orphans))
+        self.orphans -= count
+        self.execute(self.batch("message_finished", GONE, count))
+
     def answer(self, key: int, outcome: str) -> list[Action[int]]:
         if outcome == "fin":
-            return self.ctl.message_finished(key, self.now)
-        return self.ctl.message_requeued(key, self.now, backoff=outcome == "req")
+            return self.event("message_finished", key, self.now)
+        return self.event("message_requeued", key, self.now, backoff=outcome == "req")
 
     @rule(dt=st.sampled_from([0.1, 1.0, 5.0, 10.5, 31.0]))
     def advance(self, dt: float) -> None:
@@ -195,21 +250,21 @@ class FlowMachine(RuleBasedStateMachine):
         self.now = max(self.now, due)
         self.timer = None
         self.stale.append(token)
-        self.execute(self.ctl.timer_fired(token, self.now))
+        self.execute(self.event("timer_fired", token, self.now))
 
     @precondition(lambda self: self.stale)
     @rule(data=st.data())
     def fire_stale_timer(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(self.stale))
-        assert self.ctl.timer_fired(token, self.now) == []
+        assert self.event("timer_fired", token, self.now) == []
 
     @rule(max_in_flight=st.integers(0, 6))
     def set_max_in_flight(self, max_in_flight: int) -> None:
-        self.execute(self.ctl.set_max_in_flight(max_in_flight, self.now))
+        self.execute(self.event("set_max_in_flight", max_in_flight, self.now))
 
     @rule()
     def redistribute(self) -> None:
-        self.execute(self.ctl.redistribute(self.now))
+        self.execute(self.event("redistribute", self.now))
 
     @precondition(
         lambda self: self.wire and self.ctl.max_in_flight >= 1 and not self.ctl.in_backoff
@@ -221,12 +276,24 @@ class FlowMachine(RuleBasedStateMachine):
         max_in_flight covers them all."""
         for _ in range(3):
             self.now += self.config.low_rdy_timeout + 1.0
-            self.execute(self.ctl.redistribute(self.now))
+            self.execute(self.event("redistribute", self.now))
         assert any(self.wire.values())
         if self.ctl.max_in_flight >= len(self.wire):
             assert all(r >= 1 for r in self.wire.values())
 
     # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def twin_matches(self) -> None:
+        """Batched and unrolled events left both controllers in the same state, hidden
+        counters and random generator included."""
+        a, b = self.ctl, self.twin
+        assert a._conns == b._conns
+        assert (a._total, a._max_in_flight, a._timer_token, a._tokens) == (
+            b._total, b._max_in_flight, b._timer_token, b._tokens)
+        assert (a.backoff_level, a.backoff_window_active) == (
+            b.backoff_level, b.backoff_window_active)
+        assert a._rng.getstate() == b._rng.getstate()
 
     @invariant()
     def wire_matches_controller(self) -> None:

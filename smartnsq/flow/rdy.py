@@ -95,6 +95,12 @@ def rdy_update_due(last_rdy: int, received: int) -> bool:
     return last_rdy == 0 or 4 * remaining < last_rdy
 
 
+def _messages_until_due(last_rdy: int, received: int) -> int:
+    """How many more messages make :func:`rdy_update_due` true (at least 1): the update is
+    due once ``received > 3/4 × last_rdy``, i.e. from ``3 × last_rdy // 4 + 1`` on."""
+    return max(1, 3 * last_rdy // 4 + 1 - received)
+
+
 def is_conn_starved(in_flight: int, last_rdy: int) -> bool:
     """The contract's starvation test: messages in flight and at least 85 % of the last
     RDY used (exact: ``in_flight >= 0.85 × last_rdy`` without float rounding)."""
@@ -130,6 +136,11 @@ class RdyController(Generic[K]):
     Every event method returns the actions to execute, in order: RDY decreases come before
     increases so the total on the wire never exceeds ``max_in_flight`` in between, and a
     connection appears at most once per batch.
+
+    :meth:`message_received` and :meth:`message_finished` take a ``count`` so that a
+    consumer can report a whole socket read or loop turn at once: per message the event
+    alone would cost a sizeable part of the per-message budget at high rates. A batched
+    call is exactly ``count`` single calls at the same time, actions and state alike.
     """
 
     def __init__(self, config: ConsumerConfig, *, rng: random.Random | None = None) -> None:
@@ -215,28 +226,63 @@ class RdyController(Generic[K]):
         self._rebalance()
         return self._commit(now)
 
-    def message_received(self, key: K, now: float) -> list[Action[K]]:
-        """A message arrived on ``key``; may raise its RDY (the 25 % rule)."""
+    def message_received(self, key: K, now: float, count: int = 1) -> list[Action[K]]:
+        """``count`` messages arrived on ``key``; may raise its RDY (the 25 % rule).
+
+        Exactly the same actions and state as ``count`` calls with one message each at the
+        same ``now`` (a consumer reports the messages of one socket read at once). Of
+        those calls at most one can change RDY: the first one after which the update is
+        due. Its new value depends only on the target, ``max_rdy`` and the other
+        connections' RDY, none of which a message changes, so the checks after it find
+        nothing to do. That call's messages are counted before the check and the rest
+        against the new RDY, as one by one.
+        """
+        if count < 0:
+            raise ConfigError(f"count must be >= 0, got {count}")
         conn = self._conns.get(key)
-        if conn is None:
+        if conn is None or count == 0:
             return []
-        conn.in_flight += 1
-        conn.received += 1
         conn.last_message_at = now
         # Nothing but the backoff machinery moves RDY while backing off.
         if self._backoff.in_backoff or self._backoff.window_active:
+            conn.in_flight += count
+            conn.received += count
             return []
-        if rdy_update_due(conn.rdy, conn.received):
-            want = min(per_connection_target(self._max_in_flight, len(self._conns)),
-                       conn.max_rdy)
-            # The budget clamp in _set keeps a straggler on a connection whose RDY was
-            # taken back (rotating mode) from stealing it back.
-            self._set(key, conn, want)
-        return self._commit(now)
+        head = _messages_until_due(conn.rdy, conn.received)
+        if head > count:
+            conn.in_flight += count
+            conn.received += count
+            return []
+        conn.in_flight += head
+        conn.received += head
+        want = min(per_connection_target(self._max_in_flight, len(self._conns)), conn.max_rdy)
+        # The budget clamp in _set keeps a straggler on a connection whose RDY was
+        # taken back (rotating mode) from stealing it back.
+        self._set(key, conn, want)
+        actions = self._commit(now)
+        # After _commit: these count against the RDY it may just have sent.
+        conn.in_flight += count - head
+        conn.received += count - head
+        return actions
 
-    def message_finished(self, key: K, now: float) -> list[Action[K]]:
-        """The message was FINished (handled, or given up): a backoff success."""
-        self._message_done(key)
+    def message_finished(self, key: K, now: float, count: int = 1) -> list[Action[K]]:
+        """``count`` messages of ``key`` were FINished (handled, or given up): backoff
+        successes.
+
+        Exactly the same actions and state as ``count`` calls with one message each at the
+        same ``now``. For backoff that is one success, whatever ``count``: the first
+        success either changes nothing (backoff disabled, not backing off, or a window
+        running -- then neither do the others), or brings the level to 0 (further successes
+        have no level to lower), or opens a new window (which ignores the rest). So a batch
+        of finishes never lowers the level by more than one.
+        """
+        if count < 0:
+            raise ConfigError(f"count must be >= 0, got {count}")
+        if count == 0:
+            return []
+        # RDY decisions do not read in_flight, so lowering it by the whole batch before the
+        # one counted success gives the same result as interleaving.
+        self._message_done(key, count)
         self._apply(self._backoff.success())
         return self._commit(now)
 
@@ -295,11 +341,11 @@ class RdyController(Generic[K]):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _message_done(self, key: K) -> None:
+    def _message_done(self, key: K, count: int = 1) -> None:
         conn = self._conns.get(key)
         # Clamped: a late response must not drive the count negative.
-        if conn is not None and conn.in_flight > 0:
-            conn.in_flight -= 1
+        if conn is not None:
+            conn.in_flight = max(0, conn.in_flight - count)
 
     def _apply(self, transition: Transition) -> None:
         if isinstance(transition, Pause):
