@@ -25,7 +25,7 @@ from smartnsq.errors import (
     ProtocolError,
     TLSError,
 )
-from smartnsq.protocol.frames import OK
+from smartnsq.protocol.frames import MAGIC_V2, OK
 from tests.scripted_server import (
     YOUZAN_VERSION,
     Peer,
@@ -405,3 +405,57 @@ async def test_connect_twice_and_close_before_connect() -> None:
     assert conn.is_closed
     with pytest.raises(Exception, match="closed"):
         await conn.connect()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+async def test_local_address_is_the_peer_address_the_server_saw(tls: bool,
+                                                                tmp_path: Path) -> None:
+    files = make_tls(tmp_path) if tls else None
+    seen: list[str] = []
+    after_dial: list[str | None] = []
+    conn: Connection | None = None
+
+    async def script(p: Peer) -> None:
+        host, port = p.writer.get_extra_info("peername")[:2]
+        seen.append(f"{host}:{port}")
+        # the magic arrives once the client's TCP connection is up, before the handshake
+        assert await p.read_magic() == MAGIC_V2
+        assert conn is not None
+        after_dial.append(conn.local_address)
+        cmd = await p.expect(b"IDENTIFY")
+        assert cmd.body is not None
+        if files is None:
+            p.send_response(OK)
+        else:
+            p.send_response(json.dumps({"version": "1.3.0", "tls_v1": True}).encode())
+            await p.start_tls(files.server_ctx)
+            p.send_response(OK)
+        await p.expect_eof()
+
+    config = cfg() if files is None else cfg(tls=TLSConfig(enabled=True,
+                                                            ca_file=files.ca_file))
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, config)
+        assert conn.local_address is None  # before connect()
+        await conn.connect()
+        assert conn.tls is tls
+        assert conn.local_address == seen[0]
+        assert after_dial == seen
+        await conn.close()
+        assert conn.local_address is None  # after close
+
+
+async def test_local_address_is_none_after_a_failed_connect_or_a_lost_connection() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        p.close()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        await conn.wait_closed()
+        assert conn.local_address is None
+    refused = Connection("127.0.0.1", 1, cfg(dial_timeout=2.0))
+    with pytest.raises(NSQConnectionError):
+        await refused.connect()
+    assert refused.local_address is None

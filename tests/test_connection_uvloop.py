@@ -63,6 +63,9 @@ def test_tls_snappy_publish_and_consume_on_uvloop(tmp_path: Path) -> None:
                 on_message=on_message)
             await conn.connect()
             assert conn.tls and conn.compression == "snappy"
+            # uvloop's transports report the socket address too
+            peer = srv.peers[0].writer.get_extra_info("peername")
+            assert conn.local_address == f"{peer[0]}:{peer[1]}"
             await asyncio.gather(*(conn.publish("t", b"x" * 200) for _ in range(100)))
             await conn.subscribe("t", "c")
             conn.send_rdy(50)

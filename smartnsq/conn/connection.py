@@ -260,6 +260,17 @@ class Connection:
         return self._wire is not None and self._wire.tls
 
     @property
+    def local_address(self) -> str | None:
+        """Our end of the socket as ``host:port`` (``[host]:port`` for IPv6): the client
+        address nsqd sees and reports for this connection. Set once the TCP connection is
+        made (so already during the handshake); None before ``connect()`` and once the
+        connection is closed."""
+        wire = self._wire
+        if wire is None or self._state is State.CLOSED:
+            return None
+        return wire.local_address
+
+    @property
     def compression(self) -> Literal["snappy", "deflate"] | None:
         ident = self._identify
         if ident is None or self._wire is None or self._wire.decoder is None:

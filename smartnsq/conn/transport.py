@@ -45,6 +45,15 @@ def tls_context(cfg: TLSConfig) -> ssl.SSLContext:
     return ctx
 
 
+def host_port(sockname: object) -> str | None:
+    """``host:port`` (``[host]:port`` for IPv6) from a socket address tuple, None for
+    anything else."""
+    if not isinstance(sockname, tuple) or len(sockname) < 2:
+        return None
+    host = str(sockname[0])
+    return f"[{host}]:{sockname[1]}" if ":" in host else f"{host}:{sockname[1]}"
+
+
 class Wire(asyncio.Protocol):
     """See the module docstring. Callbacks:
 
@@ -71,6 +80,8 @@ class Wire(asyncio.Protocol):
         self._flush_scheduled = False
         self._lost = False
         self._tls = False
+        #: our end of the socket as ``host:port`` once connected
+        self.local_address: str | None = None
         #: True while the transport's buffer is above its high-water mark
         self.paused = False
         self._drain_fut: asyncio.Future[None] | None = None
@@ -88,6 +99,9 @@ class Wire(asyncio.Protocol):
         # uvloop's transports implement the interface without subclassing asyncio.Transport
         t = self._transport = cast(asyncio.Transport, transport)
         t.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        # Read once: a TLS upgrade keeps the socket, and after the socket is closed some
+        # transports (uvloop) can no longer answer.
+        self.local_address = host_port(t.get_extra_info("sockname"))
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)

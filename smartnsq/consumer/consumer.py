@@ -123,22 +123,6 @@ def _is_async_callable(fn: object) -> bool:
                for k in type(fn).__mro__)
 
 
-def _local_address(conn: Connection) -> str | None:
-    """``host:port`` of our end of ``conn``, for trace logs."""
-    addr = getattr(conn, "local_address", None)
-    if isinstance(addr, str):
-        return addr
-    # Connection does not expose the socket yet; read it from its transport
-    transport = getattr(getattr(conn, "_wire", None), "_transport", None)
-    if transport is None:
-        return None
-    sock = transport.get_extra_info("sockname")
-    if isinstance(sock, tuple) and len(sock) >= 2:
-        host = str(sock[0])
-        return f"[{host}]:{sock[1]}" if ":" in host else f"{host}:{sock[1]}"
-    return None
-
-
 class Sub:
     """One subscription: a connection to one endpoint. It answers messages for them
     (:class:`smartnsq.message.MessageOwner`) and is what the connection set runs
@@ -627,7 +611,7 @@ class Consumer:
             if sub.partition is not None and (offset is not None or seek is not None):
                 self._positioned.add(sub.partition)
                 sub.seeked = True
-            sub.local_address = _local_address(conn)
+            sub.local_address = conn.local_address
         except BaseException:
             sub.closed = True
             await conn.close()
