@@ -241,7 +241,7 @@ def print_targets(results: dict[str, list[Result]], ceiling: dict[str, float] | 
         cap = 1e6 / r.cpu_us_per_msg if r.cpu else 0.0
         ceil = ceiling.get(sc.ceiling) if ceiling and sc.ceiling else None
         rate_ok = "met" if r.rate >= min_rate else (
-            f"not met on the wire (server ceiling {_k(ceil)})" if ceil and r.rate >= 0.8 * ceil
+            f"not met: server-bound, ceiling {_k(ceil)}" if ceil and r.rate >= 0.8 * ceil
             else "not met")
         cap_ok = "≥" if cap >= min_rate else "<"
         text = (f"  {sc.label}: target ≥ {_k(min_rate)} msg/s"
