@@ -99,7 +99,7 @@ def test_round_robin_starts_at_one_and_skips_missing_leaders() -> None:
     assert [route.pick() for _ in range(8)] == [1, 2, 3, 0, 1, 2, 3, 0]
     route = TopicRoute(_view({0: 0, 2: 2, 3: 0}, 4))  # partition 1 has no leader
     picks = [route.pick() for _ in range(6)]
-    assert 1 not in picks
+    assert picks.count(1) == 0  # the leaderless partition is never picked
     assert sorted(set(picks)) == [0, 2, 3]
     route.drop(2, _node(2).address)
     assert 2 not in [route.pick() for _ in range(6)]
