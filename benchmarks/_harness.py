@@ -9,7 +9,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -112,3 +112,20 @@ def run_peer(script: str, *args: str, timeout: float = 300) -> list[Result]:
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
         print(f"  ! {script} {' '.join(args[:1])} failed: {' | '.join(tail)}", file=sys.stderr)
     return results
+
+
+def peer_main(publish: Callable[[str, str, int, str], Result],
+              consume: Callable[[str, str, int], Result]) -> None:
+    """Command line of a peer script: ``SCENARIO --nsqd ADDR --topic T --count N``."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario")
+    ap.add_argument("--nsqd", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--count", type=int, default=100_000)
+    a = ap.parse_args()
+    if a.scenario == "consume_fin":
+        consume(a.nsqd, a.topic, a.count).emit()
+    else:
+        publish(a.nsqd, a.topic, a.count, a.scenario).emit()

@@ -5,7 +5,6 @@ Usage: peer_pynsq.py SCENARIO --nsqd HOST:PORT --topic T --count N
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
@@ -13,7 +12,7 @@ import nsq  # type: ignore[import-not-found]
 import tornado.ioloop  # type: ignore[import-not-found]
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _harness import BODY, Meter, Result
+from _harness import BODY, Meter, Result, peer_main
 
 
 def publish(addr: str, topic: str, count: int, scenario: str) -> Result:
@@ -73,18 +72,5 @@ def consume(addr: str, topic: str, count: int) -> Result:
     return Result("pynsq", "consume_fin", count, meter.wall, meter.cpu)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("scenario")
-    ap.add_argument("--nsqd", required=True)
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--count", type=int, default=100_000)
-    a = ap.parse_args()
-    if a.scenario == "consume_fin":
-        consume(a.nsqd, a.topic, a.count).emit()
-    else:
-        publish(a.nsqd, a.topic, a.count, a.scenario).emit()
-
-
 if __name__ == "__main__":
-    main()
+    peer_main(publish, consume)
