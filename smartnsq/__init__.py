@@ -20,6 +20,7 @@ from smartnsq.config import (
 from smartnsq.errors import (
     ClientClosedError,
     ConfigError,
+    EventLoopError,
     InvalidNameError,
     LookupFailedError,
     NoLeaderError,
@@ -74,6 +75,7 @@ __all__ = [
     "ConnectionConfig",
     "Consumer",
     "ConsumerConfig",
+    "EventLoopError",
     "HttpProducer",
     "InvalidNameError",
     "Lookup",

@@ -70,6 +70,10 @@ class ClientClosedError(NSQError):
     """The producer, consumer or connection was used after ``close()``."""
 
 
+class EventLoopError(NSQError, RuntimeError):
+    """A client was used from another event loop or thread than the one it runs on."""
+
+
 class LookupFailedError(NSQError):
     """No nsqlookupd answered usefully for a topic."""
 
