@@ -27,7 +27,7 @@ import math
 import random
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar
 
 import aiohttp
@@ -210,6 +210,7 @@ class Consumer:
     ``giving_up`` receives messages delivered more than ``config.max_attempts`` times; they
     are finished without reaching the handler (default: a warning is logged).
     ``start_at`` (youzan, lookups only) positions the channel once per partition at start.
+    ``partitions`` (youzan, lookups only) subscribes to those partitions only.
     ``trace`` is the trace switch to obey (default: the process-wide
     ``smartnsq.trace.switch``); any object with ``is_on(topic)`` will do.
 
@@ -232,6 +233,7 @@ class Consumer:
         giving_up: GivingUpCallback | None = None,
         start_at: StartAt | None = None,
         trace: _trace.TraceToggle | None = None,
+        partitions: Collection[int] | None = None,
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
@@ -255,6 +257,10 @@ class Consumer:
         if sources != 1:
             raise ConfigError("give exactly one of nsqd_tcp_addresses, "
                               "lookupd_http_addresses and lookup")
+        only = self._check_partitions(partitions)
+        if only is not None and nsqd_tcp_addresses is not None:
+            raise ConfigError("partitions= needs lookupd_http_addresses or lookup= (the "
+                              "partition leaders come from the lookup)")
         discovery: Discovery
         if nsqd_tcp_addresses is not None:
             discovery = DirectDiscovery(nsqd_tcp_addresses)
@@ -264,9 +270,9 @@ class Consumer:
             discovery = LookupDiscovery(self.topic, config=LookupConfig(
                 addresses=tuple(lookupd_http_addresses),
                 poll_interval=config.lookupd_poll_interval,
-                poll_jitter=config.lookupd_poll_jitter))
+                poll_jitter=config.lookupd_poll_jitter), partitions=only)
         else:
-            discovery = LookupDiscovery(self.topic, lookup=lookup)
+            discovery = LookupDiscovery(self.topic, lookup=lookup, partitions=only)
         self._start_at = self._check_start_at(start_at, discovery)
         if self._ordered and discovery.kind != "lookupd":
             raise ConfigError("ordered consumption subscribes per partition, which needs "
@@ -327,6 +333,19 @@ class Consumer:
         self._connects = 0
 
     # ------------------------------------------------------------------ validation
+
+    @staticmethod
+    def _check_partitions(partitions: Collection[int] | None) -> frozenset[int] | None:
+        if partitions is None:
+            return None
+        if isinstance(partitions, str | bytes) or not isinstance(partitions, Collection):
+            raise ConfigError("partitions must be a collection of partition ids")
+        for p in partitions:
+            if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+                raise ConfigError(f"partitions: a partition id must be an int >= 0, got {p!r}")
+        if not partitions:
+            raise ConfigError("partitions must not be empty (None subscribes to all)")
+        return frozenset(partitions)
 
     @staticmethod
     def _check_start_at(start_at: StartAt | None,

@@ -143,10 +143,14 @@ class DirectDiscovery(Discovery):
         return None
 
 
-def topology_from_view(view: TopicView) -> Topology:
-    """Endpoints for every partition leader and every non-partitioned nsqd of ``view``."""
+def topology_from_view(view: TopicView,
+                       partitions: frozenset[int] | None = None) -> Topology:
+    """Endpoints for every partition leader and every non-partitioned nsqd of ``view``
+    (only the leaders of ``partitions`` when given)."""
     endpoints: dict[EndpointKey, Endpoint] = {}
     for node, partition in view.targets():
+        if partitions is not None and partition not in partitions:
+            continue
         ep = Endpoint(node.address, node.broadcast_address, node.tcp_port, partition,
                       node.http_address if node.http_port else None)
         endpoints[ep.key] = ep
@@ -173,13 +177,16 @@ class LookupDiscovery(Discovery):
     kind = "lookupd"
 
     def __init__(self, topic: str, *, lookup: Lookup | None = None,
-                 config: LookupConfig | None = None) -> None:
+                 config: LookupConfig | None = None,
+                 partitions: frozenset[int] | None = None) -> None:
         if (lookup is None) == (config is None):
             raise ConfigError("LookupDiscovery needs exactly one of lookup= and config=")
         if lookup is not None and not isinstance(lookup, Lookup):
             raise ConfigError(f"lookup must be a smartnsq.lookup.Lookup, got "
                               f"{type(lookup).__name__}")
         self._topic = topic
+        #: subscribe only to these partitions (None: all)
+        self._partitions = partitions
         self._own = lookup is None
         self._lookup = lookup if lookup is not None else Lookup(config)  # type: ignore[arg-type]
         self._sub: Subscription | None = None
@@ -200,12 +207,12 @@ class LookupDiscovery(Discovery):
             log.warning("topic %r: no lookupd answered yet (%s); retrying every poll",
                         self._topic, exc)
             return Topology()
-        return topology_from_view(view)
+        return topology_from_view(view, self._partitions)
 
     def _changed(self, change: TopicChange) -> None:
         if self._closed or change.view is None or self._on_update is None:
             return
-        self._on_update(topology_from_view(change.view))
+        self._on_update(topology_from_view(change.view, self._partitions))
 
     def connection_lost(self, endpoint: Endpoint, stale_leader: bool) -> None:
         if self._closed:
@@ -223,7 +230,7 @@ class LookupDiscovery(Discovery):
             if current is None:
                 return False
             view = current
-        return endpoint.key in topology_from_view(view).endpoints
+        return endpoint.key in topology_from_view(view, self._partitions).endpoints
 
     async def close(self) -> None:
         if self._closed:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from smartnsq import trace as _trace
 from smartnsq.config import ConsumerConfig
@@ -76,6 +76,7 @@ class OrderedConsumer(Consumer):
         on_violation: OnViolation | None = None,
         start_at: StartAt | None = None,
         trace: _trace.TraceToggle | None = None,
+        partitions: Collection[int] | None = None,
     ) -> None:
         for name, cb in (("on_blocked", on_blocked), ("dead_letter", dead_letter),
                          ("on_violation", on_violation)):
@@ -86,7 +87,8 @@ class OrderedConsumer(Consumer):
                               "(it subscribes per partition, and partition leaders move)")
         super().__init__(topic, channel, handler,
                          lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
-                         config=config, start_at=start_at, trace=trace)
+                         config=config, start_at=start_at, trace=trace,
+                         partitions=partitions)
         self._on_blocked = on_blocked
         self._dead_letter = dead_letter
         self._on_violation = on_violation
