@@ -205,6 +205,12 @@ class Connection:
         self._closed_fut: asyncio.Future[None] | None = None
 
         self._rdy = 0
+        #: the highest RDY ever sent: the server may still act on it after a lower RDY
+        #: went out, so in-flight messages are checked against this (PROTOCOL.md §2.4)
+        self._rdy_max = 0
+        #: loop time since which messages have been continuously in flight (None: none)
+        self._busy_since: float | None = None
+        self._sub_answered = False
         self._in_flight = 0
         self._frames_in = 0
         self._messages_in = 0
@@ -580,6 +586,14 @@ class Connection:
                         f"nsqd {self.address} delivered a message on a connection without "
                         "a subscriber"))
                     return
+                # counted per message so a server ignoring RDY is stopped at once, before
+                # it can fill the consumer's memory
+                self._in_flight += 1
+                if self._in_flight > self._rdy_max and not self._may_exceed_rdy():
+                    self._fail(self._rdy_violation())
+                    return
+                if self._in_flight == 1:
+                    self._busy_since = self._loop.time()  # type: ignore[union-attr]
                 try:
                     on_message(self, msg)
                 except Exception:
@@ -597,7 +611,27 @@ class Connection:
                     break
         if n_messages:
             self._messages_in += n_messages
-            self._in_flight += n_messages
+
+    def _may_exceed_rdy(self) -> bool:
+        """More in flight than any RDY granted is legitimate only after the server timed
+        messages out (it then frees their slots and may redeliver them to us while we still
+        count the first copy): possible once messages have stayed unanswered on this
+        connection for the whole msg_timeout."""
+        if self._rdy_max == 0 or self._busy_since is None:
+            return False
+        assert self._loop is not None
+        return self._loop.time() - self._busy_since >= self.msg_timeout
+
+    def _rdy_violation(self) -> ProtocolError:
+        n = self._in_flight
+        if self._rdy_max == 0:
+            when = ("before answering SUB with OK" if not self._sub_answered
+                    else "before any RDY was sent")
+            return ProtocolError(f"nsqd {self.address} delivered a message {when}: "
+                                 "protocol violation, closing the connection")
+        return ProtocolError(
+            f"nsqd {self.address} delivered more messages than RDY allows: {n} in flight, "
+            f"highest RDY granted {self._rdy_max}: protocol violation, closing the connection")
 
     def _on_response(self, payload: bytes) -> None:
         waiters = self._waiters
@@ -605,7 +639,10 @@ class Connection:
             self._fail(ProtocolError(f"nsqd {self.address} sent a response nothing waits for: "
                                      f"{payload[:32]!r}"))
             return
-        fut = waiters.popleft()[0]
+        w = waiters.popleft()
+        fut = w[0]
+        if w[2] is CommandKind.SUBSCRIBE:
+            self._sub_answered = True
         if not fut.done():
             fut.set_result(payload)
         if not waiters and self._idle_fut is not None:
@@ -1046,6 +1083,8 @@ class Connection:
             return False
         self._write(command)
         self._rdy = n
+        if n > self._rdy_max:
+            self._rdy_max = n
         return True
 
     def fin(self, msg_id: bytes) -> bool:
@@ -1055,6 +1094,8 @@ class Connection:
         self._write(commands.fin(msg_id))
         if self._in_flight:
             self._in_flight -= 1
+            if not self._in_flight:
+                self._busy_since = None
         return True
 
     def req(self, msg_id: bytes, delay_ms: int = 0) -> bool:
@@ -1064,6 +1105,8 @@ class Connection:
         self._write(commands.req(msg_id, delay_ms))
         if self._in_flight:
             self._in_flight -= 1
+            if not self._in_flight:
+                self._busy_since = None
         return True
 
     def touch(self, msg_id: bytes) -> bool:
