@@ -5,6 +5,7 @@ memory stays bounded by max_in_flight (issue 9, item 6)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -87,10 +88,9 @@ async def test_message_before_any_rdy_fails_the_connection() -> None:
     inbox = Inbox()
     async with ScriptedServer(script) as srv:
         conn = await connect(srv.port, inbox)
-        try:
+        # the message may arrive with the OK, before subscribe() resumes
+        with contextlib.suppress(ProtocolError):
             await conn.subscribe("t", "c", timeout=3)
-        except ProtocolError:
-            pass  # the message may arrive with the OK, before subscribe() resumes
         err = await closed_with(conn)
     assert "before any RDY was sent" in str(err)
     assert inbox.messages == []
@@ -179,8 +179,20 @@ async def test_redelivery_after_a_server_side_timeout_is_not_a_violation() -> No
         assert conn.error is None
 
 
-async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight(
-        caplog: pytest.LogCaptureFixture) -> None:
+class _Seen(logging.Handler):
+    """Sets ``event`` when a log record contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight() -> None:
     flood = 5000
     first = asyncio.Event()
 
@@ -205,21 +217,22 @@ async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight(
         held.append(msg)
         await release.wait()
 
-    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    seen = _Seen("delivered more messages than RDY allows")
+    logger = logging.getLogger("smartnsq.consumer")
+    logger.addHandler(seen)
     async with ScriptedServer(script) as srv:
         consumer = Consumer("t", "c", handler, nsqd_tcp_addresses=[f"127.0.0.1:{srv.port}"],
                             config=fast_config(max_in_flight=1, drain_timeout=0.0))
         await consumer.start()
         try:
             async with asyncio.timeout(5):
-                while not any("delivered more messages than RDY allows" in r.getMessage()
-                              for r in caplog.records):
-                    await asyncio.sleep(0.01)
+                await seen.event.wait()
             stats = consumer.stats()
             assert stats.received <= 1
             assert stats.in_flight <= 1
             assert len(consumer._queue) == 0
             assert len(held) <= 1
         finally:
+            logger.removeHandler(seen)
             await consumer.stop(drain_timeout=0)
     assert srv.peers  # the flood really happened on the first connection
