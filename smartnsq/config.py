@@ -7,18 +7,22 @@ A bad value raises :class:`smartnsq.errors.ConfigError` naming the field.
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from smartnsq.errors import ConfigError
+from smartnsq.protocol.validation import MAX_DELAY_MS
 
 USER_AGENT = "smartnsq/0.1.0"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: no NaN or infinity may ever reach a loop timer or the wire
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              allow_inf_nan=False)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -115,6 +119,8 @@ class ConnectionConfig(_Model):
             raise ValueError("output_buffer_timeout must be -1, 0 or within 0.025..30 seconds")
         if self.msg_timeout and not 1.0 <= self.msg_timeout <= 900.0:
             raise ValueError("msg_timeout must be 0 or within 1..900 seconds")
+        if self.ext_filter is not None:
+            _check_json("ext_filter", self.ext_filter)
         return self
 
     @property
@@ -173,6 +179,7 @@ class LookupConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        _ordered(self, "demoted_retry_min", "demoted_retry_max")
         if not self.addresses:
             raise ValueError("at least one nsqlookupd address is required")
         from smartnsq.protocol.validation import parse_http_address
@@ -189,7 +196,8 @@ class ConsumerConfig(_Model):
     max_attempts: int = Field(default=5, ge=0)
     #: seconds per attempt for computed requeue delays (go-nsq: 90 s x attempts)
     default_requeue_delay: float = Field(default=90.0, ge=0)
-    max_requeue_delay: float = Field(default=900.0, ge=0)
+    #: REQ carries at most 3 days (MAX_DELAY_MS); a larger cap could not be sent
+    max_requeue_delay: float = Field(default=900.0, ge=0, le=MAX_DELAY_MS / 1000)
     backoff_enabled: bool = True
     backoff_strategy: Literal["exponential", "full_jitter"] = "exponential"
     backoff_multiplier: float = Field(default=1.0, gt=0)
@@ -211,7 +219,16 @@ class ConsumerConfig(_Model):
     #: ordered consumer: from this many attempts on, a failing message is handed to the
     #: ``on_blocked`` policy (retry / skip / stop)
     blocked_attempts: int = Field(default=5, ge=1)
+    #: connects (dial + handshake + SUB) in progress at once: a lookupd listing thousands
+    #: of nsqd must not cause thousands of simultaneous dials. go-nsq has no such bound
+    #: (it connects to the nsqds of a lookup response one after another)
+    max_concurrent_connects: int = Field(default=32, ge=1, le=1024)
     connection: ConnectionConfig = Field(default_factory=ConnectionConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _ordered(self, "reconnect_min", "reconnect_max")
+        return self
 
 
 class ProducerConfig(_Model):
@@ -237,4 +254,28 @@ class ProducerConfig(_Model):
     connection: ConnectionConfig = Field(
         default_factory=lambda: ConnectionConfig(heartbeat_interval=30.0)
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _ordered(self, "reconnect_min", "reconnect_max")
+        # one message must fit in one MPUB body
+        _ordered(self, "max_msg_size", "max_body_size")
+        return self
+
+
+def _ordered(model: BaseModel, low: str, high: str) -> None:
+    a, b = getattr(model, low), getattr(model, high)
+    if a > b:
+        raise ValueError(f"{low} ({a}) must not exceed {high} ({b})")
+
+
+def _check_json(field: str, value: dict[str, Any]) -> None:
+    """``value`` must encode as strict JSON (no NaN/Infinity); name the offending key."""
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise ValueError(f"{field} key {k!r} is not a string")
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{field}[{k!r}]: {v!r} is not JSON ({exc})") from None
 

@@ -10,10 +10,10 @@ later.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Protocol
 
-from smartnsq.errors import ConfigError, ProtocolError
+from smartnsq._checks import check_duration
+from smartnsq.errors import ProtocolError
 from smartnsq.protocol.messages import EXT_VERSION_JSON, RawMessage
 
 __all__ = ["Message", "MessageOwner"]
@@ -190,10 +190,8 @@ class Message:
         """REQ: redeliver the message after ``delay`` seconds (None: computed from the
         attempts, capped at the consumer's ``max_requeue_delay``). ``backoff=False`` does
         not count as a failure for the consumer's backoff."""
-        if delay is not None and (isinstance(delay, bool) or not isinstance(
-                delay, int | float) or not math.isfinite(delay) or delay < 0):
-            raise ConfigError(f"requeue delay must be a number of seconds >= 0, got "
-                                  f"{delay!r}")
+        if delay is not None:
+            delay = check_duration(delay, "requeue delay")
         if self._state != _PENDING:
             return False
         self._state = _REQUEUED

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from smartnsq._checks import check_duration
 from smartnsq.config import ConnectionConfig
 from smartnsq.conn.transport import Wire, tls_context
 from smartnsq.errors import (
@@ -874,8 +875,9 @@ class Connection:
         if timeout is None:
             deadline = math.inf
         else:
-            if timeout <= 0:
-                raise ConfigError(f"timeout must be positive, got {timeout}")
+            if timeout.__class__ is not float or not 0 < timeout < math.inf:
+                # the common case (a positive finite float) skips the full check
+                timeout = check_duration(timeout, "timeout", positive=True)
             deadline = loop.time() + timeout
             if deadline < self._deadline_at:
                 self._arm_deadline(deadline)
@@ -1119,6 +1121,8 @@ class Connection:
     async def cls(self, timeout: float | None = None) -> None:
         """Send CLS and wait for CLOSE_WAIT: the server stops delivering; messages already
         sent still arrive and may be FINed/REQed. Then call ``close()``."""
+        if timeout is not None:
+            timeout = check_duration(timeout, "timeout")
         if not self._subscribed:
             raise ConfigError("CLS needs a subscribed connection")
         if self._cls_fut is None:

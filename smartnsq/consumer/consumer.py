@@ -23,7 +23,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import math
 import random
 import types
 from collections import deque
@@ -33,6 +32,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from smartnsq import trace as _trace
+from smartnsq._checks import check_count, check_optional_duration
 from smartnsq.config import ConnectionConfig, ConsumerConfig, LookupConfig
 from smartnsq.conn import Connection, SubscribeMode
 from smartnsq.consumer.conns import ConnectionSet
@@ -491,10 +491,7 @@ class Consumer:
         requeued), close.
         Idempotent; safe to call from a handler (it then returns without waiting for
         that handler)."""
-        if drain_timeout is not None and (isinstance(drain_timeout, bool) or not isinstance(
-                drain_timeout, int | float) or math.isnan(drain_timeout) or drain_timeout < 0):
-            raise ConfigError(f"drain_timeout must be a number of seconds >= 0, got "
-                              f"{drain_timeout!r}")
+        drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
         if self._closed:
             return
         if not self._started:
@@ -826,10 +823,7 @@ class Consumer:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change ``max_in_flight`` at run time; 0 pauses every subscription."""
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-            raise ConfigError(f"max_in_flight must be an int, got {max_in_flight!r}")
-        if max_in_flight < 0:
-            raise ConfigError(f"max_in_flight must be >= 0, got {max_in_flight}")
+        check_count(max_in_flight, "max_in_flight")
         self._check_open()
         self._max_in_flight = max_in_flight
         if self._flow is not None and self._loop is not None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
+from smartnsq._checks import check_duration
 from smartnsq.errors import ConfigError
 
 
@@ -29,10 +29,15 @@ def check_body(body: object, max_msg_size: int) -> bytes:
 
 def deadline(timeout: float | None, default: float) -> float:
     """Loop time by which a publish call must be done (``timeout`` or the default)."""
+    if timeout is not None:
+        timeout = check_duration(timeout, "timeout", positive=True)
     now = asyncio.get_running_loop().time()
-    if timeout is None:
-        return now + default
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
-            not timeout > 0 or math.isinf(timeout):
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return now + timeout
+    return now + (default if timeout is None else timeout)
+
+
+def delay_ms(delay: object) -> int:
+    """A DPUB delay in seconds as the wire's milliseconds, or ConfigError."""
+    from smartnsq.protocol.validation import check_delay_ms
+
+    seconds = check_duration(delay, "delay")
+    return check_delay_ms(round(seconds * 1000), "DPUB delay")

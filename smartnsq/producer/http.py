@@ -44,6 +44,7 @@ from smartnsq.errors import (
 from smartnsq.lookup import Lookup
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
+from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.producer import LookupdSpec, make_lookup
 from smartnsq.producer.retry import Action, classify, retry_delay
@@ -52,7 +53,6 @@ from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
 from smartnsq.protocol.validation import (
-    check_delay_ms,
     check_partition,
     check_topic,
     parse_http_address,
@@ -230,9 +230,7 @@ class HttpProducer:
                                timeout: float | None = None) -> None:
         """``/pub?defer=<ms>`` (stock nsqd only)."""
         body = self._check(topic, body)
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-            raise ConfigError(f"delay must be a non-negative number of seconds, got {delay!r}")
-        ms = check_delay_ms(round(delay * 1000), "DPUB delay")
+        ms = dpub_delay_ms(delay)
         deadline = self._deadline(timeout)
         await self._run("/pub", {"topic": topic, "defer": str(ms)}, body, topic, None, False,
                         True, deadline)

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from smartnsq._checks import check_duration
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.errors import (
     ClientClosedError,
@@ -58,6 +58,7 @@ from smartnsq.ordered.sharding import (
 )
 from smartnsq.producer.batcher import Batcher, split_batches
 from smartnsq.producer.checks import check_body, deadline
+from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.ops import (
     DPub,
     MPub,
@@ -77,7 +78,6 @@ from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
 from smartnsq.protocol.validation import (
-    check_delay_ms,
     check_partition,
     check_topic,
     parse_tcp_address,
@@ -181,10 +181,12 @@ class Producer:
         lanes included) within ``timeout`` seconds (default ``publish_timeout``), then close
         the connections (outstanding answers are awaited up to the connections'
         ``close_timeout``) and the lookup component if this producer made it. Idempotent."""
+        # checked before anything changes: a bad value must not leave a half-closed producer
+        limit = self.config.publish_timeout if timeout is None else check_duration(
+            timeout, "timeout")
         if self._closed:
             return
         self._closed = True
-        limit = self.config.publish_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
                 await self._lanes.drain()
@@ -246,7 +248,7 @@ class Producer:
             raise ClientClosedError("the producer is closed")
 
     def _check_topic(self, topic: str) -> None:
-        if topic not in self._topics_ok:
+        if topic.__class__ is not str or topic not in self._topics_ok:
             check_topic(topic)
             if len(self._topics_ok) < 10000:
                 self._topics_ok.add(topic)
@@ -273,7 +275,8 @@ class Producer:
         """
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        if topic not in self._topics_ok:
+        # the type test first: an unhashable topic must not reach the set lookup
+        if topic.__class__ is not str or topic not in self._topics_ok:
             self._check_topic(topic)
         if type(body) is not bytes or not 0 < len(body) <= self._max_msg:
             body = self._check_body(body)
@@ -361,13 +364,9 @@ class Producer:
         self._check_open()
         self._check_topic(topic)
         body = self._check_body(body)
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or math.isnan(delay):
-            raise ConfigError(f"delay must be a number of seconds, got {delay!r}")
-        if delay < 0:
-            raise ConfigError(f"delay must not be negative, got {delay}")
-        delay_ms = check_delay_ms(round(delay * 1000), "DPUB delay")
+        ms = dpub_delay_ms(delay)
         deadline = self._deadline(timeout)
-        await self._execute(DPub(topic, None, body, delay_ms), deadline)
+        await self._execute(DPub(topic, None, body, ms), deadline)
 
     async def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
                               trace_id: int | None = None, timeout: float | None = None,

@@ -245,10 +245,24 @@ def encode_ext_header(header: Mapping[str, Any] | bytes | None) -> bytes:
                 raise ConfigError(f"ext header key {k!r} is not a string")
             if k == "##trace_id" and not (isinstance(v, str) and v.isdigit()):
                 raise ConfigError("##trace_id must be a decimal string")
-        data = json.dumps(dict(header), separators=(",", ":")).encode()
+        try:
+            # allow_nan=False: NaN/Infinity are not JSON and the servers' parsers refuse them
+            data = json.dumps(dict(header), separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise _ext_value_error(header, exc) from None
     if len(data) > 0xFFFF:
         raise ConfigError(f"ext header of {len(data)} bytes exceeds 65535")
     return data
+
+
+def _ext_value_error(header: Mapping[str, Any], exc: Exception) -> ConfigError:
+    """A ConfigError naming the first header key whose value is not JSON."""
+    for k, v in header.items():
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            return ConfigError(f"ext header {k!r}: value {v!r} is not JSON ({err})")
+    return ConfigError(f"ext header is not JSON: {exc}")
 
 
 def pub_ext(topic: str, partition: int, header: Mapping[str, Any] | bytes, body: bytes) -> bytes:
