@@ -1,0 +1,412 @@
+"""Arrow record batches → NSQ publish units, without a Python object per row on the main path.
+
+A Spark task hands the sink ``pyarrow.RecordBatch``es. :func:`check_schema` validates the
+columns once on the driver; :class:`BatchPlan` splits one batch by topic and target partition
+(``partition`` column, else the ``shard_key``'s murmur3 partition, else the producer's
+round-robin) and encodes each group into MPUB (or MPUB_TRACE) bodies straight from the Arrow
+buffers: the ``[size][body]`` elements come from one vectorised ``binary_join_element_wise`` of
+a fixed-width prefix column and the value column, so the bytes are assembled in C. Only the
+``ext`` column (JSON headers) and ``delay_ms`` rows (one DPUB each) go through Python per row.
+
+Row order is kept inside each (topic, partition) group, so per shard key order holds within a
+task when groups of one partition are published one after another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mmh3
+import numpy as np
+
+from smartnsq.errors import ConfigError
+from smartnsq.producer.checks import check_body
+from smartnsq.protocol.commands import encode_ext_header
+from smartnsq.protocol.validation import MAX_DELAY_MS, MAX_PARTITION, check_topic
+from smartnsq.spark.sink_options import BATCH_BITS, PARTITION_BITS, ROW_BITS, SinkOptions
+
+__all__ = [
+    "SINK_COLUMNS",
+    "BatchPlan",
+    "DeferredRows",
+    "EncodedBatch",
+    "ExtBatch",
+    "Unit",
+    "check_schema",
+    "deterministic_trace_base",
+    "shard_partition_of",
+]
+
+#: the columns the sink understands, and what each does
+SINK_COLUMNS: Mapping[str, str] = {
+    "value": "the message body (binary or string, required)",
+    "topic": "the row's topic (used only when the topic option is absent)",
+    "partition": "youzan partition (wins over shard_key)",
+    "shard_key": "sharded ordered publish: murmur3(key) % partition_num",
+    "trace_id": "youzan PUB_TRACE trace id (long, >= 0)",
+    "ext": "youzan PUB_EXT header (map<string,string>)",
+    "delay_ms": "stock DPUB delay in milliseconds",
+}
+
+_TRACE_FIELDS = 12  # [4-byte element size][8-byte trace id]
+_PLAIN_FIELDS = 4  # [4-byte element size]
+_U32 = struct.Struct(">I")
+
+
+def _pa() -> Any:
+    return importlib.import_module("pyarrow")
+
+
+def _pc() -> Any:
+    return importlib.import_module("pyarrow.compute")
+
+
+# ---------------------------------------------------------------------------- schema (driver)
+
+def check_schema(schema: Any, opts: SinkOptions) -> tuple[str, ...]:
+    """Check a Spark ``StructType`` against the sink's columns; return the column names.
+
+    Raises ConfigError naming unknown columns, a missing ``value``, a column of the wrong type
+    or a combination that cannot be published."""
+    from pyspark.sql import types as t
+
+    names = tuple(f.name for f in schema.fields)
+    unknown = [n for n in names if n not in SINK_COLUMNS]
+    if unknown:
+        raise ConfigError(f"unknown column(s) for the nsq sink: {', '.join(unknown)} "
+                          f"(known: {', '.join(SINK_COLUMNS)})")
+    if "value" not in names:
+        raise ConfigError("the nsq sink needs a column named value (binary or string); columns "
+                          f"given: {', '.join(names) or 'none'}")
+    types = {f.name: f.dataType for f in schema.fields}
+    ints = (t.ByteType, t.ShortType, t.IntegerType, t.LongType)
+    wanted: dict[str, tuple[tuple[type, ...], str]] = {
+        "value": ((t.BinaryType, t.StringType), "binary or string"),
+        "topic": ((t.StringType,), "string"),
+        "partition": (ints, "an integer type"),
+        "shard_key": ((t.StringType, t.BinaryType), "string or binary"),
+        "trace_id": (ints, "an integer type (long)"),
+        "ext": ((t.MapType,), "map<string,string>"),
+        "delay_ms": (ints, "an integer type"),
+    }
+    for name, dtype in types.items():
+        kinds, what = wanted[name]
+        ok = isinstance(dtype, kinds)
+        if ok and name == "ext":
+            ok = isinstance(dtype.keyType, t.StringType) and \
+                isinstance(dtype.valueType, t.StringType)
+        if not ok:
+            raise ConfigError(f"column {name} must be {what} for the nsq sink, got "
+                              f"{dtype.simpleString()}")
+    if "topic" not in names and opts.topic is None:
+        raise ConfigError("the nsq sink needs the topic option or a topic column")
+    if "delay_ms" in names:
+        youzan = [n for n in ("partition", "shard_key", "trace_id", "ext") if n in names]
+        if youzan:
+            raise ConfigError(f"column delay_ms (stock DPUB) cannot be combined with the youzan "
+                              f"column(s) {', '.join(youzan)}")
+    if opts.deterministicTraceIds and "trace_id" in names:
+        raise ConfigError("option deterministicTraceIds=true and a trace_id column both set "
+                          "trace ids: use one of them")
+    if opts.nsqd is not None:
+        youzan = [n for n in ("partition", "shard_key") if n in names]
+        if youzan:
+            raise ConfigError(f"column(s) {', '.join(youzan)} need youzan partitions found "
+                              "through the lookupd option, not the nsqd option")
+    return names
+
+
+def deterministic_trace_base(batch_id: int, task_partition: int) -> int:
+    """The high bits of a task's deterministic trace ids; a row adds its index in the task.
+
+    Layout (64 bits): batch id modulo 2**40 (``BATCH_BITS``) | task partition (16 bits) | row
+    index within the task (24 bits). Replaying a batch in a retried task gives the same ids."""
+    if not 0 <= task_partition < 1 << PARTITION_BITS:
+        raise ConfigError(f"deterministic trace ids cover {1 << PARTITION_BITS} Spark "
+                          f"partitions; task partition {task_partition} is beyond")
+    batch = batch_id % (1 << BATCH_BITS)
+    return (batch << (PARTITION_BITS + ROW_BITS)) | (task_partition << ROW_BITS)
+
+
+def shard_partition_of(key: str | bytes, partition_num: int) -> int:
+    """youzan go-nsq's rule (the same as ``Producer.publish_ordered``)."""
+    data = key.encode("utf-8") if isinstance(key, str) else key
+    return int(mmh3.hash(data, 0, signed=False)) % partition_num
+
+
+# ---------------------------------------------------------------------------- publish units
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """One MPUB (``traced``: MPUB_TRACE) whose body is already encoded (count + elements)."""
+
+    topic: str
+    partition: int | None
+    body: bytes
+    count: int
+    traced: bool
+
+
+@dataclass(slots=True)
+class ExtBatch:
+    """One MPUB_EXT: ``(header JSON, body)`` per message."""
+
+    topic: str
+    partition: int | None
+    items: list[tuple[bytes, bytes]]
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+
+@dataclass(slots=True)
+class DeferredRows:
+    """Rows with a ``delay_ms``: one DPUB each (stock nsqd)."""
+
+    topic: str
+    rows: list[tuple[bytes, int]] = field(default_factory=list)
+
+    @property
+    def partition(self) -> None:
+        return None
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+
+Unit = EncodedBatch | ExtBatch | DeferredRows
+
+
+# ---------------------------------------------------------------------------- one batch
+
+def _first_true(mask: Any) -> int:
+    """Index of the first true value of a boolean Arrow array (which has one)."""
+    return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
+
+
+class BatchPlan:
+    """One Arrow record batch, checked, with its rows grouped by topic and partition.
+
+    ``row_base`` is the index (within the task) of the batch's first row, for deterministic
+    trace ids (``trace_base`` not None)."""
+
+    def __init__(self, batch: Any, opts: SinkOptions, *, row_base: int = 0,
+                 trace_base: int | None = None) -> None:
+        pa, pc = _pa(), _pc()
+        self.opts = opts
+        self.rows = batch.num_rows
+        names = set(batch.schema.names)
+        self._cols = {n: batch.column(n) for n in batch.schema.names}
+        self._row_base = row_base
+        self._trace_base = trace_base
+        if trace_base is not None and row_base + self.rows > 1 << ROW_BITS:
+            raise ConfigError(f"deterministic trace ids cover {1 << ROW_BITS} rows per Spark "
+                              "task; repartition the DataFrame into more partitions")
+        values = self._cols["value"]
+        if not pa.types.is_binary(values.type):
+            values = values.cast(pa.binary())
+        if values.null_count:
+            raise ConfigError(f"row {row_base + _first_true(values.is_null())} of the task has "
+                              "a null value (NSQ messages need a body)")
+        self.values = values
+        lengths = pc.binary_length(values)
+        self.lengths = lengths
+        if self.rows:
+            mm = pc.min_max(lengths).as_py()
+            if mm["min"] == 0 or mm["max"] > opts.maxMessageBytes:
+                bad = pc.or_(pc.equal(lengths, 0), pc.greater(lengths, opts.maxMessageBytes))
+                i = _first_true(bad)
+                try:
+                    check_body(values[i].as_py(), opts.maxMessageBytes)
+                except ConfigError as exc:
+                    raise ConfigError(f"row {row_base + i} of the task: {exc}") from exc
+        # topics: the option wins; else the column, checked once per distinct name
+        self.topic_col = None
+        if opts.topic is None:
+            tcol = self._cols["topic"]
+            if tcol.null_count:
+                raise ConfigError(f"row {row_base + _first_true(tcol.is_null())} of the task "
+                                  "has no topic (null topic column and no topic option)")
+            self.topic_col = tcol
+            self.topics: list[str] = [check_topic(x) for x in pc.unique(tcol).to_pylist()]
+        else:
+            self.topics = [opts.topic]
+        self.needs_partition_num = "shard_key" in names
+        for name in ("partition", "trace_id", "delay_ms"):
+            col = self._cols.get(name)
+            if col is not None and col.null_count < len(col):
+                mm = pc.min_max(col).as_py()
+                top = {"partition": MAX_PARTITION, "trace_id": (1 << 63) - 1,
+                       "delay_ms": MAX_DELAY_MS}[name]
+                if mm["min"] < 0 or mm["max"] > top:
+                    bad = pc.or_(pc.less(col, 0), pc.greater(col, top))
+                    i = _first_true(pc.fill_null(bad, False))
+                    raise ConfigError(f"row {row_base + i} of the task: {name} "
+                                      f"{col[i].as_py()} out of range 0..{top}")
+
+    # -- grouping
+
+    def _targets(self, idx: Any, partition_num: int | None) -> Any:
+        """Target partition per row of ``idx`` (-1: the producer picks), or None if none."""
+        pa, pc = _pa(), _pc()
+        part = self._cols.get("partition")
+        key = self._cols.get("shard_key")
+        out = None
+        if key is not None and partition_num:
+            k = key.take(idx) if idx is not None else key
+            enc = pc.dictionary_encode(k)
+            uniq = enc.dictionary.to_pylist()
+            parts = pa.array([shard_partition_of(u, partition_num) for u in uniq], pa.int64())
+            out = pc.take(parts, enc.indices)  # null keys stay null
+        elif key is not None and not partition_num:
+            raise ConfigError("column shard_key needs a youzan partitioned topic (its partition "
+                              "count from lookupd); this topic has none")
+        if part is not None:
+            p = (part.take(idx) if idx is not None else part).cast(pa.int64())
+            out = p if out is None else pc.coalesce(p, out)
+        if out is None:
+            return None
+        return pc.fill_null(out, -1)
+
+    def units(self, partition_nums: Mapping[str, int]) -> list[Unit]:
+        """The publish units of this batch, in row order per (topic, partition)."""
+        pc = _pc()
+        out: list[Unit] = []
+        for topic in self.topics:
+            if self.topic_col is None:
+                idx = None
+            else:
+                idx = pc.indices_nonzero(pc.equal(self.topic_col, topic))
+            targets = self._targets(idx, partition_nums.get(topic))
+            if targets is None:
+                out.extend(self._encode(topic, None, idx))
+                continue
+            for p in sorted(pc.unique(targets).to_pylist()):
+                sel = pc.indices_nonzero(pc.equal(targets, p))
+                rows = sel if idx is None else pc.take(idx, sel)
+                out.extend(self._encode(topic, None if p < 0 else int(p), rows))
+        return out
+
+    # -- encoding
+
+    def _encode(self, topic: str, partition: int | None, idx: Any) -> list[Unit]:
+        pc = _pc()
+        values = self.values if idx is None else self.values.take(idx)
+        lengths = self.lengths if idx is None else self.lengths.take(idx)
+        units: list[Unit] = []
+        delay = self._cols.get("delay_ms")
+        if delay is not None:
+            d = delay if idx is None else delay.take(idx)
+            has = pc.is_valid(d)
+            if pc.any(has).as_py():
+                rows = pc.indices_nonzero(has)
+                deferred = DeferredRows(topic, list(zip(values.take(rows).to_pylist(),
+                                                        d.take(rows).to_pylist(), strict=True)))
+                keep = pc.indices_nonzero(pc.invert(has))
+                values, lengths = values.take(keep), lengths.take(keep)
+                units.extend(self._plain(topic, partition, values, lengths, None))
+                units.append(deferred)
+                return units
+        ext = self._cols.get("ext")
+        if ext is not None:
+            e = ext if idx is None else ext.take(idx)
+            if e.null_count < len(e):
+                return self._ext(topic, partition, values, e, self._trace_ids(idx))
+        return self._plain(topic, partition, values, lengths, self._trace_ids(idx))
+
+    def _trace_ids(self, idx: Any) -> Any:
+        """uint64 trace ids per row (Arrow), or None when the rows carry none."""
+        pa, pc = _pa(), _pc()
+        col = self._cols.get("trace_id")
+        if col is not None:
+            c = col if idx is None else col.take(idx)
+            return pc.fill_null(c.cast(pa.int64()), 0).cast(pa.uint64())
+        if self._trace_base is None:
+            return None
+        base = self._trace_base + self._row_base
+        rows = pa.array(np.arange(self.rows, dtype=np.uint64)) if idx is None else \
+            idx.cast(pa.uint64())
+        return pc.add(rows, pa.scalar(base, pa.uint64()))
+
+    def _plain(self, topic: str, partition: int | None, values: Any, lengths: Any,
+               trace_ids: Any) -> list[Unit]:
+        """MPUB / MPUB_TRACE bodies, split at ``maxBatchBytes``."""
+        pa, pc = _pa(), _pc()
+        n = len(values)
+        if n == 0:
+            return []
+        lens = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+        traced = trace_ids is not None
+        if traced:
+            pre = np.empty(n, dtype=[("s", ">u4"), ("t", ">u8")])
+            pre["s"] = lens + 8
+            pre["t"] = trace_ids.to_numpy(zero_copy_only=False)
+            width = _TRACE_FIELDS
+        else:
+            pre = (lens).astype(">u4")
+            width = _PLAIN_FIELDS
+        prefix = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(width), n, [None, pa.py_buffer(pre.tobytes())])
+        joined = pc.binary_join_element_wise(prefix.cast(pa.binary()), values, b"")
+        if joined.type != pa.binary():
+            joined = joined.cast(pa.binary())
+        offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32,
+                                count=n + 1, offset=joined.offset * 4).astype(np.int64)
+        data = joined.buffers()[2]
+        units: list[Unit] = []
+        limit = self.opts.maxBatchBytes - 4  # the body's own count field
+        start = 0
+        while start < n:
+            # the largest end with offsets[end] - offsets[start] <= limit (at least one row)
+            end = int(np.searchsorted(offsets, offsets[start] + limit, side="right")) - 1
+            end = max(end, start + 1)
+            end = min(end, n)
+            chunk = data.slice(int(offsets[start]), int(offsets[end] - offsets[start]))
+            count = end - start
+            units.append(EncodedBatch(topic, partition, _U32.pack(count) + chunk.to_pybytes(),
+                                      count, traced))
+            start = end
+        return units
+
+    def _ext(self, topic: str, partition: int | None, values: Any, ext: Any,
+             trace_ids: Any) -> list[Unit]:
+        """MPUB_EXT items (one JSON header per row), split at ``maxBatchBytes``."""
+        bodies = values.to_pylist()
+        headers = ext.to_pylist()
+        tids = trace_ids.to_pylist() if trace_ids is not None else None
+        units: list[Unit] = []
+        cur = ExtBatch(topic, partition, [])
+        size = 4
+        for i, (body, pairs) in enumerate(zip(bodies, headers, strict=True)):
+            hdr: dict[str, Any] = dict(pairs) if pairs else {}
+            if tids is not None:
+                hdr["##trace_id"] = str(tids[i])
+            h = encode_ext_header(hdr) or b"{}"  # an empty header is refused (§4.6)
+            item = 6 + len(h) + len(body)
+            if cur.items and size + item > self.opts.maxBatchBytes:
+                units.append(cur)
+                cur = ExtBatch(topic, partition, [])
+                size = 4
+            cur.items.append((h, body))
+            size += item
+        if cur.items:
+            units.append(cur)
+        return units
+
+
+def plan_batches(batches: Sequence[Any], opts: SinkOptions,
+                 partition_nums: Callable[[str], int]) -> list[Unit]:
+    """Every unit of ``batches`` (a helper for tests and benchmarks; the sink streams)."""
+    units: list[Unit] = []
+    row = 0
+    for b in batches:
+        plan = BatchPlan(b, opts, row_base=row)
+        units.extend(plan.units({t: partition_nums(t) for t in plan.topics}))
+        row += plan.rows
+    return units

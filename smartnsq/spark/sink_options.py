@@ -1,0 +1,137 @@
+"""The sink's options (``df.write.format("nsq").option(...)``), validated on the driver.
+
+Spark hands every option over as a string and lower-cases the keys, so each option is matched
+case-insensitively and converted here; a bad one raises :class:`~smartnsq.errors.ConfigError`
+naming the option (as documented) and the value, before any task starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from smartnsq.errors import ConfigError
+from smartnsq.protocol.validation import check_topic, parse_tcp_address
+
+__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options"]
+
+#: keys Spark itself may put into the options map of a write; they mean nothing to NSQ
+SPARK_INTERNAL_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
+
+#: the 64-bit deterministic trace id: batch id | task partition | row index (see sink docs)
+PARTITION_BITS = 16
+ROW_BITS = 24
+BATCH_BITS = 64 - PARTITION_BITS - ROW_BITS
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _addresses(value: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not parts:
+        raise ValueError("expected one or more comma-separated host:port addresses")
+    return parts
+
+
+class SinkOptions(BaseModel):
+    """Every option of the sink, by its documented (camelCase) name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    #: nsqlookupd HTTP addresses (youzan or stock): partitions, leaders and ordering from lookupd
+    lookupd: tuple[str, ...] | None = None
+    #: nsqd TCP addresses (stock nsqd without lookupd): publishes go round-robin
+    nsqd: tuple[str, ...] | None = None
+    #: the topic of every row; without it each row needs a ``topic`` column value
+    topic: str | None = None
+    #: derive each row's PUB_TRACE trace id from (batch id, task partition, row index)
+    deterministicTraceIds: bool = False
+    #: the batch id of a batch write's deterministic trace ids (streaming uses Spark's)
+    traceBatchId: int = Field(default=0, ge=0, lt=1 << BATCH_BITS)
+    #: seconds one MPUB may take, retries on leader changes included
+    publishTimeout: float = Field(default=30.0, gt=0, le=3600)
+    #: attempts per MPUB (the producer's max_attempts)
+    maxAttempts: int = Field(default=5, ge=1, le=15)
+    #: upper bound of one MPUB body in bytes (nsqd's --max-body-size is 5 MiB by default)
+    maxBatchBytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    #: upper bound of one message body (nsqd's --max-msg-size is 1 MiB by default)
+    maxMessageBytes: int = Field(default=1 << 20, ge=1)
+
+    @field_validator("lookupd", "nsqd", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return _addresses(v) if isinstance(v, str) else v
+
+    @field_validator("nsqd")
+    @classmethod
+    def _tcp(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for a in v or ():
+            parse_tcp_address(a)
+        return v
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_topic(v)
+        return v
+
+    @field_validator("deterministicTraceIds", mode="before")
+    @classmethod
+    def _flag(cls, v: Any) -> Any:
+        return _bool(v) if isinstance(v, str) else v
+
+
+_NAMES = {name.lower(): name for name in SinkOptions.model_fields}
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """The validated options, or ConfigError naming the first bad option and its value."""
+    given: dict[str, str] = {}
+    unknown: list[str] = []
+    for key, value in options.items():
+        low = key.lower()
+        if low in SPARK_INTERNAL_OPTIONS:
+            continue
+        name = _NAMES.get(low)
+        if name is None:
+            unknown.append(key)
+            continue
+        given[name] = value
+    if unknown:
+        raise ConfigError(
+            f"unknown nsq sink option(s): {', '.join(sorted(unknown))} (known: "
+            f"{', '.join(sorted(_NAMES.values()))})")
+    try:
+        opts = SinkOptions.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        value = given.get(name, "")
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"nsq sink option {name}={value!r}: {msg}") from None
+    if (opts.lookupd is None) == (opts.nsqd is None):
+        raise ConfigError("the nsq sink needs exactly one of the options lookupd (nsqlookupd "
+                          "HTTP addresses) or nsqd (nsqd TCP addresses)"
+                          + (f"; got lookupd={options_value(options, 'lookupd')!r} and "
+                             f"nsqd={options_value(options, 'nsqd')!r}"
+                             if opts.lookupd is not None else ""))
+    return opts
+
+
+def options_value(options: Mapping[str, str], name: str) -> str | None:
+    """The value of ``name`` in Spark's options, whatever its case."""
+    low = name.lower()
+    for key, value in options.items():
+        if key.lower() == low:
+            return value
+    return None
