@@ -12,7 +12,21 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from smartnsq.errors import EventLoopError
+
 T = TypeVar("T")
+
+
+def check_blocking_allowed(what: str) -> None:
+    """Refuse a blocking call made from a thread that runs an event loop: it would block
+    that loop (every task on it stops) until the call returns."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise EventLoopError(f"{what} blocks, but was called from inside a running event loop; "
+                         "use the asyncio client (smartnsq.Producer / smartnsq.Consumer) "
+                         "there, or call it from another thread")
 
 
 class BackgroundLoop:
@@ -37,8 +51,13 @@ class BackgroundLoop:
         """Run ``coro`` on the loop and wait for it (not callable from the loop's thread)."""
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("a blocking smartnsq call was made from its own event loop "
-                               "thread (use the asyncio API there)")
+            raise EventLoopError("a blocking smartnsq call was made from its own event loop "
+                                 "thread (use the asyncio API there)")
+        try:
+            check_blocking_allowed("a smartnsq.sync call")
+        except EventLoopError:
+            coro.close()
+            raise
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result()

@@ -7,18 +7,25 @@ function, run on the loop. A plain handler gets a :class:`ThreadMessage`, whose
 ``finish()`` / ``requeue()`` / ``touch()`` are handed to the loop thread, so they are safe
 to call from the handler's thread. Same rules as the asyncio consumer: returning finishes
 the message, raising requeues it.
+
+A consumer that is still running when the interpreter exits (no ``stop()``) is stopped
+promptly by a hook that runs before the thread pools are joined: RDY 0, handlers not
+started yet are skipped and their messages requeued, the connections closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import functools
+import inspect
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self
 
+from smartnsq._checks import check_count, check_optional_duration
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt, _is_async_callable
@@ -26,10 +33,50 @@ from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer
-from smartnsq.sync._loop import BackgroundLoop, acquire, release
+from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
 from smartnsq.trace import TraceToggle
 
 __all__ = ["Consumer", "ThreadMessage"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+
+class _AwaitableReturned(Exception):
+    """A plain handler returned an awaitable (carries its type name)."""
+
+
+def _returns_awaitable(handler: object) -> bool:
+    """True for a plain callable that visibly wraps an async function (``functools.wraps``
+    decorators, partials of such wrappers): calling it only makes a coroutine. A lambda
+    returning a coroutine cannot be told apart before it is called; the first call then
+    stops the consumer instead of finishing the message."""
+    fn = handler
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isasyncgenfunction(fn):
+        return True
+    try:
+        inner = inspect.unwrap(fn)  # type: ignore[arg-type]
+    except ValueError:  # a __wrapped__ cycle
+        return False
+    return inner is not fn and (inspect.iscoroutinefunction(inner)
+                                or inspect.isasyncgenfunction(inner))
+
+
+#: sync consumers running now (held: a running consumer lives on even if the caller
+#: dropped it); stopped promptly if the interpreter exits first
+_running: set[Consumer] = set()
+
+
+def _stop_running_at_exit() -> None:
+    for consumer in list(_running):
+        consumer._stop_at_exit()
+
+
+# threading's exit hooks run in reverse order of registration, before non-daemon threads
+# are joined: registered after concurrent.futures.thread (imported above), this runs before
+# the thread pools' own hook, which would otherwise first run every queued handler
+threading._register_atexit(_stop_running_at_exit)  # type: ignore[attr-defined]
 
 
 class ThreadMessage:
@@ -68,10 +115,7 @@ class ThreadMessage:
         self._loop.call_soon_threadsafe(self._msg.finish)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        if delay is not None and (isinstance(delay, bool) or not isinstance(
-                delay, int | float) or not math.isfinite(delay) or delay < 0):
-            raise ConfigError(f"requeue delay must be a number of seconds >= 0, got "
-                              f"{delay!r}")
+        delay = check_optional_duration(delay, "requeue delay")
         self._loop.call_soon_threadsafe(self._msg.requeue, delay, backoff)
 
     def touch(self) -> None:
@@ -108,6 +152,11 @@ class Consumer:
     ) -> None:
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
+        if not _is_async_callable(handler) and _returns_awaitable(handler):
+            raise ConfigError(
+                f"handler {handler!r} is a plain callable wrapping an async function: it "
+                "would return a coroutine that nobody awaits (and the message would be "
+                "finished unprocessed); pass the async function itself")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
             raise ConfigError(f"threads must be an int >= 1, got {threads!r}")
@@ -144,11 +193,39 @@ class Consumer:
         self._loop: BackgroundLoop | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: the interpreter is exiting: handlers not started yet are skipped
+        self._exiting = False
+
+    def _call_handler(self, tm: ThreadMessage) -> None:
+        result = self._handler(tm)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited: no "coroutine was never awaited" noise
+            raise _AwaitableReturned(type(result).__name__)
 
     async def _in_thread(self, msg: Message) -> None:
+        if self._exiting:
+            msg.requeue(0, backoff=False)
+            return
         loop = asyncio.get_running_loop()
         assert self._pool is not None
-        await loop.run_in_executor(self._pool, self._handler, ThreadMessage(msg, loop))
+        try:
+            await loop.run_in_executor(self._pool, self._call_handler, ThreadMessage(msg, loop))
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self._exiting and me is not None and not me.cancelling():
+                # cancelled in the pool before it started: give the message back now
+                msg.requeue(0, backoff=False)
+                return
+            raise
+        except _AwaitableReturned as exc:
+            # the message was not processed: requeue it, and stop (every message would
+            # meet the same fate)
+            msg.requeue(0, backoff=False)
+            err = ConfigError(f"the handler returned a {exc} instead of processing the "
+                              "message; pass an async function itself (it is run on the "
+                              "loop), or a plain function that does the work")
+            self._async._fatal(err)
 
     @property
     def async_consumer(self) -> AsyncConsumer:
@@ -172,6 +249,7 @@ class Consumer:
 
     def start(self) -> None:
         """Connect and subscribe (see :meth:`smartnsq.consumer.Consumer.start`)."""
+        check_blocking_allowed("smartnsq.sync.Consumer.start()")
         with self._lock:
             if self._closed:
                 raise ClientClosedError("the consumer is closed")
@@ -183,10 +261,14 @@ class Consumer:
         except BaseException:
             self._shutdown_resources()
             raise
+        _running.add(self)
 
     def stop(self, drain_timeout: float | None = None) -> None:
         """Stop gracefully (see :meth:`smartnsq.consumer.Consumer.stop`), then release the
         loop and the handler threads. Idempotent."""
+        # checked before anything is released: a bad value must leave the consumer running
+        drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
+        check_blocking_allowed("smartnsq.sync.Consumer.stop()")
         with self._lock:
             if self._closed:
                 return
@@ -201,18 +283,41 @@ class Consumer:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
-    def _shutdown_resources(self) -> None:
+    def _shutdown_resources(self, *, wait: bool = True) -> None:
         with self._lock:
             self._closed = True
             loop, self._loop = self._loop, None
+        _running.discard(self)
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=wait)
         if loop is not None:
             release(loop)
+
+    def _stop_at_exit(self) -> None:
+        """Interpreter exit without stop(): no more handlers, RDY 0, requeue, close."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        self._exiting = True
+        if self._pool is not None:
+            # queued handler calls are dropped; their messages are requeued by _in_thread
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        bound = self._async._config.connection.close_timeout * 2 + 1.0
+        try:
+            fut = asyncio.run_coroutine_threadsafe(self._async.stop(drain_timeout=0), loop.loop)
+            fut.result(timeout=bound)
+        except Exception as exc:  # exiting anyway: say why it was not clean
+            log.warning("consumer of %s/%s: stop at interpreter exit failed: %r",
+                        self._async.topic, self._async.channel, exc)
+        finally:
+            # handlers already running are joined by the pool's own exit hook
+            self._shutdown_resources(wait=False)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the consumer stops (another thread called ``stop()``, or an error
         stopped it: then that error is raised). False if ``timeout`` seconds passed."""
+        timeout = check_optional_duration(timeout, "timeout")
+        check_blocking_allowed("smartnsq.sync.Consumer.wait()")
         loop = self._running_loop()
 
         async def waiter() -> bool:
@@ -231,6 +336,7 @@ class Consumer:
             raise
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
+        check_count(max_in_flight, "max_in_flight")
         loop = self._running_loop()
 
         async def call() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from smartnsq._checks import check_optional_duration
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError
 from smartnsq.ordered.sharding import ShardKey, ShardRule
@@ -17,7 +18,7 @@ from smartnsq.producer.producer import LookupdSpec
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.trace import TraceSwitch
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.sync._loop import BackgroundLoop, acquire, release
+from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
 
 
 class Producer:
@@ -26,6 +27,7 @@ class Producer:
     def __init__(self, nsqd_tcp_addresses: Sequence[str] | None = None, *,
                  lookupd: LookupdSpec | None = None, config: ProducerConfig | None = None,
                  trace: TraceSwitch | None = None) -> None:
+        check_blocking_allowed("smartnsq.sync.Producer")
         # arguments are validated here, in the caller's thread, before the loop is touched
         self._async = AsyncProducer(nsqd_tcp_addresses, lookupd=lookupd, config=config,
                                     trace=trace)
@@ -85,6 +87,9 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Let accepted publishes finish (see the asyncio ``close``), close the connections
         and give the background thread back. Idempotent."""
+        # checked first: a bad value must not leave the producer half closed
+        timeout = check_optional_duration(timeout, "timeout")
+        check_blocking_allowed("smartnsq.sync.Producer.close()")
         loop = self._loop
         if loop is None:
             return
