@@ -33,7 +33,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from smartnsq._checks import check_duration
+from smartnsq._checks import check_duration, check_loop
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.errors import (
     ClientClosedError,
@@ -147,6 +147,8 @@ class Producer:
         self._idle: asyncio.Future[None] | None = None
         self._closed = False
         self._started = False
+        #: the event loop this producer runs on: bound by the first call (see _on_loop)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         mode = "lookupd" if self._routes is not None else "direct"
@@ -164,6 +166,7 @@ class Producer:
 
     async def start(self) -> None:
         """Start the lookup component (lookupd mode); connections are still made lazily."""
+        self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
         if self._started:
@@ -184,6 +187,7 @@ class Producer:
         # checked before anything changes: a bad value must not leave a half-closed producer
         limit = self.config.publish_timeout if timeout is None else check_duration(
             timeout, "timeout")
+        self._on_loop()
         if self._closed:
             return
         self._closed = True
@@ -243,7 +247,20 @@ class Producer:
 
     # ------------------------------------------------------------------ validation
 
+    def _on_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, which must be this producer's: its connections, futures and
+        timers belong to one loop, and a publish from another one would go out and then
+        fail (a retry would duplicate it). Refused before anything is written."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._loop is None:
+                self._loop = loop
+            else:
+                check_loop(self._loop, "this Producer")
+        return loop
+
     def _check_open(self) -> None:
+        self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
 
@@ -273,6 +290,9 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
         # the type test first: an unhashable topic must not reach the set lookup
@@ -282,10 +302,7 @@ class Producer:
             body = self._check_body(body)
         if partition is not None:
             check_partition(partition)
-        if timeout is None:
-            deadline = asyncio.get_running_loop().time() + self._timeout
-        else:
-            deadline = self._deadline(timeout)
+        deadline = loop.time() + self._timeout if timeout is None else self._deadline(timeout)
         op: Op
         if ext is None and trace_id is None and self._batcher is not None:
             # tracing is decided per batch when it is sent
