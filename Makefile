@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,speed]'
+	$(BIN)/pip install -q -e '.[dev,speed,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,205 @@
+"""The ``nsq`` source's options: parsed and validated once, at the driver.
+
+Spark hands every option over as a string in a case-insensitive map (keys arrive lower-cased).
+:func:`parse_source_options` maps them onto :class:`SourceOptions` and fails at once with a
+:class:`SourceOptionError` that names the option and the value. Names follow Spark's Kafka
+source where the meaning fits (``startingOffsets``, ``endingOffsets``, ``failOnDataLoss``,
+``minPartitions``; ``maxMessagesPerTrigger`` is ``maxOffsetsPerTrigger`` counted in messages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from smartnsq.errors import ConfigError
+from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
+from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
+
+__all__ = ["SOURCE_OPTION_NAMES", "SourceOptionError", "SourceOptions", "parse_source_options"]
+
+
+class SourceOptionError(ConfigError):
+    """An option of the ``nsq`` source is unknown, missing or has a bad value."""
+
+
+#: spelling shown in messages and docs; Spark lower-cases keys on the way in
+SOURCE_OPTION_NAMES: tuple[str, ...] = (
+    "lookupd", "topic", "channel", "flavour",
+    "startingOffsets", "startingTimestamp", "endingOffsets", "failOnDataLoss",
+    "maxMessagesPerTrigger", "maxBytesPerTrigger", "minPartitions", "commitToChannel",
+    "readTimeoutSeconds", "consume", "maxMessages", "maxWaitSeconds", "triggerWaitSeconds",
+)
+_CANONICAL = {n.lower(): n for n in SOURCE_OPTION_NAMES}
+#: options that belong to the sink (same ``format("nsq")``); the source ignores them
+_SINK_ONLY = frozenset({"tracededupe", "traceidfrom", "partitioncolumn", "maxbatchsize",
+                        "deterministictraceids", "shardkeycolumn"})
+
+Starting = Literal["earliest", "latest"] | dict[int, int]
+
+
+class SourceOptions(BaseModel):
+    """What the source was asked to do (already checked)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lookupd: tuple[str, ...]
+    topic: str
+    #: None: derived from the query's options (see :meth:`channel_for`)
+    channel: str | None = None
+    flavour: Literal["auto", "youzan", "stock"] = "auto"
+    #: None: the default (latest for streams, earliest for batch reads)
+    starting: Literal["earliest", "latest"] | dict[int, int] | None = None
+    starting_timestamp: int | None = Field(default=None, ge=0)
+    ending: Literal["latest"] | dict[int, int] = "latest"
+    fail_on_data_loss: bool = True
+    max_messages_per_trigger: int | None = Field(default=None, gt=0)
+    max_bytes_per_trigger: int | None = Field(default=None, gt=0)
+    min_partitions: int | None = Field(default=None, gt=0, le=1024)
+    commit_to_channel: bool = True
+    read_timeout: float = Field(default=10.0, gt=0, le=3600)
+    consume: bool = False
+    max_messages: int | None = Field(default=None, gt=0)
+    max_wait: float = Field(default=5.0, gt=0, le=3600)
+    trigger_wait: float = Field(default=0.5, gt=0, le=600)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        return check_topic(v)
+
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, v: str | None) -> str | None:
+        return None if v is None else check_channel(v)
+
+    def channel_for(self, purpose: str) -> str:
+        """The private channel: the ``channel`` option, else ``spark_<hash of the options>``
+        so that a restarted query finds its channel again while other queries get others."""
+        if self.channel is not None:
+            base = self.channel
+        else:
+            doc = json.dumps([self.topic, sorted(self.lookupd),
+                              self.model_dump(mode="json", exclude={"lookupd"})],
+                             sort_keys=True, default=str)
+            base = "spark_" + hashlib.sha1(doc.encode()).hexdigest()[:12]
+        name = base if not purpose else f"{base}_{purpose}"
+        return check_channel(name[:64])
+
+
+_FIELDS = {
+    "lookupd": "lookupd", "topic": "topic", "channel": "channel", "flavour": "flavour",
+    "startingOffsets": "starting", "startingTimestamp": "starting_timestamp",
+    "endingOffsets": "ending", "failOnDataLoss": "fail_on_data_loss",
+    "maxMessagesPerTrigger": "max_messages_per_trigger",
+    "maxBytesPerTrigger": "max_bytes_per_trigger", "minPartitions": "min_partitions",
+    "commitToChannel": "commit_to_channel", "readTimeoutSeconds": "read_timeout",
+    "consume": "consume", "maxMessages": "max_messages", "maxWaitSeconds": "max_wait",
+    "triggerWaitSeconds": "trigger_wait",
+}
+_BOOLS = {"true": True, "false": False}
+
+
+def _bool(name: str, value: str) -> bool:
+    try:
+        return _BOOLS[value.strip().lower()]
+    except KeyError:
+        raise SourceOptionError(f"option {name}={value!r}: expected true or false") from None
+
+
+def _int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise SourceOptionError(f"option {name}={value!r}: expected an integer") from None
+
+
+def _float(name: str, value: str) -> float:
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise SourceOptionError(f"option {name}={value!r}: expected a number") from None
+
+
+def _offsets(name: str, value: str, topic: str, allowed: tuple[str, ...]) -> Starting:
+    text = value.strip()
+    if text.lower() in allowed:
+        return "earliest" if text.lower() == "earliest" else "latest"
+    if not text.startswith("{"):
+        raise SourceOptionError(
+            f"option {name}={value!r}: expected {' or '.join(allowed)} or a JSON object "
+            f"of partition → byte offset (-2 earliest, -1 latest)")
+    try:
+        parsed = parse_offsets_json(text, topic)
+    except ValueError as exc:
+        raise SourceOptionError(f"option {name}={value!r}: {exc}") from None
+    bad = [p for p, o in parsed.items() if o < EARLIEST or (name == "endingOffsets"
+                                                            and o == EARLIEST)]
+    if bad:
+        raise SourceOptionError(f"option {name}={value!r}: bad offset for partition {bad[0]}")
+    return parsed
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Validate Spark's option map for a (streaming or batch) read."""
+    raw: dict[str, str] = {}
+    for key, value in options.items():
+        low = key.lower()
+        if low in _SINK_ONLY or low == "path":
+            continue
+        name = _CANONICAL.get(low)
+        if name is None:
+            raise SourceOptionError(
+                f"unknown option {key!r}={value!r} for the nsq source; known options: "
+                f"{', '.join(SOURCE_OPTION_NAMES)}")
+        raw[name] = str(value)
+    for required in ("lookupd", "topic"):
+        if not raw.get(required, "").strip():
+            raise SourceOptionError(f"option {required} is required (got "
+                                    f"{raw.get(required)!r})")
+    topic = raw["topic"].strip()
+    values: dict[str, object] = {}
+    for name, value in raw.items():
+        field = _FIELDS[name]
+        if name == "lookupd":
+            addrs = tuple(a.strip() for a in value.split(",") if a.strip())
+            for a in addrs:
+                try:
+                    parse_http_address(a)
+                except ValueError as exc:
+                    raise SourceOptionError(f"option lookupd={value!r}: {exc}") from None
+            values[field] = addrs
+        elif name in ("topic", "channel", "flavour"):
+            values[field] = value.strip().lower() if name == "flavour" else value.strip()
+        elif name == "startingOffsets":
+            values[field] = _offsets(name, value, topic, ("earliest", "latest"))
+        elif name == "endingOffsets":
+            values[field] = _offsets(name, value, topic, ("latest",))
+        elif name in ("failOnDataLoss", "commitToChannel", "consume"):
+            values[field] = _bool(name, value)
+        elif name in ("readTimeoutSeconds", "maxWaitSeconds", "triggerWaitSeconds"):
+            values[field] = _float(name, value)
+        else:
+            values[field] = _int(name, value)
+    if streaming and "endingOffsets" in raw:
+        raise SourceOptionError(
+            f"option endingOffsets={raw['endingOffsets']!r} is for batch reads only "
+            "(spark.read); a stream has no end")
+    if "startingOffsets" in raw and "startingTimestamp" in raw:
+        raise SourceOptionError(
+            "options startingOffsets and startingTimestamp exclude each other (got "
+            f"{raw['startingOffsets']!r} and {raw['startingTimestamp']!r})")
+    try:
+        return SourceOptions.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        name = next((n for n, f in _FIELDS.items() if f == field), field)
+        raise SourceOptionError(
+            f"option {name}={raw.get(name)!r}: {first['msg']}") from None
+    except ValueError as exc:
+        raise SourceOptionError(str(exc)) from None

@@ -1,0 +1,146 @@
+"""Driver-side questions of the youzan source: where partitions start and end now, where a
+query starts, and where a limited micro-batch ends.
+
+Offsets are byte positions, and only message boundaries can be positioned at; so a batch cut
+by ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` cannot end at an estimated byte count.
+The driver finds the exact boundary by reading the batch's messages' positions on a private
+probe channel (same exact reader as the executors use): limited batches cost one extra read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from smartnsq.config import LookupConfig
+from smartnsq.errors import NSQConnectionError, NSQTimeoutError, TopicNotFoundError
+from smartnsq.lookup import Lookup, TopicView
+from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.nsqd_http import NsqdHttp
+from smartnsq.spark.offsets import EARLIEST, LATEST, PartitionState
+from smartnsq.spark.options import SourceOptionError, SourceOptions
+
+__all__ = ["Snapshot", "find_boundary", "resolve_starting", "resolve_timestamp", "snapshot"]
+
+log = logging.getLogger(__name__)
+
+#: the smallest stored youzan record (header + length prefix, empty body): a byte budget
+#: over this many messages cannot be exceeded without probing
+MIN_RECORD = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A topic as seen now: its meta and every partition's retained start and end."""
+
+    topic: str
+    ordered: bool
+    ext: bool
+    partitions: Mapping[int, PartitionState]
+    partition_num: int
+
+
+async def _view(lookup: Lookup, topic: str) -> TopicView:
+    view = await lookup.refresh(topic, "r")
+    if view.not_found or not view.partitions:
+        raise TopicNotFoundError(
+            f"topic {topic!r} has no partitions in the lookup (option topic={topic!r}); "
+            f"{view.not_found_reason or 'is it a youzan topic that exists?'}")
+    return view
+
+
+async def snapshot(opts: SourceOptions, *, attempts: int = 5) -> Snapshot:
+    """Leaders from the lookup, then ``/stats`` from each leader; a leader that moved between
+    the two is looked up again (a bounded number of times)."""
+    last: Exception | None = None
+    async with Lookup(LookupConfig(addresses=opts.lookupd)) as lookup, NsqdHttp() as http:
+        for i in range(attempts):
+            view = await _view(lookup, opts.topic)
+            try:
+                states = await asyncio.gather(*(
+                    http.partition_state(node.http_address, node.address, opts.topic, p)
+                    for p, node in sorted(view.partitions.items())))
+            except NSQConnectionError as exc:
+                last = exc
+                await asyncio.sleep(0.2 * (i + 1))
+                continue
+            return Snapshot(opts.topic, view.ordered, view.extend_support,
+                            {s.partition: s for s in states}, view.partition_num)
+    raise NSQConnectionError(f"could not read the partition ends of {opts.topic!r} after "
+                             f"{attempts} attempts: {last}")
+
+
+async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
+                            channel: str) -> dict[int, int]:
+    """Per partition, the byte offset of the first message at or after ``seconds`` (the
+    server's timestamp search on a throw-away channel; its position is read back from
+    ``/stats``: end minus the channel's bytes left)."""
+    out: dict[int, int] = {}
+    async with NsqdHttp() as http:
+        for p, st in sorted(snap.partitions.items()):
+            await http.create_channel(st.leader_http, opts.topic, p, channel)
+            try:
+                await http.set_offset(st.leader_http, opts.topic, p, channel,
+                                      f"timestamp:{seconds}")
+                pos = await http.channel_position(st.leader_http, opts.topic, p, channel)
+            finally:
+                await http.delete_channel(st.leader_http, opts.topic, p, channel)
+            out[p] = min(max(pos, st.start), st.end)
+    return out
+
+
+def resolve_starting(opts: SourceOptions, snap: Snapshot, default: str,
+                     timestamps: Mapping[int, int] | None = None) -> dict[int, int]:
+    """The first offset of every partition for a new query (or a batch read)."""
+    if timestamps is not None:
+        return dict(timestamps)
+    starting = opts.starting if opts.starting is not None else default
+    if starting == "earliest":
+        return {p: s.start for p, s in snap.partitions.items()}
+    if starting == "latest":
+        return {p: s.end for p, s in snap.partitions.items()}
+    assert isinstance(starting, dict)
+    return _specific(starting, snap, "startingOffsets")
+
+
+def resolve_ending(opts: SourceOptions, snap: Snapshot) -> dict[int, int]:
+    if opts.ending == "latest":
+        return {p: s.end for p, s in snap.partitions.items()}
+    return _specific(opts.ending, snap, "endingOffsets")
+
+
+def _specific(given: Mapping[int, int], snap: Snapshot, option: str) -> dict[int, int]:
+    # like Kafka: explicit offsets must name exactly the topic's partitions
+    have, want = set(given), set(snap.partitions)
+    if have != want:
+        raise SourceOptionError(
+            f"option {option} names partitions {sorted(have)} but topic {snap.topic!r} has "
+            f"partitions {sorted(want)}; give every partition (-2 earliest, -1 latest)")
+    out: dict[int, int] = {}
+    for p, o in given.items():
+        st = snap.partitions[p]
+        if o == EARLIEST:
+            out[p] = st.start
+        elif o == LATEST:
+            out[p] = st.end
+        elif not st.start <= o <= st.end:
+            raise SourceOptionError(
+                f"option {option}: offset {o} of partition {p} is outside the retained range "
+                f"{st.start}-{st.end}")
+        else:
+            out[p] = o
+    return out
+
+
+async def find_boundary(task: RangeTask) -> int:
+    """Read ``task`` (limited by messages or bytes) on the driver's probe channel and return
+    the boundary after the last message it may take."""
+    fetcher = RangeFetcher(task)
+    try:
+        async for _ in fetcher.chunks():
+            pass
+    except NSQTimeoutError:
+        raise
+    return fetcher.next_offset

@@ -1,0 +1,310 @@
+"""The youzan source: replayable and partition-parallel, like Spark's Kafka source.
+
+Offsets are per-partition byte positions (``offsets.py``). The driver (a long-lived Spark
+Python process) plans ``[start, end)`` per partition from the leaders' ``/stats``; each range
+is read on an executor by :mod:`smartnsq.spark.fetch`, which positions a private channel
+exactly and stops exactly, so replaying a range yields the same rows. Spark's checkpoint is
+the source of truth; ``commit`` only moves the private channel so lag shows in nsqd's stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from smartnsq.errors import NSQError
+from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.nsqd_http import NsqdHttp
+from smartnsq.spark.offsets import (
+    PartitionState,
+    check_data_loss,
+    decode_offsets,
+    encode_offsets,
+    split_budget,
+    split_range,
+)
+from smartnsq.spark.options import SourceOptions
+from smartnsq.spark.planning import (
+    MIN_RECORD,
+    Snapshot,
+    find_boundary,
+    resolve_ending,
+    resolve_starting,
+    resolve_timestamp,
+    snapshot,
+)
+from smartnsq.spark.rows import to_record_batch
+
+__all__ = ["NsqRange", "YouzanBatchReader", "YouzanStreamReader", "read_range"]
+
+log = logging.getLogger(__name__)
+
+#: rows per Arrow batch handed to Spark
+_BATCH_ROWS = 8192
+
+
+class DataLossError(NSQError):
+    """Data between the checkpointed position and what the server still holds is gone
+    (``failOnDataLoss=true``)."""
+
+
+class NsqRange(InputPartition):
+    """One Spark task: one partition's range (or a piece of it)."""
+
+    def __init__(self, task: RangeTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+def read_range(task: RangeTask) -> Iterator[Any]:
+    """Executor side: the range's messages as ``pyarrow.RecordBatch``es, on a private loop."""
+    loop = asyncio.new_event_loop()
+    fetcher = RangeFetcher(task)
+    chunks = fetcher.chunks()
+    pending: list[Any] = []
+    try:
+        while True:
+            try:
+                chunk = loop.run_until_complete(anext(chunks))
+            except StopAsyncIteration:
+                break
+            pending.extend(chunk)
+            if len(pending) >= _BATCH_ROWS:
+                yield to_record_batch(pending, task.topic, task.partition, fetcher.leader)
+                pending = []
+        if pending:
+            yield to_record_batch(pending, task.topic, task.partition, fetcher.leader)
+    finally:
+        try:
+            loop.run_until_complete(chunks.aclose())
+        finally:
+            loop.close()
+
+
+def _plan(opts: SourceOptions, snap: Snapshot, start: Mapping[int, int],
+          end: Mapping[int, int], channel: str, *, delete: bool) -> list[NsqRange]:
+    out: list[NsqRange] = []
+    live = {p: (start.get(p, end[p]), e) for p, e in end.items() if e > start.get(p, e)}
+    pieces = 1
+    if opts.min_partitions and live and opts.min_partitions > len(live):
+        pieces = -(-opts.min_partitions // len(live))
+    for p, (s, e) in sorted(live.items()):
+        st = snap.partitions.get(p)
+        base = RangeTask(
+            lookupd=opts.lookupd, topic=opts.topic, partition=p, start=s, end=e,
+            channel=channel, ordered=snap.ordered, ext=snap.ext,
+            leader=st.leader if st else "", leader_http=st.leader_http if st else "",
+            read_timeout=opts.read_timeout, delete_channel=delete)
+        if pieces == 1:
+            out.append(NsqRange(base))
+            continue
+        # a piece starts reading at the range start (the only known boundary before it)
+        # and turns into rows only its own bytes; each piece reads on its own channel
+        for i, (a, b) in enumerate(split_range(s, e, pieces)):
+            out.append(NsqRange(replace(base, end=b, accept_from=a,
+                                        channel=f"{channel[:58]}_s{i}",
+                                        delete_channel=True)))
+    return out
+
+
+class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("nsq")`` on a youzan cluster."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.channel = opts.channel_for("")
+        self._target: dict[int, int] | None = None
+        self._latest: dict[int, int] | None = None
+        #: where reading resumes after data loss was tolerated (failOnDataLoss=false)
+        self._resume: dict[int, int] = {}
+
+    # -- driver ------------------------------------------------------------------------
+
+    def _snapshot(self) -> Snapshot:
+        return asyncio.run(snapshot(self.opts))
+
+    def initialOffset(self) -> dict[str, int]:
+        snap = self._snapshot()
+        stamps = None
+        if self.opts.starting_timestamp is not None:
+            stamps = asyncio.run(resolve_timestamp(
+                self.opts, snap, self.opts.starting_timestamp,
+                self.opts.channel_for("ts")[:50] + "_" + uuid.uuid4().hex[:8]))
+        return encode_offsets(resolve_starting(self.opts, snap, "latest", stamps))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_messages_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        snap = self._snapshot()
+        self._target = {p: s.end for p, s in snap.partitions.items()}
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return None if self._latest is None else encode_offsets(self._latest)
+
+    def _effective_start(self, start: Mapping[int, int], snap: Snapshot) -> dict[int, int]:
+        """Start positions after the data-loss rule; new partitions start at the earliest."""
+        out: dict[int, int] = {}
+        for p, st in snap.partitions.items():
+            if p not in start:
+                out[p] = st.start
+                continue
+            loss = check_data_loss(p, start[p], st)
+            if loss is None:
+                out[p] = start[p]
+                continue
+            msg = (f"data loss on {self.opts.topic} partition {p} at offset {loss.requested}: "
+                   f"{loss.reason}")
+            if self.opts.fail_on_data_loss:
+                raise DataLossError(msg + "; set option failOnDataLoss=false to skip to "
+                                          f"offset {loss.resumed_at} and go on")
+            log.warning("%s; failOnDataLoss=false: reading resumes at %d", msg,
+                        loss.resumed_at)
+            self._resume[p] = loss.resumed_at
+            out[p] = loss.resumed_at
+        return out
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        snap = self._snapshot()
+        begin = self._effective_start(decode_offsets(start), snap)
+        latest = {p: s.end for p, s in snap.partitions.items()}
+        self._latest = latest
+        if self._target is not None:
+            latest = {p: min(e, self._target.get(p, begin[p])) for p, e in latest.items()}
+        latest = {p: max(e, begin[p]) for p, e in latest.items()}
+        backlog = {p: latest[p] - begin[p] for p in latest}
+        if isinstance(limit, ReadMinRows):
+            # only bytes are known up front: wait until the backlog may hold min_rows
+            if sum(backlog.values()) < limit.min_rows * MIN_RECORD and self._target is None:
+                return encode_offsets(decode_offsets(start))
+        elif isinstance(limit, ReadMaxRows | ReadMaxBytes):
+            latest = self._limited(begin, latest, backlog, snap, limit)
+        return encode_offsets(latest)
+
+    def _limited(self, begin: dict[int, int], latest: dict[int, int],
+                 backlog: dict[int, int], snap: Snapshot, limit: ReadLimit) -> dict[int, int]:
+        """Ends of a batch under a message or byte budget split across partitions in
+        proportion to their backlogs, each ending on an exact message boundary."""
+        if isinstance(limit, ReadMaxRows):
+            shares = split_budget(limit.max_rows, backlog)
+        else:
+            assert isinstance(limit, ReadMaxBytes)
+            shares = split_budget(limit.max_bytes, backlog)
+        out = dict(begin)
+        probes: list[RangeTask] = []
+        for p, share in shares.items():
+            st: PartitionState = snap.partitions[p]
+            by_rows = isinstance(limit, ReadMaxRows)
+            if (by_rows and backlog[p] // MIN_RECORD <= share) or \
+                    (not by_rows and backlog[p] <= share):
+                out[p] = latest[p]
+                continue
+            probes.append(RangeTask(
+                lookupd=self.opts.lookupd, topic=self.opts.topic, partition=p,
+                start=begin[p], end=latest[p], channel=self.channel[:58] + "_probe",
+                ordered=snap.ordered, ext=snap.ext, leader=st.leader,
+                leader_http=st.leader_http, read_timeout=self.opts.read_timeout,
+                max_messages=share if by_rows else None,
+                max_bytes=None if by_rows else share))
+
+        async def probe_all() -> list[int]:
+            return list(await asyncio.gather(*(find_boundary(t) for t in probes)))
+
+        if probes:
+            for task, boundary in zip(probes, asyncio.run(probe_all()), strict=True):
+                out[task.partition] = boundary
+        return out
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[NsqRange]:
+        s, e = decode_offsets(start), decode_offsets(end)
+        if s == e:
+            return []
+        snap = self._snapshot()
+        begin = dict(s)
+        for p in e:
+            st = snap.partitions.get(p)
+            if p in self._resume:
+                begin[p] = max(begin.get(p, 0), self._resume.pop(p))
+            elif p not in begin and st is not None:
+                begin[p] = st.start
+            if st is not None and begin[p] < st.start:
+                if self.opts.fail_on_data_loss:
+                    raise DataLossError(
+                        f"data loss on {self.opts.topic} partition {p}: offset {begin[p]} is "
+                        f"before the retained start {st.start}; set option "
+                        "failOnDataLoss=false to skip it")
+                begin[p] = st.start
+        return _plan(self.opts, snap, begin, e, self.channel, delete=False)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, NsqRange)
+        return read_range(partition.task)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if not self.opts.commit_to_channel:
+            return
+        try:
+            asyncio.run(self._move_channel(decode_offsets(end)))
+        except NSQError as exc:
+            # informational only: the checkpoint, not the channel, is the truth
+            log.warning("could not move channel %s to the committed offsets: %s",
+                        self.channel, exc)
+
+    async def _move_channel(self, end: Mapping[int, int]) -> None:
+        snap = await snapshot(self.opts)
+        async with NsqdHttp() as http:
+            for p, off in sorted(end.items()):
+                st = snap.partitions.get(p)
+                if st is None or off > st.end:
+                    continue
+                await http.create_channel(st.leader_http, self.opts.topic, p, self.channel)
+                await http.set_offset(st.leader_http, self.opts.topic, p, self.channel,
+                                      f"virtual_queue:{off}")
+
+    def stop(self) -> None:
+        return None
+
+
+class YouzanBatchReader(DataSourceReader):
+    """``spark.read.format("nsq")`` on a youzan cluster: ``[startingOffsets, endingOffsets)``
+    per partition, read in parallel, non-destructively (on channels deleted afterwards)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        # unique per read so that concurrent batch reads never share a channel
+        self.channel = opts.channel_for("b" + uuid.uuid4().hex[:10])
+
+    def partitions(self) -> Sequence[NsqRange]:
+        snap = asyncio.run(snapshot(self.opts))
+        stamps = None
+        if self.opts.starting_timestamp is not None:
+            stamps = asyncio.run(resolve_timestamp(self.opts, snap,
+                                                   self.opts.starting_timestamp,
+                                                   self.channel[:55] + "_ts"))
+        start = resolve_starting(self.opts, snap, "earliest", stamps)
+        end = resolve_ending(self.opts, snap)
+        for p in end:
+            end[p] = max(end[p], start.get(p, end[p]))
+        return _plan(self.opts, snap, start, end, self.channel, delete=True)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, NsqRange)
+        return read_range(partition.task)

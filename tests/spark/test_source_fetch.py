@@ -1,0 +1,207 @@
+"""The youzan source's exact range reader and driver-side planning, without Spark: against
+the embedded youzan cluster over real sockets, plus the in-order rule on synthetic frames."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from smartnsq.devcluster import DevCluster
+from smartnsq.producer import Producer, PublishReceipt
+from smartnsq.protocol.messages import RawMessage
+from smartnsq.spark.fetch import RangeFetcher, RangeTask, _Reposition
+from smartnsq.spark.offsets import PartitionState
+from smartnsq.spark.options import SourceOptionError, parse_source_options
+from smartnsq.spark.planning import (
+    find_boundary,
+    resolve_ending,
+    resolve_starting,
+    resolve_timestamp,
+    snapshot,
+)
+
+TOPIC = "sparkfetch"
+ORDERED = "sparkfetch_ord"
+
+
+async def _publish(producer: Producer, topic: str, partition: int, n: int,
+                   tag: str) -> list[PublishReceipt]:
+    out = []
+    for i in range(n):
+        r = await producer.publish(topic, f"{tag}-{partition}-{i}".encode(),
+                                   partition=partition, trace_id=i + 1)
+        assert r is not None
+        out.append(r)
+    return out
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[DevCluster]:
+    async with DevCluster(nodes=2, flavour="youzan") as c:
+        c.create_topic(TOPIC, partition_num=2, replica=1, channels=["app"])
+        c.create_topic(ORDERED, partition_num=1, replica=1, ordered=True, channels=["app"])
+        yield c
+
+
+def _task(c: DevCluster, start: int, end: int, **kw: object) -> RangeTask:
+    args: dict[str, object] = dict(lookupd=tuple(c.lookupd_http_addresses), topic=TOPIC,
+                                   partition=0, start=start, end=end, channel="spark_t",
+                                   read_timeout=2.0)
+    args.update(kw)
+    return RangeTask(**args)  # type: ignore[arg-type]
+
+
+async def _read(task: RangeTask) -> tuple[list[RawMessage], RangeFetcher]:
+    f = RangeFetcher(task)
+    got: list[RawMessage] = []
+    async with asyncio.timeout(30):
+        async for chunk in f.chunks():
+            got.extend(chunk)
+    return got, f
+
+
+async def test_range_is_exact_and_replayable(cluster: DevCluster) -> None:
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        recs = await _publish(p, TOPIC, 0, 30, "a")
+    start, end = recs[5].offset, recs[20].offset
+    got, f = await _read(_task(cluster, start, end))
+    assert [m.body for m in got] == [f"a-0-{i}".encode() for i in range(5, 20)]
+    assert [m.offset for m in got] == [r.offset for r in recs[5:20]]
+    assert f.next_offset == end
+    again, _ = await _read(_task(cluster, start, end))
+    assert [m.body for m in again] == [m.body for m in got]
+    # an end inside a message still includes the message that starts before it
+    mid, _ = await _read(_task(cluster, start, recs[6].offset + 1))
+    assert [m.body for m in mid] == [b"a-0-5", b"a-0-6"]
+    # nothing: an empty range opens no channel and returns no rows
+    none, f0 = await _read(_task(cluster, end, end))
+    assert none == [] and f0.next_offset == end
+
+
+async def test_limits_and_split_pieces(cluster: DevCluster) -> None:
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        recs = await _publish(p, TOPIC, 1, 20, "b")
+    end = recs[-1].offset + recs[-1].raw_size
+    by_count = await find_boundary(_task(cluster, 0, end, partition=1, max_messages=7))
+    assert by_count == recs[7].offset
+    size = recs[0].raw_size
+    by_bytes = await find_boundary(_task(cluster, 0, end, partition=1,
+                                         max_bytes=3 * size + size // 2))
+    assert by_bytes == recs[3].offset
+    # a piece turns only its own bytes into rows; pieces together give every message once
+    cut = recs[9].offset + 3
+    first, _ = await _read(_task(cluster, 0, cut, partition=1, channel="piece0"))
+    second, _ = await _read(_task(cluster, 0, end, partition=1, accept_from=cut,
+                                  channel="piece1", delete_channel=True))
+    bodies = [m.body for m in first + second]
+    assert bodies == [f"b-1-{i}".encode() for i in range(20)]
+
+
+async def test_leader_move_during_read(cluster: DevCluster) -> None:
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        recs = await _publish(p, TOPIC, 0, 1200, "m")
+    end = recs[-1].offset + recs[-1].raw_size
+    f = RangeFetcher(_task(cluster, 0, end, read_timeout=3.0))
+    got: list[RawMessage] = []
+    moved = False
+    async with asyncio.timeout(60):
+        async for chunk in f.chunks():
+            got.extend(chunk)
+            if not moved:
+                before = cluster.leader(TOPIC, 0)
+                after = cluster.move_leader(TOPIC, 0)
+                assert before != after
+                moved = True
+    assert [m.body for m in got] == [f"m-0-{i}".encode() for i in range(1200)]
+    assert f.repositions >= 1
+
+
+async def test_ordered_topic_uses_sub_ordered(cluster: DevCluster) -> None:
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        recs = await _publish(p, ORDERED, 0, 10, "o")
+    got, _ = await _read(_task(cluster, recs[2].offset, recs[8].offset, topic=ORDERED,
+                               ordered=True))
+    assert [m.body for m in got] == [f"o-0-{i}".encode() for i in range(2, 8)]
+
+
+async def test_snapshot_and_starting_positions(cluster: DevCluster) -> None:
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        early = await _publish(p, TOPIC, 0, 3, "t")
+        await _publish(p, TOPIC, 1, 2, "t")
+        # the server's timestamp search works in whole seconds
+        await asyncio.sleep(1.1)
+        stamp = int(time.time())
+        await asyncio.sleep(0.05)
+        late = await _publish(p, TOPIC, 0, 2, "t")
+    opts = parse_source_options({"lookupd": ",".join(cluster.lookupd_http_addresses),
+                                 "topic": TOPIC}, streaming=True)
+    snap = await snapshot(opts)
+    assert sorted(snap.partitions) == [0, 1]
+    assert snap.partitions[0].end == late[-1].offset + late[-1].raw_size
+    assert snap.partitions[0].start == 0 and early[0].offset == 0
+    assert resolve_starting(opts, snap, "earliest") == {0: 0, 1: 0}
+    assert resolve_starting(opts, snap, "latest") == {p: s.end for p, s in
+                                                      snap.partitions.items()}
+    stamps = await resolve_timestamp(opts, snap, stamp, "spark_ts_probe")
+    assert stamps == {0: late[0].offset, 1: snap.partitions[1].end}
+    # explicit offsets: -2/-1 markers, all partitions required, inside the retained range
+    given = parse_source_options({"lookupd": "127.0.0.1:1", "topic": TOPIC,
+                                  "startingOffsets": f'{{"0": {early[1].offset}, "1": -1}}'},
+                                 streaming=True)
+    assert resolve_starting(given, snap, "latest") == {0: early[1].offset,
+                                                       1: snap.partitions[1].end}
+    partial = parse_source_options({"lookupd": "127.0.0.1:1", "topic": TOPIC,
+                                    "startingOffsets": '{"0": -2}'}, streaming=True)
+    with pytest.raises(SourceOptionError, match="startingOffsets names partitions"):
+        resolve_starting(partial, snap, "latest")
+    beyond = parse_source_options({"lookupd": "127.0.0.1:1", "topic": TOPIC,
+                                   "endingOffsets": '{"0": 999999, "1": -1}'}, streaming=False)
+    with pytest.raises(SourceOptionError, match="endingOffsets: offset 999999"):
+        resolve_ending(beyond, snap)
+
+
+async def test_unknown_topic_is_named(cluster: DevCluster) -> None:
+    opts = parse_source_options({"lookupd": cluster.lookupd_http_addresses[0],
+                                 "topic": "nosuchtopic"}, streaming=True)
+    with pytest.raises(Exception, match="topic='nosuchtopic'"):
+        await snapshot(opts)
+
+
+# --- the in-order rule on synthetic frames (no server) -------------------------------------
+
+
+def _raw(offset: int, size: int = 40) -> RawMessage:
+    return RawMessage(timestamp=0, attempts=1, id=bytes(16), body=b"x", offset=offset,
+                      raw_size=size)
+
+
+def test_take_drops_read_ahead_and_flags_gaps() -> None:
+    task = RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=80, end=200,
+                     channel="c")
+    f = RangeFetcher(task)
+    fins: list[bytes] = []
+
+    def fin(msg_id: bytes) -> bool:
+        fins.append(msg_id)
+        return True
+
+    from collections import deque
+    # the read-ahead message below the position is FINed and dropped, then rows follow
+    taken = f._take(deque([_raw(40), _raw(80), _raw(120)]), fin)
+    assert [m.offset for m in taken] == [80, 120]
+    assert f.dropped == 1 and len(fins) == 3 and f.next_offset == 160
+    # a message beyond the expected offset means the position did not take
+    with pytest.raises(_Reposition, match="expected offset 160, got 240"):
+        f._take(deque([_raw(240)]), fin)
+    # the end: the message at 160 is the last one (it starts before 200)
+    taken = f._take(deque([_raw(160), _raw(200)]), fin)
+    assert [m.offset for m in taken] == [160] and f.next_offset == 200
+
+
+def test_bad_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="range start 10 is after its end 5"):
+        RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=10,
+                               end=5, channel="c"))
