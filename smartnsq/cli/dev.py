@@ -1,4 +1,5 @@
-"""The ``smartnsq`` command line.
+"""``smartnsq dev``: the embedded cluster (argparse, unchanged since before the click CLI so
+scripts and tests that drive it keep working).
 
 ``smartnsq dev`` runs an embedded NSQ cluster (:class:`~smartnsq.devcluster.DevCluster`) until
 interrupted and prints its addresses, one ``<kind> <host:port>`` per line, then ``ready``::
@@ -135,6 +136,7 @@ def _signal_event() -> asyncio.Event:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``smartnsq dev`` with ``argv`` (which starts with ``dev``)."""
     args = build_parser().parse_args(argv)
     if args.command == "dev":
         try:

@@ -1,0 +1,290 @@
+"""``smartnsq topic create|delete`` and ``smartnsq channel create|delete|set-offset|pause|
+unpause|empty``: the admin calls, sent where the server requires them.
+
+youzan: topics are created and deleted on the lookupd leader (:class:`LookupAdmin` follows a
+moving leader); channel calls go to each partition's leader nsqd. Stock: topics and channels
+live on the nsqds, so the call goes to every nsqd (the ones the lookupds list, or ``--nsqd``).
+Each target's answer is printed, one line per target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import click
+
+from smartnsq.admin import NsqdAdmin, NsqdHttpError
+from smartnsq.cli.common import (
+    CliError,
+    Cluster,
+    FromParam,
+    StartAt,
+    cluster_options,
+    command_runner,
+    one_line,
+    pick_cluster,
+    topic_argument,
+)
+from smartnsq.errors import Flavour, NSQError
+from smartnsq.lookup import Lookup, LookupdError, TopicView
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.validation import check_channel
+
+TOPIC_EPILOG = """\b
+Examples:
+  smartnsq topic create orders --lookupd 127.0.0.1:4161 --partitions 4 --replica 2 --ordered
+  smartnsq topic create events --nsqd 127.0.0.1:4151          # stock nsqd
+  smartnsq topic delete orders --lookupd 127.0.0.1:4161
+"""
+
+CHANNEL_EPILOG = """\b
+Examples:
+  smartnsq channel create orders billing --lookupd 127.0.0.1:4161
+  smartnsq channel set-offset orders billing --to end --lookupd 127.0.0.1:4161
+  smartnsq channel set-offset orders billing --to offset:0=4096,1=0 --lookupd 127.0.0.1:4161
+  smartnsq channel pause orders billing --partition 2 --lookupd 127.0.0.1:4161
+  smartnsq channel empty events audit --nsqd 127.0.0.1:4151
+"""
+
+
+def _channel_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_channel(value)
+    except NSQError as exc:
+        raise click.BadParameter(one_line(str(exc)), ctx, param) from None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One nsqd to call (with the youzan partition it leads, or None)."""
+
+    http_address: str
+    partition: int | None
+
+    def label(self) -> str:
+        where = f"partition {self.partition} @ " if self.partition is not None else ""
+        return f"{where}nsqd {self.http_address}"
+
+
+async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
+    if view is not None and view.flavour is not Flavour.UNKNOWN:
+        return view.flavour
+    nodes = await lk.admin.nodes()
+    if lk.leader is not None or any("HA" in n.version or n.partitions for n in nodes):
+        return Flavour.YOUZAN
+    return Flavour.STOCK
+
+
+async def _call_all(targets: list[Target], call: Callable[[NsqdAdmin, Target], Awaitable[str]],
+                    what: str) -> None:
+    """Run ``call`` on every target, print each answer; fail if any target failed."""
+
+    async def one(t: Target) -> tuple[Target, str, bool]:
+        async with NsqdAdmin(t.http_address) as nsqd:
+            try:
+                return t, await call(nsqd, t), True
+            except NsqdHttpError as exc:
+                status = f"HTTP {exc.status}: " if exc.status is not None else ""
+                return t, f"{status}{exc.reason}", False
+
+    results = await asyncio.gather(*(one(t) for t in targets))
+    failed = 0
+    for t, answer, ok in results:
+        click.echo(f"{what}: {t.label()}: {answer}")
+        failed += not ok
+    if failed:
+        raise CliError(f"{what} failed on {failed} of {len(results)} nsqd target(s)")
+
+
+# -- topic -----------------------------------------------------------------------------------
+
+
+@click.group(epilog=TOPIC_EPILOG)
+def topic() -> None:
+    """Create or delete a topic."""
+
+
+@topic.command("create", epilog=TOPIC_EPILOG)
+@click.argument("name", callback=topic_argument)
+@cluster_options(nsqd_kind="http")
+@click.option("--partitions", type=click.IntRange(1, 255), default=1, show_default=True,
+              help="youzan: number of partitions")
+@click.option("--replica", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="youzan: replicas per partition")
+@click.option("--ordered", is_flag=True, help="youzan: an ordered topic (SUB_ORDERED only)")
+@click.option("--ext", is_flag=True, help="youzan: messages carry a JSON ext header")
+@click.option("--multi-part", is_flag=True, help="youzan: several partitions per nsqd")
+@click.option("--disable-channel-auto-create", is_flag=True,
+              help="youzan: channels must be created on lookupd first")
+@click.option("--retention-days", type=click.IntRange(min=0), help="youzan: retention")
+@command_runner
+async def topic_create(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...],
+                       partitions: int, replica: int, ordered: bool, ext: bool,
+                       multi_part: bool, disable_channel_auto_create: bool,
+                       retention_days: int | None) -> None:
+    """Create topic NAME (youzan: on the lookupd leader; stock: on every nsqd)."""
+    cluster = pick_cluster(lookupd, nsqd)
+    youzan_opts = (partitions != 1 or replica != 1 or ordered or ext or multi_part
+                   or disable_channel_auto_create or retention_days is not None)
+    if cluster.nsqd:
+        if youzan_opts:
+            raise click.UsageError("partitions, replicas and topic flags are youzan options; "
+                                   "give --lookupd (youzan creates topics on nsqlookupd)")
+        await _call_all([Target(a, None) for a in cluster.nsqd],
+                        lambda n, _t: n.topic("create", name), "topic create")
+        return
+    async with cluster.lookup() as lk:
+        if await _flavour(lk) is Flavour.STOCK:
+            if youzan_opts:
+                raise CliError("these lookupds are stock nsqlookupd: partitions, replicas and "
+                               "topic flags need youzan")
+            await _call_all(await _stock_nodes(lk), lambda n, _t: n.topic("create", name),
+                            "topic create")
+            return
+        try:
+            took = await lk.admin.create_topic(
+                name, partitions, replica, ordered=ordered, ext=ext, multi_part=multi_part,
+                disable_channel_auto_create=disable_channel_auto_create,
+                retention_days=retention_days)
+        except LookupdError as exc:
+            raise CliError(f"topic create {name}: {exc}") from None
+    click.echo(f"topic create: lookupd {', '.join(took)}: OK ({partitions} partition(s), "
+               f"replica {replica})")
+
+
+@topic.command("delete", epilog=TOPIC_EPILOG)
+@click.argument("name", callback=topic_argument)
+@cluster_options(nsqd_kind="http")
+@command_runner
+async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...]) -> None:
+    """Delete topic NAME and its messages (youzan: every partition, on the lookupd leader;
+    stock: on every nsqd that has it)."""
+    cluster = pick_cluster(lookupd, nsqd)
+    if cluster.nsqd:
+        await _call_all([Target(a, None) for a in cluster.nsqd],
+                        lambda n, _t: n.topic("delete", name), "topic delete")
+        return
+    async with cluster.lookup() as lk:
+        view = await lk.lookup(name, "r")
+        if view.not_found or not view.nodes:
+            raise CliError(f"topic {name!r} not found on lookupd "
+                           f"{', '.join(view.answered_by) or ', '.join(lk.seeds)}")
+        if await _flavour(lk, view) is Flavour.STOCK:
+            await _call_all([Target(n.http_address, None) for n in view.nodes.values()],
+                            lambda n, _t: n.topic("delete", name), "topic delete")
+            return
+        try:
+            took = await lk.admin.delete_topic(name)
+        except LookupdError as exc:
+            raise CliError(f"topic delete {name}: {exc}") from None
+    click.echo(f"topic delete: lookupd {', '.join(took)}: OK")
+
+
+async def _stock_nodes(lk: Lookup) -> list[Target]:
+    nodes = await lk.admin.nodes()
+    targets = [Target(n.http_address, None) for n in nodes if n.http_port]
+    if not targets:
+        raise CliError(f"no nsqd registered with lookupd {', '.join(lk.seeds)}")
+    return targets
+
+
+# -- channel ---------------------------------------------------------------------------------
+
+
+@click.group(epilog=CHANNEL_EPILOG)
+def channel() -> None:
+    """Create, delete, reposition, pause, unpause or empty a channel."""
+
+
+def _channel_command(action: str, doc: str) -> click.Command:
+    @click.argument("channel_name", metavar="CHANNEL", callback=_channel_arg)
+    @click.argument("topic_name", metavar="TOPIC", callback=topic_argument)
+    @cluster_options(nsqd_kind="http")
+    @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+                  help="youzan: only this partition (repeatable; default every partition)")
+    @command_runner
+    async def command(topic_name: str, channel_name: str, lookupd: tuple[str, ...],
+                      nsqd: tuple[str, ...], partitions: tuple[int, ...]) -> None:
+        cluster = pick_cluster(lookupd, nsqd)
+        targets = await _channel_targets(cluster, topic_name, channel_name, partitions,
+                                         register=action == "create")
+        await _call_all(targets, lambda n, t: n.channel(action, topic_name, channel_name,
+                                                        t.partition), f"channel {action}")
+
+    command.__doc__ = doc
+    return click.command(action, epilog=CHANNEL_EPILOG)(command)
+
+
+for _action, _doc in (
+        ("create", "Create CHANNEL on TOPIC (youzan: on every partition's leader)."),
+        ("delete", "Delete CHANNEL of TOPIC."),
+        ("empty", "Drop every message waiting in CHANNEL (youzan: move it to the end)."),
+        ("pause", "Stop delivering CHANNEL's messages to its consumers."),
+        ("unpause", "Resume delivering CHANNEL's messages.")):
+    channel.add_command(_channel_command(_action, _doc))
+
+
+@channel.command("set-offset", epilog=CHANNEL_EPILOG)
+@click.argument("topic_name", metavar="TOPIC", callback=topic_argument)
+@click.argument("channel_name", metavar="CHANNEL", callback=_channel_arg)
+@cluster_options(nsqd=False)
+@click.option("--to", "position", type=FromParam(), required=True,
+              help="earliest | end | offset:P=N,... | count:P=N,... | timestamp:T")
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="only this partition (repeatable; default every partition)")
+@command_runner
+async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...],
+                     position: StartAt, partitions: tuple[int, ...]) -> None:
+    """youzan: move CHANNEL of TOPIC to a position (on each partition's leader)."""
+    cluster = pick_cluster(lookupd, (), allow_nsqd=False)
+    if isinstance(position, dict):
+        if partitions:
+            raise click.UsageError("--to offset:/count: names its partitions; drop --partition")
+        partitions = tuple(sorted(position))
+    targets = await _channel_targets(cluster, topic_name, channel_name, partitions,
+                                     youzan_only="set-offset")
+
+    def spec(t: Target) -> OffsetSpec:
+        assert t.partition is not None
+        return position[t.partition] if isinstance(position, dict) else position
+
+    await _call_all(targets, lambda n, t: n.set_offset(topic_name, channel_name,
+                                                       t.partition or 0, spec(t)),
+                    "channel set-offset")
+
+
+async def _channel_targets(cluster: Cluster, topic: str, channel: str,
+                           partitions: tuple[int, ...], *, register: bool = False,
+                           youzan_only: str | None = None) -> list[Target]:
+    if cluster.nsqd:
+        if len(partitions) > 1:
+            raise click.UsageError("with --nsqd give at most one --partition")
+        part = partitions[0] if partitions else None
+        return [Target(a, part) for a in cluster.nsqd]
+    async with cluster.lookup() as lk:
+        view = await lk.lookup(topic, "r")
+        if view.not_found or not view.nodes:
+            raise CliError(f"topic {topic!r} not found on lookupd "
+                           f"{', '.join(view.answered_by) or ', '.join(lk.seeds)}")
+        if not view.is_partitioned:
+            if youzan_only:
+                raise CliError(f"{youzan_only} needs youzan nsqd: topic {topic!r} is on stock "
+                               "nsqd")
+            if partitions:
+                raise CliError(f"--partition: topic {topic!r} is not partitioned (stock NSQ)")
+            return [Target(n.http_address, None) for n in view.nodes.values()]
+        for p in partitions:
+            if p >= view.partition_num:
+                raise CliError(f"no partition {p}: topic {topic!r} has partitions "
+                               f"0..{view.partition_num - 1}")
+        if register and view.disable_channel_auto_create:
+            # such topics only take channels lookupd knows about
+            await lk.admin.create_channel(topic, channel)
+        wanted = partitions or tuple(range(view.partition_num))
+        missing = [p for p in wanted if view.leader(p) is None]
+        if missing:
+            raise CliError(f"topic {topic!r}: no leader for partition(s) "
+                           f"{', '.join(map(str, missing))} right now; retry")
+        return [Target(view.partitions[p].http_address, p) for p in wanted]

@@ -1,0 +1,255 @@
+"""``smartnsq to-file TOPIC --output-dir DIR``: archive a topic to files (like
+``nsq_to_file``), one file per partition at a time.
+
+At-least-once: a message is finished (FIN) only after the file holding it was flushed and
+``fsync``-ed, so a crash loses nothing acknowledged; it may leave messages both in a file and
+still in the channel (they are delivered again). Files are written as ``NAME.tmp`` and renamed
+to ``NAME`` when rotated or closed (a ``.tmp`` left by a crash holds synced data).
+
+Rotation by size (``--rotate-size``, bytes before compression) and by age
+(``--rotate-interval``); ``--gzip`` compresses. File names carry the topic, partition, host,
+UTC start time and a sequence number: ``orders.p3.host1.2026-11-23T16-00-00Z.0001.log.gz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import click
+
+from smartnsq.cli.common import (
+    CliError,
+    FromParam,
+    StartAt,
+    cluster_options,
+    command_runner,
+    pick_cluster,
+    stderr_console,
+    stop_event,
+    topic_argument,
+)
+from smartnsq.cli.tail import check_partitions, check_start, topic_view
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer import Consumer
+from smartnsq.message import Message
+
+EPILOG = """\b
+Examples:
+  smartnsq to-file orders --output-dir /data/nsq --lookupd 127.0.0.1:4161
+  smartnsq to-file orders --output-dir /data/nsq --lookupd 127.0.0.1:4161 \\
+      --gzip --rotate-size 100000000 --rotate-interval 3600
+  smartnsq to-file events --output-dir . --nsqd 127.0.0.1:4150 --channel archive
+"""
+
+
+@dataclass
+class OpenFile:
+    path: Path
+    tmp: Path
+    stream: IO[bytes] | gzip.GzipFile
+    raw: IO[bytes]
+    opened: float
+    written: int = 0
+    #: written to this file, not yet synced, not yet finished
+    pending: list[Message] = field(default_factory=list)
+
+
+class Archiver:
+    """Writes messages to per-partition files; finishes them once their file is synced."""
+
+    def __init__(self, topic: str, out_dir: Path, *, rotate_size: int | None,
+                 rotate_interval: float | None, compress: bool, gzip_level: int,
+                 sync_count: int, host: str) -> None:
+        self.topic = topic
+        self.out_dir = out_dir
+        self.rotate_size = rotate_size
+        self.rotate_interval = rotate_interval
+        self.compress = compress
+        self.gzip_level = gzip_level
+        self.sync_count = sync_count
+        self.host = host
+        self.files: dict[int, OpenFile] = {}
+        self.seq = 0
+        self.stopping = False
+        self.written = 0
+        self.finished = 0
+        self.closed_files: list[Path] = []
+
+    def _name(self, partition: int) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
+        part = f"p{partition}" if partition >= 0 else "all"
+        self.seq += 1
+        ext = ".log.gz" if self.compress else ".log"
+        return f"{self.topic}.{part}.{self.host}.{stamp}.{self.seq:04d}{ext}"
+
+    def _open(self, partition: int) -> OpenFile:
+        name = self._name(partition)
+        path = self.out_dir / name
+        tmp = self.out_dir / (name + ".tmp")
+        raw = open(tmp, "xb")  # noqa: SIM115 - closed in _close
+        stream: IO[bytes] | gzip.GzipFile = raw
+        if self.compress:
+            stream = gzip.GzipFile(filename=name.removesuffix(".gz"), mode="wb", fileobj=raw,
+                                   compresslevel=self.gzip_level)
+        f = OpenFile(path, tmp, stream, raw, time.monotonic())
+        self.files[partition] = f
+        return f
+
+    async def __call__(self, msg: Message) -> None:
+        msg.disable_auto_response()
+        if self.stopping:
+            # not written: another reader (or our next run) gets it
+            msg.requeue(0, backoff=False)
+            return
+        partition = msg.partition if msg.partition is not None else -1
+        f = self.files.get(partition)
+        if f is None:
+            f = self._open(partition)
+        f.stream.write(msg.body + b"\n")
+        f.written += len(msg.body) + 1
+        f.pending.append(msg)
+        self.written += 1
+        if self.rotate_size is not None and f.written >= self.rotate_size:
+            self._close(partition)
+        elif len(f.pending) >= self.sync_count:
+            self._sync(f)
+
+    def _sync(self, f: OpenFile) -> None:
+        """Flush and fsync ``f``, then finish the messages it holds."""
+        if isinstance(f.stream, gzip.GzipFile):
+            f.stream.flush(zlib.Z_SYNC_FLUSH)
+        f.stream.flush()
+        f.raw.flush()
+        os.fsync(f.raw.fileno())
+        done, f.pending = f.pending, []
+        for m in done:
+            m.finish()
+        self.finished += len(done)
+
+    def _close(self, partition: int) -> None:
+        f = self.files.pop(partition)
+        self._sync(f)
+        f.stream.close()  # writes the gzip trailer
+        if f.stream is not f.raw:
+            f.raw.flush()
+            os.fsync(f.raw.fileno())
+            f.raw.close()
+        os.replace(f.tmp, f.path)
+        self.closed_files.append(f.path)
+        _fsync_dir(self.out_dir)
+
+    def tick(self) -> None:
+        """Periodic: sync what is pending, rotate files that are old enough."""
+        now = time.monotonic()
+        for partition, f in list(self.files.items()):
+            if self.rotate_interval is not None and now - f.opened >= self.rotate_interval:
+                self._close(partition)
+            elif f.pending:
+                self._sync(f)
+
+    def close_all(self) -> None:
+        for partition in list(self.files):
+            self._close(partition)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not every platform can open a directory
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@click.command("to-file", epilog=EPILOG)
+@click.argument("topic", callback=topic_argument)
+@click.option("--output-dir", required=True,
+              type=click.Path(file_okay=False, writable=True, path_type=Path),
+              help="directory for the files (created if missing)")
+@cluster_options()
+@click.option("--channel", default="nsq_to_file", show_default=True)
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="youzan: archive only this partition (repeatable)")
+@click.option("--from", "start", type=FromParam(),
+              help="youzan: start position (earliest | end | offset:P=N,... | timestamp:T)")
+@click.option("--rotate-size", type=click.IntRange(min=1), metavar="BYTES",
+              help="start a new file after this many bytes (before compression)")
+@click.option("--rotate-interval", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="start a new file after this many seconds")
+@click.option("--gzip", "compress", is_flag=True, help="gzip the files")
+@click.option("--gzip-level", type=click.IntRange(1, 9), default=6, show_default=True)
+@click.option("--sync-interval", type=click.FloatRange(min=0.01), default=1.0,
+              show_default=True, help="seconds between syncs (each sync FINs what it covers)")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="messages held at once; a sync also happens when half of them are waiting")
+@command_runner
+async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
+                  nsqd: tuple[str, ...], channel: str, partitions: tuple[int, ...],
+                  start: StartAt | None, rotate_size: int | None,
+                  rotate_interval: float | None, compress: bool, gzip_level: int,
+                  sync_interval: float, max_in_flight: int) -> None:
+    """Archive TOPIC into files in --output-dir (at-least-once: a message is finished only
+    after the file holding it has been flushed and synced). Ctrl-C stops gracefully: files
+    are synced and closed, unwritten messages go back to the channel."""
+    cluster = pick_cluster(lookupd, nsqd)
+    if cluster.nsqd and (partitions or start is not None):
+        raise click.UsageError("--partition and --from need --lookupd")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create --output-dir {output_dir}: {exc.strerror}") from None
+    archiver = Archiver(topic, output_dir, rotate_size=rotate_size,
+                        rotate_interval=rotate_interval, compress=compress,
+                        gzip_level=gzip_level, sync_count=max(1, max_in_flight // 2),
+                        host=socket.gethostname().split(".")[0] or "host")
+    config = ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
+                            lookupd_poll_interval=15.0, max_attempts=0)
+    stop = stop_event()
+    if cluster.nsqd:
+        consumer = Consumer(topic, channel, archiver, nsqd_tcp_addresses=list(cluster.nsqd),
+                            config=config)
+        await _run(consumer, archiver, stop, sync_interval)
+    else:
+        async with cluster.lookup(poll_interval=15.0) as lk:
+            view = await topic_view(lk, topic)
+            check_partitions(view, partitions)
+            check_start(view, start)
+            consumer = Consumer(topic, channel, archiver, lookup=lk, config=config,
+                                start_at=start, partitions=partitions or None)
+            await _run(consumer, archiver, stop, sync_interval)
+    stderr_console().print(
+        f"archived {archiver.finished} message(s) of {topic} into "
+        f"{len(archiver.closed_files)} file(s) in {output_dir}", highlight=False,
+        soft_wrap=True)
+
+
+async def _run(consumer: Consumer, archiver: Archiver, stop: asyncio.Event,
+               sync_interval: float) -> None:
+    await consumer.start()
+    try:
+        while not stop.is_set() and not consumer.is_closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), sync_interval)
+            archiver.tick()
+    finally:
+        # stop taking messages, make what was written durable and finish it, then stop
+        archiver.stopping = True
+        try:
+            archiver.close_all()
+        finally:
+            await consumer.stop()
+    if consumer.error is not None:
+        raise consumer.error

@@ -1,0 +1,295 @@
+"""What every command shares: the cluster options, running a coroutine with one-line errors,
+parsers for the option values (addresses, start positions, rates), and the rich consoles.
+
+Errors reach the operator as one line (``smartnsq: error: ...``) with a non-zero exit code and
+no traceback; ``SMARTNSQ_TRACEBACK=1`` shows the traceback for bug reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import functools
+import logging
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+import aiohttp
+import click
+from rich.console import Console
+
+from smartnsq.config import LookupConfig
+from smartnsq.errors import NSQError
+from smartnsq.lookup import Lookup
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: exit code after Ctrl-C (128 + SIGINT), as shells report it
+EXIT_INTERRUPTED = 130
+
+
+class CliError(click.ClickException):
+    """A one-line error for the operator (exit code 1)."""
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)
+
+
+def stdout_console() -> Console:
+    """Tables on a terminal fit it; piped output gets room for addresses and ids."""
+    return Console(width=None if sys.stdout.isatty() else 240)
+
+
+# -- the cluster a command talks to ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``--lookupd`` / ``--nsqd`` as given (exactly one of them is non-empty)."""
+
+    lookupd: tuple[str, ...]
+    nsqd: tuple[str, ...]
+
+    def lookup_config(self, *, poll_interval: float = 60.0) -> LookupConfig:
+        return LookupConfig(addresses=self.lookupd, poll_interval=poll_interval,
+                            request_timeout=2.0)
+
+    def lookup(self, *, poll_interval: float = 60.0) -> Lookup:
+        """A Lookup over ``--lookupd`` (shared by the command's clients; the caller closes
+        it)."""
+        return Lookup(self.lookup_config(poll_interval=poll_interval))
+
+
+def _tcp_address(ctx: click.Context, param: click.Parameter,
+                 value: tuple[str, ...]) -> tuple[str, ...]:
+    for v in value:
+        try:
+            parse_tcp_address(v)
+        except NSQError as exc:
+            raise click.BadParameter(one_line(str(exc)), ctx, param) from None
+    return value
+
+
+def _http_address(ctx: click.Context, param: click.Parameter,
+                  value: tuple[str, ...]) -> tuple[str, ...]:
+    for v in value:
+        try:
+            parse_http_address(v)
+        except NSQError as exc:
+            raise click.BadParameter(one_line(str(exc)), ctx, param) from None
+    return value
+
+
+def cluster_options(*, nsqd_kind: str = "tcp", nsqd: bool = True,
+                    prefix: str = "") -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """``--lookupd HOST:PORT`` (repeatable) and ``--nsqd HOST:PORT`` (repeatable; the nsqd's
+    TCP or HTTP address, as ``nsqd_kind`` says). ``prefix`` names a second cluster
+    (``--from-lookupd``)."""
+
+    def deco(fn: Callable[P, T]) -> Callable[P, T]:
+        lk_name = f"--{prefix}lookupd"
+        dest_lk = f"{prefix.replace('-', '_')}lookupd"
+        if nsqd:
+            fn = click.option(
+                f"--{prefix}nsqd", f"{prefix.replace('-', '_')}nsqd", multiple=True,
+                metavar="HOST:PORT", callback=_tcp_address if nsqd_kind == "tcp" else _http_address,
+                help=f"nsqd {nsqd_kind.upper()} address (repeatable), instead of "
+                     f"{lk_name}")(fn)
+        return click.option(
+            lk_name, dest_lk, multiple=True, metavar="HOST:PORT", callback=_http_address,
+            help="nsqlookupd HTTP address (repeatable)")(fn)
+
+    return deco
+
+
+def pick_cluster(lookupd: tuple[str, ...], nsqd: tuple[str, ...], *, prefix: str = "",
+                 allow_nsqd: bool = True) -> Cluster:
+    if not allow_nsqd and nsqd:
+        raise click.UsageError(f"--{prefix}nsqd is not supported here; use --{prefix}lookupd")
+    if not lookupd and not nsqd:
+        if not allow_nsqd:
+            raise click.UsageError(f"give --{prefix}lookupd HOST:PORT")
+        raise click.UsageError(f"give --{prefix}lookupd HOST:PORT or --{prefix}nsqd HOST:PORT")
+    if lookupd and nsqd:
+        raise click.UsageError(f"give either --{prefix}lookupd or --{prefix}nsqd, not both")
+    return Cluster(tuple(lookupd), tuple(nsqd))
+
+
+def topic_argument(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_topic(value)
+    except NSQError as exc:
+        raise click.BadParameter(one_line(str(exc)), ctx, param) from None
+
+
+# -- option values ---------------------------------------------------------------------------
+
+StartAt = OffsetSpec | dict[int, OffsetSpec]
+
+_PART_OFFSET = re.compile(r"(\d+)=(\d+)")
+
+
+def parse_from(text: str) -> StartAt:
+    """``earliest``, ``end``, ``offset:P=N,…`` (byte offsets per partition), ``count:P=N,…``
+    (message counts) or ``timestamp:T`` (unix seconds or ISO 8601)."""
+    if text == "earliest":
+        return OffsetSpec.msgcount(0)
+    if text == "end":
+        return OffsetSpec.end()
+    kind, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise ValueError(f"malformed position {text!r}: expected earliest, end, "
+                         "offset:P=N[,P=N...], count:P=N[,...] or timestamp:T")
+    if kind in ("offset", "count"):
+        out: dict[int, OffsetSpec] = {}
+        for item in rest.split(","):
+            m = _PART_OFFSET.fullmatch(item.strip())
+            if m is None:
+                raise ValueError(f"malformed {kind} {item!r} in {text!r}: expected "
+                                 "PARTITION=NUMBER (both integers >= 0)")
+            p, n = int(m.group(1)), int(m.group(2))
+            if p in out:
+                raise ValueError(f"partition {p} given twice in {text!r}")
+            out[p] = (OffsetSpec.virtual_queue(n) if kind == "offset"
+                      else OffsetSpec.msgcount(n))
+        return out
+    if kind == "timestamp":
+        return OffsetSpec.timestamp(parse_timestamp(rest))
+    raise ValueError(f"unknown position kind {kind!r} in {text!r}: expected earliest, end, "
+                     "offset:..., count:... or timestamp:...")
+
+
+def parse_timestamp(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        when = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"malformed timestamp {text!r}: expected unix seconds or ISO 8601 "
+                         "(2026-11-23T16:00:00+00:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    return int(when.timestamp())
+
+
+class FromParam(click.ParamType[StartAt]):
+    name = "POSITION"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> StartAt:
+        if isinstance(value, OffsetSpec | dict):
+            return value
+        try:
+            return parse_from(str(value))
+        except (ValueError, NSQError) as exc:
+            self.fail(one_line(str(exc)), param, ctx)
+
+
+def parse_rate(text: str) -> float:
+    """``100``, ``100/s``, ``6000/m`` → messages per second (> 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:/\s*([smh]))?\s*", text)
+    if m is None:
+        raise ValueError(f"malformed rate {text!r}: expected N, N/s, N/m or N/h")
+    n = float(m.group(1))
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+    if n <= 0:
+        raise ValueError(f"rate must be > 0, got {text!r}")
+    return n / per
+
+
+class RateParam(click.ParamType[float]):
+    name = "N/s"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_rate(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def stop_event() -> asyncio.Event:
+    """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close)."""
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # not on every platform (Windows), nor outside the main thread (tests)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, event.set)
+    return event
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line text of an error, with its cause when that says more."""
+    text = one_line(str(exc)) or type(exc).__name__
+    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError) and not isinstance(
+            exc, NSQError):
+        text = f"{type(exc).__name__}: {text}" if str(exc) else type(exc).__name__
+    return text
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; library and network errors become one-line CliErrors."""
+    try:
+        return asyncio.run(coro)
+    except (NSQError, OSError, aiohttp.ClientError, TimeoutError) as exc:
+        raise CliError(describe(exc)) from exc
+
+
+def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
+    """Decorate an ``async def`` command body so click can call it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        async def main() -> T:
+            return await fn(*args, **kwargs)
+        return run(main())
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def cli_logging(verbose: int) -> Iterator[None]:
+    """``-v`` shows the library's warnings, ``-vv`` info, ``-vvv`` debug; by default only our
+    own one-line messages reach stderr. The previous logging setup is restored afterwards
+    (commands also run inside other programs and tests)."""
+    from rich.logging import RichHandler
+
+    level = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}.get(
+        verbose, logging.DEBUG)
+    root = logging.getLogger("smartnsq")
+    saved = (root.level, root.propagate)
+    handler = RichHandler(console=stderr_console(), show_path=False)
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
+
+
+def err_print(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

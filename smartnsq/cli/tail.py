@@ -1,0 +1,204 @@
+"""``smartnsq tail TOPIC``: print messages as they arrive (like ``nsq_tail``, partition-,
+order- and offset-aware)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import random
+import sys
+from typing import Any, BinaryIO
+
+import click
+
+from smartnsq.cli.common import (
+    CliError,
+    FromParam,
+    StartAt,
+    cluster_options,
+    command_runner,
+    pick_cluster,
+    stop_event,
+    topic_argument,
+)
+from smartnsq.config import ConsumerConfig
+from smartnsq.consumer import Consumer
+from smartnsq.errors import Flavour
+from smartnsq.lookup import Lookup, TopicView
+from smartnsq.message import Message
+from smartnsq.ordered import OrderedConsumer
+
+EPILOG = """\b
+Examples:
+  smartnsq tail orders --lookupd 127.0.0.1:4161
+  smartnsq tail orders --lookupd 127.0.0.1:4161 --from earliest -n 100 --format json
+  smartnsq tail orders --lookupd 127.0.0.1:4161 --partition 2 --from offset:2=4096
+  smartnsq tail orders --lookupd 127.0.0.1:4161 --ordered --from timestamp:2026-11-23T10:00
+  smartnsq tail events --nsqd 127.0.0.1:4150 --channel audit
+"""
+
+
+def ephemeral_channel() -> str:
+    return f"tail{random.randrange(10**6):06d}#ephemeral"
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """Everything known about a delivered message, for ``--format json``."""
+    body = msg.body
+    doc: dict[str, Any] = {
+        "id": msg.id.hex(),
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        "raw_size": msg.raw_size,
+        "internal_id": msg.internal_id,
+        "trace_id": msg.trace_id,
+        "attempts": msg.attempts,
+        "timestamp": msg.timestamp,
+        "nsqd": msg.nsqd_address,
+    }
+    try:
+        doc["ext"] = msg.ext
+    except Exception:  # an unparsable header is still shown, raw
+        raw = msg.ext_raw
+        doc["ext"] = None
+        doc["ext_raw"] = raw.decode("utf-8", "replace") if raw is not None else None
+    try:
+        doc["body"] = body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body_base64"] = base64.b64encode(body).decode("ascii")
+    return doc
+
+
+class Printer:
+    """Writes each message (in arrival order, which per partition is queue order) and stops
+    after ``count`` messages; later deliveries are requeued untouched for other readers."""
+
+    def __init__(self, fmt: str, count: int | None, out: BinaryIO) -> None:
+        self.fmt = fmt
+        self.count = count
+        self.out = out
+        self.printed = 0
+        self.done = asyncio.Event()
+
+    async def __call__(self, msg: Message) -> None:
+        if self.count is not None and self.printed >= self.count:
+            msg.requeue(0, backoff=False)
+            return
+        if self.fmt == "json":
+            line = json.dumps(message_json(msg), ensure_ascii=False).encode("utf-8")
+        else:
+            line = msg.body
+        self.out.write(line + b"\n")
+        self.out.flush()
+        self.printed += 1
+        if self.count is not None and self.printed >= self.count:
+            self.done.set()
+
+
+async def topic_view(lookup: Lookup, topic: str) -> TopicView:
+    """The readable view of ``topic``, or a CliError when the lookupds do not know it."""
+    view = await lookup.lookup(topic, "r")
+    if view.not_found or not view.nodes:
+        why = f" ({view.not_found_reason})" if view.not_found_reason else ""
+        raise CliError(f"topic {topic!r} not found on lookupd "
+                       f"{', '.join(view.answered_by) or ', '.join(lookup.seeds)}{why}")
+    return view
+
+
+def check_partitions(view: TopicView, partitions: tuple[int, ...]) -> None:
+    if not partitions:
+        return
+    if view.flavour is not Flavour.YOUZAN or not view.is_partitioned:
+        raise CliError(f"--partition: topic {view.topic!r} is not partitioned (stock NSQ)")
+    for p in partitions:
+        if p >= view.partition_num:
+            raise CliError(f"--partition {p}: topic {view.topic!r} has partitions "
+                           f"0..{view.partition_num - 1}")
+
+
+def check_start(view: TopicView, start: StartAt | None) -> None:
+    if isinstance(start, dict):
+        for p in start:
+            if p >= view.partition_num:
+                raise CliError(f"--from: no partition {p} (topic {view.topic!r} has "
+                               f"{view.partition_num})")
+
+
+@click.command(epilog=EPILOG)
+@click.argument("topic", callback=topic_argument)
+@cluster_options()
+@click.option("--channel", help="channel to read from (default: a new ephemeral channel)")
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="youzan: read only this partition (repeatable)")
+@click.option("--ordered", is_flag=True,
+              help="youzan: SUB_ORDERED, one message at a time per partition, in order")
+@click.option("--from", "start", type=FromParam(),
+              help="youzan: where to start: earliest | end | offset:P=N,... | count:P=N,... | "
+                   "timestamp:T (unix seconds or ISO 8601)")
+@click.option("-n", "count", type=click.IntRange(min=1), help="exit after COUNT messages")
+@click.option("--format", "fmt", type=click.Choice(["body", "json"]), default="body",
+              show_default=True,
+              help="body: the raw body per line; json: id, partition, offset, raw size, trace "
+                   "id, attempts, timestamp, ext and body")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
+@command_runner
+async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], channel: str | None,
+               partitions: tuple[int, ...], ordered: bool, start: StartAt | None,
+               count: int | None, fmt: str, max_in_flight: int) -> None:
+    """Print the messages of TOPIC as they arrive. Ctrl-C stops cleanly: messages already
+    printed are finished, nothing is left in flight."""
+    cluster = pick_cluster(lookupd, nsqd)
+    if cluster.nsqd and (partitions or ordered or start is not None):
+        raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
+                               "youzan partitions, which the lookupds publish)")
+    if count is not None:
+        max_in_flight = min(max_in_flight, count)
+    config = ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
+                            lookupd_poll_interval=15.0)
+    printer = Printer(fmt, count, sys.stdout.buffer)
+    chan = channel or ephemeral_channel()
+    stop = stop_event()
+    consumer: Consumer
+    if cluster.nsqd:
+        consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
+                            config=config)
+        await _consume(consumer, printer, stop)
+        return
+    async with cluster.lookup(poll_interval=15.0) as lookup:
+        view = await topic_view(lookup, topic)
+        check_partitions(view, partitions)
+        check_start(view, start)
+        only = partitions or None
+        if ordered:
+            consumer = OrderedConsumer(topic, chan, printer, lookup=lookup, config=config,
+                                       start_at=start, partitions=only)
+        else:
+            consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
+                                start_at=start, partitions=only)
+        await _consume(consumer, printer, stop)
+
+
+async def _consume(consumer: Consumer, printer: Printer, stop: asyncio.Event) -> None:
+    await consumer.start()
+    try:
+        waits: list[asyncio.Future[object]] = [
+            asyncio.ensure_future(e.wait()) for e in (stop, printer.done)]
+        waits.append(asyncio.ensure_future(_closed(consumer)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+    finally:
+        await consumer.stop()
+    if consumer.error is not None:
+        raise consumer.error
+
+
+async def _closed(consumer: Consumer) -> None:
+    """Returns when the consumer stopped by itself (its error is read afterwards)."""
+    with contextlib.suppress(Exception):
+        await consumer.wait_closed()
