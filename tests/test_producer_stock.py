@@ -38,7 +38,7 @@ def stock_count(c: DevCluster, node: int, topic: str) -> int:
 async def test_publish_mpub_split_and_dpub(cluster: DevCluster) -> None:
     cluster.create_topic("plain", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
-    cfg = FAST.replace(max_body_size=1024, connections_per_nsqd=1)
+    cfg = FAST.replace(max_body_size=1024, max_msg_size=1024, connections_per_nsqd=1)
     async with Producer([addr], config=cfg) as p:
         assert await p.publish("plain", b"one") is None
         bodies = [b"%03d" % i + b"x" * 97 for i in range(100)]
@@ -236,7 +236,7 @@ async def test_stock_compatibility_errors(cluster: DevCluster) -> None:
 async def test_http_producer_stock(cluster: DevCluster) -> None:
     cluster.create_topic("web", channels=("c",))
     http = cluster.nsqd_http_addresses
-    async with HttpProducer([http[0]], config=FAST.replace(max_body_size=1024)) as p:
+    async with HttpProducer([http[0]], config=FAST.replace(max_body_size=1024, max_msg_size=1024)) as p:
         await p.publish("web", b"via http")
         bodies = [b"%03d" % i + b"y" * 97 for i in range(30)]
         await p.publish_many("web", bodies)

@@ -140,6 +140,11 @@ def _ignore_write(data: bytes) -> None:
     """Stands in for the wire's write before connect()."""
 
 
+def _retrieve(fut: asyncio.Future[bytes]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class Connection:
     """See the module docstring.
 
@@ -203,6 +208,8 @@ class Connection:
         self._subscribed = False
         self._sub_pending = False
         self._cls_fut: asyncio.Future[bytes] | None = None
+        #: a cls() call timed out: the server is not answering, close() need not wait
+        self._cls_abandoned = False
         self._closed_fut: asyncio.Future[None] | None = None
 
         self._rdy = 0
@@ -784,11 +791,14 @@ class Connection:
             return NSQConnectionError(f"connection to nsqd {self.address} is not connected yet")
         return ConnectionClosedError(f"connection to nsqd {self.address} is {state.value}")
 
-    async def close(self) -> None:
-        """Close gracefully within ``config.close_timeout``: if subscribed send CLS and wait
-        for CLOSE_WAIT, wait for outstanding responses, then close the socket. Commands sent
-        after this raise ClientClosedError; waiters still pending at the end fail with
-        ConnectionClosedError. Safe to call more than once."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Close gracefully within ``timeout`` seconds (default ``config.close_timeout``):
+        if subscribed send CLS and wait for CLOSE_WAIT, wait for outstanding responses,
+        then close the socket. Commands sent after this raise ClientClosedError; waiters
+        still pending at the end fail with ConnectionClosedError. Safe to call more than
+        once."""
+        limit = self.config.close_timeout if timeout is None else check_duration(
+            timeout, "timeout")
         state = self._state
         if state is State.CLOSED:
             return
@@ -800,23 +810,24 @@ class Connection:
         assert closed is not None and self._wire is not None and self._loop is not None
         if self._user_closed or state is State.CLOSING:
             self._user_closed = True
-            await self._wait_closed(self.config.close_timeout)
+            await self._wait_closed(limit)
             return
         self._user_closed = True
         if state is State.CONNECTING:
             self._fail(ClientClosedError(f"connection to nsqd {self.address} closed while "
                                          "connecting"))
-            await self._wait_closed(self.config.close_timeout)
+            await self._wait_closed(limit)
             return
         self._state = State.CLOSING
         loop = self._loop
-        deadline = loop.time() + self.config.close_timeout
+        deadline = loop.time() + limit
         try:
             async with asyncio.timeout_at(deadline):
                 if self._subscribed and self._cls_fut is None:
                     await self._cls()
-                # waiters whose callers gave up (timeout, cancel) are not worth waiting for
-                if any(not w[0].done() for w in self._waiters):
+                # waiters whose callers gave up (timeout, cancel) are not worth waiting
+                # for, nor is a server that already let a CLS go unanswered
+                if not self._cls_abandoned and any(not w[0].done() for w in self._waiters):
                     await self._wait_idle()
         except (TimeoutError, NSQError) as exc:
             logger.debug("closing nsqd %s: not drained cleanly (%r)", self.address, exc)
@@ -1143,6 +1154,9 @@ class Connection:
         self._write(commands.CLS)
         self._requests += 1
         self._cls_fut = fut
+        # shielded, so a caller that gives up leaves it pending; when the connection then
+        # fails, its exception must count as seen (no "never retrieved" at exit)
+        fut.add_done_callback(_retrieve)
         if timeout is None:
             data = await asyncio.shield(fut)
         else:
@@ -1150,6 +1164,7 @@ class Connection:
                 async with asyncio.timeout(timeout):
                     data = await asyncio.shield(fut)
             except TimeoutError:
+                self._cls_abandoned = True
                 raise NSQTimeoutError(f"nsqd {self.address} did not answer CLS within "
                                       f"{timeout}s") from None
         if data != CLOSE_WAIT:

@@ -1,6 +1,11 @@
 """The consumer's subscriptions: one per :class:`Endpoint` (nsqd, partition), each kept alive
 by a small runner task that connects, waits for the connection to end and reconnects.
 
+At most ``max_connecting`` connects (dial, handshake, SUB) run at once: a lookupd listing
+thousands of nsqd makes the runners queue for a slot instead of dialling all of them at
+the same moment (which would exhaust file descriptors and ephemeral ports, and time most of
+them out).
+
 Reconnects back off exponentially with jitter (``reconnect_min`` doubling up to
 ``reconnect_max``; each wait is drawn from the upper half of the current step). Before each
 retry the discovery is asked whether the endpoint is still wanted: always for direct
@@ -71,6 +76,7 @@ class ConnectionSet:
         reconnect_min: float,
         reconnect_max: float,
         rng: random.Random | None = None,
+        max_connecting: int = 32,
     ) -> None:
         self._discovery = discovery
         self._open = opener
@@ -79,6 +85,7 @@ class ConnectionSet:
         self._min = reconnect_min
         self._max = max(reconnect_max, reconnect_min)
         self._rng = rng if rng is not None else random.Random()
+        self._connecting = asyncio.Semaphore(max_connecting)
         self._slots: dict[EndpointKey, Slot] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -115,11 +122,15 @@ class ConnectionSet:
             log.info("%s is no longer listed for this topic; unsubscribing", slot.endpoint)
             self._stop_slot(slot)
 
-    async def wait_first_attempts(self) -> None:
-        """Wait until every current endpoint was tried once."""
-        firsts = [s.first_attempt for s in self._slots.values()]
-        if firsts:
-            await asyncio.gather(*(asyncio.shield(f) for f in firsts))
+    async def wait_first_attempts(self, within: float | None = None) -> bool:
+        """Wait until every current endpoint was tried once, or ``within`` seconds passed
+        (the rest keep trying in the background); True if all were tried."""
+        firsts = [s.first_attempt for s in self._slots.values()
+                  if not s.first_attempt.done()]
+        if not firsts:
+            return True
+        _, pending = await asyncio.wait(firsts, timeout=within)
+        return not pending
 
     def _start(self, ep: Endpoint) -> None:
         loop = asyncio.get_running_loop()
@@ -155,7 +166,10 @@ class ConnectionSet:
                         log.info("%s is not listed any more; not reconnecting", ep)
                         break
                 try:
-                    session = await self._open(slot.endpoint)
+                    async with self._connecting:
+                        if not slot.wanted or self._closed:
+                            break
+                        session = await self._open(slot.endpoint)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from smartnsq import trace as _trace
-from smartnsq._checks import check_count, check_optional_duration
+from smartnsq._checks import check_count, check_loop, check_optional_duration
 from smartnsq.config import ConnectionConfig, ConsumerConfig, LookupConfig
 from smartnsq.conn import Connection, SubscribeMode
 from smartnsq.consumer.conns import ConnectionSet
@@ -170,14 +170,17 @@ class Sub:
     def __repr__(self) -> str:
         return f"<subscription {self.endpoint}>"
 
-    # -- MessageOwner
+    # -- MessageOwner (user calls: the dispatch path answers without them)
     def finish(self, msg: Message) -> bool:
+        check_loop(self.consumer._loop, "this message's consumer")
         return self.consumer._finish(self, msg)
 
     def requeue(self, msg: Message, delay: float | None, backoff: bool) -> bool:
+        check_loop(self.consumer._loop, "this message's consumer")
         return self.consumer._requeue(self, msg, delay, backoff)
 
     def touch(self, msg: Message) -> bool:
+        check_loop(self.consumer._loop, "this message's consumer")
         conn = self.conn
         return conn is not None and conn.touch(msg.id)
 
@@ -291,7 +294,7 @@ class Consumer:
         self._conns = ConnectionSet(
             discovery, self._open, is_fatal=self._is_fatal, on_fatal=self._fatal,
             reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
-            rng=self._rng)
+            rng=self._rng, max_connecting=config.max_concurrent_connects)
         self._conn_configs: dict[bool, ConnectionConfig] = {}
         self._positioned: set[int] = set()
 
@@ -373,6 +376,7 @@ class Consumer:
         return isinstance(exc, _CONFIG_ERRORS)
 
     def _check_open(self) -> None:
+        check_loop(self._loop, "this Consumer")
         if self._closed or self._stopping:
             raise ClientClosedError(f"consumer of {self.topic}/{self.channel} is closed")
 
@@ -388,7 +392,9 @@ class Consumer:
 
     async def start(self) -> None:
         """Discover, connect and subscribe. Returns once every endpoint known at start was
-        tried once; unreachable ones keep being retried in the background. Raises
+        tried once (with more endpoints than ``max_concurrent_connects``, at most one
+        connect's time: dial, handshake and SUB); unreachable ones keep being retried in
+        the background. Raises
         configuration errors (ordered/ext/channel mismatches, stock nsqd asked for youzan
         features, auth refused) instead of retrying them."""
         self._check_open()
@@ -404,7 +410,7 @@ class Consumer:
             topology = await self._discovery.start(self._on_topology)
             self._check_topology(topology)
             self._conns.reconcile(topology)
-            await self._conns.wait_first_attempts()
+            await self._conns.wait_first_attempts(self._start_bound())
             if self._error is not None:
                 raise self._error
         except BaseException as exc:
@@ -418,6 +424,14 @@ class Consumer:
                                                     self._redistribute)
         log.info("consumer of %s/%s started: %d subscription(s) (%s)", self.topic,
                  self.channel, len(self._subs), self._discovery.kind)
+
+    def _start_bound(self) -> float | None:
+        """How long start() waits for first attempts: all of them when they can all run at
+        once, else one connect's time (the rest queue for a slot in the background)."""
+        if len(self._conns) <= self._config.max_concurrent_connects:
+            return None
+        c = self._config.connection
+        return c.dial_timeout + 2 * c.handshake_timeout
 
     def _check_topology(self, topology: Topology) -> None:
         if topology.flavour is Flavour.STOCK:
@@ -459,6 +473,7 @@ class Consumer:
 
     async def wait_closed(self) -> None:
         """Wait until the consumer is stopped; raise the error that stopped it, if any."""
+        check_loop(self._loop, "this Consumer")
         if not self._started:
             raise ClientClosedError("the consumer was never started")
         assert self._closed_event is not None
@@ -492,6 +507,7 @@ class Consumer:
         Idempotent; safe to call from a handler (it then returns without waiting for
         that handler)."""
         drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
+        check_loop(self._loop, "this Consumer")
         if self._closed:
             return
         if not self._started:
@@ -525,7 +541,10 @@ class Consumer:
         for sub in list(self._subs):
             if sub.conn is not None and sub.conn.is_connected and sub.conn.rdy:
                 sub.conn.send_rdy(0)
-        # 2. CLS: only CLOSE_WAIT proves that no message is still on its way to us
+        # 2. CLS: only CLOSE_WAIT proves that no message is still on its way to us. CLS and
+        # the final close share one close_timeout, so stop() takes at most drain_timeout +
+        # close_timeout however the server behaves
+        close_deadline = loop.time() + self._config.connection.close_timeout
         await asyncio.gather(*(self._cls(sub) for sub in list(self._subs)))
         # 3. iterated messages nobody took yet go back at once
         while self._buffer:
@@ -546,8 +565,11 @@ class Consumer:
                         self._outstanding)
             self._requeue_outstanding()
         # 5. close (what was written goes out first)
-        await asyncio.gather(*(sub.conn.close() for sub in list(self._subs)
-                               if sub.conn is not None), return_exceptions=True)
+        drain_end = loop.time()
+        close_deadline = max(close_deadline, drain_end)
+        await asyncio.gather(*(sub.conn.close(close_deadline - drain_end)
+                               for sub in list(self._subs) if sub.conn is not None),
+                             return_exceptions=True)
         workers = list(self._workers)
         for w in workers:
             w.cancel()
@@ -555,7 +577,14 @@ class Consumer:
             if not fut.done():
                 fut.cancel()
         self._idle.clear()
-        await asyncio.gather(*workers, return_exceptions=True)
+        if workers:
+            # a handler that swallows CancelledError must not hold stop() forever: what is
+            # still running at the deadline is left behind (its message was requeued)
+            _, stuck = await asyncio.wait(workers, timeout=max(0.0, close_deadline -
+                                                                loop.time()))
+            if stuck:
+                log.warning("consumer of %s/%s: %d handler(s) ignored cancellation; "
+                            "stopped without them", self.topic, self.channel, len(stuck))
         self._flush()
         self._closed = True
         self._wake_iterators()
@@ -840,6 +869,7 @@ class Consumer:
         """True when some subscription has messages in flight and ≥ 85 % of its RDY used:
         a batching handler should process what it holds now ("Building Client
         Libraries")."""
+        check_loop(self._loop, "this Consumer")
         if self._flow is None:
             return False
         self._flush()
@@ -1119,6 +1149,7 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        check_loop(self._loop, "this Consumer")
         if self._handler is not None:
             raise ConfigError("this consumer has a handler; iterate a consumer created "
                               "without one")
