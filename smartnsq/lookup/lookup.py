@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from smartnsq._checks import check_optional_duration
 from smartnsq.config import LookupConfig
 from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
 from smartnsq.lookup.admin import LookupAdmin
@@ -266,6 +267,7 @@ class Lookup:
         lookupds for ``meta`` (partition count, ordered, ext ...).
         Raises :class:`LookupFailedError` only when no view could ever be built.
         """
+        max_age = check_optional_duration(max_age, "max_age")
         await self._ready()
         state = self._state(topic, access, metainfo)
         # tracked even if this first round fails: the refresher retries every poll
