@@ -24,7 +24,10 @@ def check_duration(value: object, name: str, *, positive: bool = False) -> float
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number of seconds, got {value!r} "
                           f"({type(value).__name__})")
-    seconds = float(value)  # an int too large for a float raises OverflowError here
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range
+        seconds = math.inf
     if not math.isfinite(seconds):
         raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds < 0 or (positive and seconds == 0):
