@@ -199,8 +199,8 @@ def channel() -> None:
 
 
 def _channel_command(action: str, doc: str) -> click.Command:
-    @click.argument("channel_name", metavar="CHANNEL", callback=_channel_arg)
     @click.argument("topic_name", metavar="TOPIC", callback=topic_argument)
+    @click.argument("channel_name", metavar="CHANNEL", callback=_channel_arg)
     @cluster_options(nsqd_kind="http")
     @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
                   help="youzan: only this partition (repeatable; default every partition)")

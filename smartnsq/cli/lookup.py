@@ -105,7 +105,8 @@ async def lookup(topic: str, lookupd: tuple[str, ...], access: str, as_json: boo
     cluster = pick_cluster(lookupd, (), allow_nsqd=False)
     async with cluster.lookup() as lk:
         doc = await lookup_doc(lk, topic, access)
-    if doc["not_found"] and not doc["nodes"]:
+    # youzan answers access=r for an unknown topic with empty lists and no meta
+    if not doc["nodes"] and (doc["not_found"] or not (doc["meta"] or {}).get("partition_num")):
         raise CliError(f"topic {topic!r} not found on lookupd "
                        f"{', '.join(doc['answered_by'])}")
     if as_json:

@@ -1,0 +1,104 @@
+"""Helpers for the CLI tests: an embedded cluster on a background thread (the commands run
+their own event loop with ``asyncio.run``), running the real entry point in-process (click's
+CliRunner) or as a ``python -m smartnsq`` subprocess, and checks for one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from click.testing import CliRunner, Result
+
+from smartnsq.cli import cli
+from smartnsq.devcluster import DevCluster
+from smartnsq.devcluster.nsqd import NsqdOptions
+
+T = TypeVar("T")
+
+#: bound on every wait in these tests
+WAIT = 20.0
+
+
+class ClusterThread:
+    """A DevCluster running on its own event loop in a daemon thread."""
+
+    def __init__(self, **kw: Any) -> None:
+        kw.setdefault("nsqd_options", NsqdOptions(msg_timeout=2.0, client_timeout=10.0))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.cluster: DevCluster = self.run(self._start(kw))
+
+    async def _start(self, kw: dict[str, Any]) -> DevCluster:
+        cluster = DevCluster(**kw)
+        await cluster.start()
+        return cluster
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the cluster's loop (its state is not thread-safe)."""
+        async def wrapper() -> T:
+            return fn()
+        return self.run(wrapper())
+
+    def stop(self) -> None:
+        self.run(self.cluster.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.loop.close()
+
+    @property
+    def lookupd(self) -> str:
+        return self.cluster.lookupd_http_addresses[0]
+
+
+def invoke(args: Sequence[str], input: bytes | str | None = None) -> Result:
+    """The real entry point, in-process."""
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def run_cli(args: Sequence[str], input: bytes | None = None,
+            timeout: float = WAIT) -> subprocess.CompletedProcess[bytes]:
+    """``python -m smartnsq ARGS`` in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "smartnsq", *args], input=input,
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
+
+
+def spawn_cli(args: Sequence[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "smartnsq", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> str:
+    """Non-zero exit, exactly one line on stderr naming the problem, no traceback."""
+    assert result.exit_code != 0, result.output
+    err = result.stderr
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("smartnsq: error: "), err
+    assert "Traceback" not in err + result.stdout
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def http_json(url: str) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def lines(out: bytes | str) -> list[str]:
+    text = out.decode() if isinstance(out, bytes) else out
+    return text.splitlines()
