@@ -272,7 +272,7 @@ def _next(it: Iterator[Any]) -> Any:
 async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqCommitMessage,
                         trace_base: int | None) -> NsqCommitMessage:
     config = ProducerConfig(publish_timeout=opts.publishTimeout, max_attempts=opts.maxAttempts,
-                            max_body_size=max(opts.maxBatchBytes, 1024),
+                            max_body_size=max(opts.maxBatchBytes, opts.maxMessageBytes),
                             max_msg_size=opts.maxMessageBytes)
     producer = Producer(list(opts.nsqd), config=config) if opts.nsqd is not None else \
         Producer(lookupd=list(opts.lookupd or ()), config=config)

@@ -1,0 +1,198 @@
+"""The sink through local Spark (``local[2]``) into the embedded clusters, read back with the
+plain smartnsq consumers (independent of the sink's code path)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import mmh3
+import pytest
+
+from smartnsq.consumer import Consumer
+from smartnsq.message import Message
+from smartnsq.ordered import OrderedConsumer
+from tests.consumer_support import fast_config
+from tests.spark.conftest import ThreadedCluster
+
+pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
+
+CHANNEL = "verify"
+ROWS = 20_000
+KEYS = 50
+PARTITIONS = 4
+WAIT = 60.0
+
+
+def collect(tc: ThreadedCluster, topic: str, n: int, *, ordered: bool = False,
+            timeout: float = WAIT) -> list[Message]:
+    """Consume ``n`` messages of ``topic`` on the cluster's loop (FIN each); fail after
+    ``timeout`` seconds with what arrived so far."""
+    lookupds = tc.cluster.lookupd_http_addresses
+
+    async def run() -> list[Message]:
+        got: list[Message] = []
+        done = asyncio.Event()
+
+        async def handler(msg: Message) -> None:
+            got.append(msg)
+            if len(got) >= n:
+                done.set()
+
+        cfg = fast_config(max_in_flight=200)
+        c: Any = (OrderedConsumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
+                                  config=fast_config(max_in_flight=PARTITIONS * 2))
+                  if ordered else
+                  Consumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
+                           config=cfg))
+        async with c:
+            try:
+                async with asyncio.timeout(timeout):
+                    await done.wait()
+            except TimeoutError:
+                raise AssertionError(f"only {len(got)} of {n} messages of {topic!r} "
+                                     f"arrived within {timeout}s") from None
+        return got
+
+    return tc.call(run(), timeout=timeout + 30)
+
+
+def error_text(exc: BaseException) -> str:
+    """Spark wraps the Python error; its text carries ours."""
+    return f"{exc}\n{getattr(exc, 'desc', '')}"
+
+
+# ---------------------------------------------------------------------------- youzan
+
+
+def test_youzan_batch_write_20k_rows_with_shard_keys(spark: Any,
+                                                     youzan_cluster: ThreadedCluster) -> None:
+    tc = youzan_cluster
+    topic = "sink_sharded"
+    tc.sync(tc.cluster.create_topic, topic, PARTITIONS, ordered=True, channels=[CHANNEL])
+    lookupd = ",".join(tc.cluster.lookupd_http_addresses)
+    df = spark.range(0, ROWS, 1, numPartitions=2).selectExpr(
+        f"concat('k', cast(id % {KEYS} as string)) as shard_key",
+        f"cast(concat('k', cast(id % {KEYS} as string), ':', cast(id as string)) as binary) "
+        "as value")
+    df.write.format("nsq").mode("append").option("lookupd", lookupd) \
+        .option("topic", topic).save()
+
+    got = collect(tc, topic, ROWS, ordered=True)
+    bodies = sorted(m.body for m in got)
+    assert bodies == sorted(f"k{i % KEYS}:{i}".encode() for i in range(ROWS))
+    by_task: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for m in got:
+        key, seq = m.body.decode().split(":")
+        # placement: an independent murmur3 over the key's bytes
+        assert m.partition == mmh3.hash(key, 0, signed=False) % PARTITIONS, m.body
+        assert m.offset is not None
+        by_task[(key, int(seq) // (ROWS // 2))].append((m.partition, m.offset, int(seq)))
+    # a key's rows from one Spark task are stored in their input order
+    for (key, task), items in by_task.items():
+        assert len({p for p, _, _ in items}) == 1
+        seqs = [s for _, _, s in sorted(items)]
+        assert seqs == sorted(seqs), f"key {key} task {task} out of order"
+
+
+def test_youzan_streaming_sink_with_deterministic_trace_ids(
+        spark: Any, youzan_cluster: ThreadedCluster, tmp_path: Path) -> None:
+    tc = youzan_cluster
+    topic = "sink_stream"
+    tc.sync(tc.cluster.create_topic, topic, 2, channels=[CHANNEL])
+    src = tmp_path / "in"
+    # two input files, one per micro-batch (maxFilesPerTrigger=1)
+    for f in range(2):
+        spark.createDataFrame([(f"f{f}-{i}",) for i in range(300)], "value string") \
+            .coalesce(1).write.mode("overwrite").parquet(str(src / f"part{f}"))
+    files = sorted(src.glob("part*/*.parquet"))
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, p in enumerate(files):
+        p.rename(flat / f"{i}.parquet")
+    q = (spark.readStream.schema("value string").option("maxFilesPerTrigger", 1)
+         .parquet(str(flat))
+         .writeStream.format("nsq")
+         .option("lookupd", ",".join(tc.cluster.lookupd_http_addresses))
+         .option("topic", topic).option("deterministicTraceIds", "true")
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(WAIT)
+    assert q.exception() is None
+    got = collect(tc, topic, 600)
+    assert sorted(m.body for m in got) == sorted(f"f{f}-{i}".encode()
+                                                 for f in range(2) for i in range(300))
+    # trace id = batch id << 40 | task partition << 24 | row index in the task
+    batch_of_file: dict[str, set[int]] = defaultdict(set)
+    rows: dict[int, set[int]] = defaultdict(set)
+    for m in got:
+        assert m.trace_id is not None
+        batch, row = m.trace_id >> 40, m.trace_id & ((1 << 24) - 1)
+        batch_of_file[m.body.decode().split("-")[0]].add(batch)
+        rows[batch].add(row)
+    assert {f: len(b) for f, b in batch_of_file.items()} == {"f0": 1, "f1": 1}
+    assert batch_of_file["f0"] != batch_of_file["f1"]
+    assert all(r == set(range(300)) for r in rows.values())
+
+
+def test_youzan_missing_topic_fails_the_task_with_the_producer_error(
+        spark: Any, youzan_cluster: ThreadedCluster) -> None:
+    df = spark.createDataFrame([(b"x",)], "value binary")
+    with pytest.raises(Exception) as info:
+        df.write.format("nsq").mode("append") \
+            .option("lookupd", ",".join(youzan_cluster.cluster.lookupd_http_addresses)) \
+            .option("topic", "sink_no_such_topic").option("publishTimeout", "1.5").save()
+    text = error_text(info.value)
+    assert "PublishTimeoutError" in text and "sink_no_such_topic" in text
+
+
+def test_body_too_large_fails_the_task(spark: Any, youzan_cluster: ThreadedCluster) -> None:
+    tc = youzan_cluster
+    tc.sync(tc.cluster.create_topic, "sink_big", 1, channels=[CHANNEL])
+    df = spark.createDataFrame([(b"a",), (b"x" * 5000,)], "value binary").coalesce(1)
+    with pytest.raises(Exception) as info:
+        df.write.format("nsq").mode("append") \
+            .option("lookupd", ",".join(tc.cluster.lookupd_http_addresses)) \
+            .option("topic", "sink_big").option("maxMessageBytes", "4096").save()
+    assert "row 1 of the task: message body of 5000 bytes exceeds max_msg_size" \
+        in error_text(info.value)
+
+
+# ---------------------------------------------------------------------------- stock
+
+
+def test_stock_sink_with_delay_ms(spark: Any, stock_cluster: ThreadedCluster) -> None:
+    tc = stock_cluster
+    topic = "sink_stock"
+    tc.sync(tc.cluster.create_topic, topic, channels=[CHANNEL])
+    rows = [(f"now-{i}", None) for i in range(200)] + [(f"later-{i}", 50) for i in range(20)]
+    df = spark.createDataFrame(rows, "value string, delay_ms long")
+    df.write.format("nsq").mode("append") \
+        .option("nsqd", ",".join(tc.cluster.nsqd_tcp_addresses)).option("topic", topic).save()
+    got = collect(tc, topic, len(rows))
+    assert sorted(m.body.decode() for m in got) == sorted(v for v, _ in rows)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("cols", "options", "message"), [
+    ("value binary, key string", {"topic": "t"}, "unknown column(s) for the nsq sink: key"),
+    ("body binary", {"topic": "t"}, "unknown column(s) for the nsq sink: body"),
+    ("value binary", {}, "needs the topic option or a topic column"),
+    ("value binary", {"topic": "t", "maxAttempts": "0"}, "maxAttempts='0'"),
+    ("value binary", {"topic": "t", "bogus": "1"}, "unknown nsq sink option(s): bogus"),
+])
+def test_bad_columns_and_options_fail_the_write(spark: Any, cols: str, options: dict[str, str],
+                                                message: str) -> None:
+    names = [c.split()[0] for c in cols.split(",")]
+    row = tuple(b"x" if "binary" in c else "x" for c in cols.split(","))
+    df = spark.createDataFrame([row], cols).select(*names)
+    w = df.write.format("nsq").mode("append").option("lookupd", "127.0.0.1:1")
+    for k, v in options.items():
+        w = w.option(k, v)
+    with pytest.raises(Exception) as info:
+        w.save()
+    assert message in error_text(info.value)
