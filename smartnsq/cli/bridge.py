@@ -53,7 +53,7 @@ class Forwarder:
         self.started = 0
         self.forwarded = 0
         self.done = asyncio.Event()
-        self.error: BaseException | None = None
+        self.error: CliError | None = None
         self.failed = asyncio.Event()
 
     def shard_key(self, msg: Message) -> str | int:
@@ -151,10 +151,11 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
                 await topic_view(lk, topic)
                 consumer = Consumer(topic, channel, forwarder, lookup=lk, config=config)
                 await _run(consumer, forwarder, stop)
+    if forwarder.error is not None:
+        raise CliError(f"{forwarder.error.message} (after {forwarder.forwarded} message(s) "
+                       "were forwarded; the failing one went back to the source)")
     stderr_console().print(f"forwarded {forwarder.forwarded} message(s) from {topic} to "
                            f"{dest_name}", highlight=False, soft_wrap=True)
-    if forwarder.error is not None:
-        raise forwarder.error
 
 
 async def _run(consumer: Consumer, forwarder: Forwarder, stop: asyncio.Event) -> None:
