@@ -236,7 +236,8 @@ async def test_stock_compatibility_errors(cluster: DevCluster) -> None:
 async def test_http_producer_stock(cluster: DevCluster) -> None:
     cluster.create_topic("web", channels=("c",))
     http = cluster.nsqd_http_addresses
-    async with HttpProducer([http[0]], config=FAST.replace(max_body_size=1024, max_msg_size=1024)) as p:
+    cfg = FAST.replace(max_body_size=1024, max_msg_size=1024)
+    async with HttpProducer([http[0]], config=cfg) as p:
         await p.publish("web", b"via http")
         bodies = [b"%03d" % i + b"y" * 97 for i in range(30)]
         await p.publish_many("web", bodies)
