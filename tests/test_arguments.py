@@ -375,3 +375,13 @@ def test_sync_producer_close_checks_first() -> None:
     finally:
         p.close(0)
     assert p.closed
+
+
+async def test_http_producer_from_another_loop() -> None:
+    h = HttpProducer(["127.0.0.1:1"])
+    await h.start()  # binds the loop (and its HTTP session)
+    try:
+        err = await asyncio.to_thread(in_other_thread, h.publish("t", b"x"))
+        assert isinstance(err, EventLoopError), err
+    finally:
+        await h.close()

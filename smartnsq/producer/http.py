@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Self
 
 import aiohttp
 
+from smartnsq._checks import check_loop
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import (
     SERVER_ERRORS,
@@ -142,6 +143,16 @@ class HttpProducer:
         self._own_session = session is None
         self._rr = 0
         self._closed = False
+        #: the event loop of the first call: the HTTP session belongs to it
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _on_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._loop is None:
+                self._loop = loop
+            else:
+                check_loop(self._loop, "this HttpProducer")
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -152,6 +163,7 @@ class HttpProducer:
         await self.close()
 
     async def start(self) -> None:
+        self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
         if self._session is None:
@@ -160,6 +172,7 @@ class HttpProducer:
             await self._lookup.start()
 
     async def close(self) -> None:
+        self._on_loop()
         if self._closed:
             return
         self._closed = True
@@ -177,6 +190,7 @@ class HttpProducer:
     # ------------------------------------------------------------------ validation
 
     def _check(self, topic: str, body: object) -> bytes:
+        self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
         check_topic(topic)
