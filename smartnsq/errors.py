@@ -38,6 +38,11 @@ class ConfigError(NSQError, ValueError):
     """A configuration value or call argument is invalid; raised before any I/O."""
 
 
+class StartPositionError(ConfigError):
+    """A start position (``start_at``) was refused, or nsqd kept the channel elsewhere after
+    every bounded attempt to move it there."""
+
+
 class InvalidNameError(ConfigError):
     """A topic or channel name does not match ``[.a-zA-Z0-9_-]{1,64}(#ephemeral)?``."""
 

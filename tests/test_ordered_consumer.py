@@ -144,8 +144,9 @@ async def test_decreasing_offset_stops_the_consumer(cluster: DevCluster) -> None
         async with asyncio.timeout(10):
             await c.wait_closed()
     assert "went backwards" in str(info.value)
-    # the out-of-order message never reached the handler
-    assert got.handled == bodies("v", 10)[:6]
+    # v-6, which the channel had read ahead, still comes before the rewound position (as on
+    # real nsqd, PROTOCOL.md §13.1); the out-of-order message never reached the handler
+    assert got.handled == bodies("v", 10)[:7]
     assert c.validator(0).violations >= 1
     # and it was not finished: the channel still holds it
     ch = cluster.store.partition(TOPIC, 0).channels[CHANNEL]
@@ -172,11 +173,12 @@ async def test_violation_callback_decides(cluster: DevCluster) -> None:
         await got.wait_for(lambda: len(got.handled) == 3)
         await rewind(cluster, 1, "msgcount:0")
         gate.set()
-        # accepted: the partition continues from the rewound position, in order again
-        await got.wait_for(lambda: len(got.handled) == 4 + 6)
+        # accepted: the partition continues from the rewound position, in order again,
+        # after w-4, which the channel had read ahead (as real nsqd, PROTOCOL.md §13.1)
+        await got.wait_for(lambda: len(got.handled) == 5 + 6)
         assert [b for b, _ in seen] == [b"w-0"]
         assert "offset" in seen[0][1]
-        assert got.handled == bodies("w", 4) + bodies("w", 6)
+        assert got.handled == bodies("w", 5) + bodies("w", 6)
         assert c.is_running and c.validator(1).violations == 1
 
 

@@ -216,6 +216,8 @@ class Connection:
         #: the highest RDY ever sent: the server may still act on it after a lower RDY
         #: went out, so in-flight messages are checked against this (PROTOCOL.md §2.4)
         self._rdy_max = 0
+        #: messages tolerated beyond RDY (a repositioned youzan channel's read-ahead)
+        self._rdy_slack = 0
         #: loop time since which messages have been continuously in flight (None: none)
         self._busy_since: float | None = None
         self._sub_answered = False
@@ -627,8 +629,16 @@ class Connection:
         connection for the whole msg_timeout."""
         if self._rdy_max == 0 or self._busy_since is None:
             return False
+        if self._in_flight <= self._rdy_max + self._rdy_slack:
+            return True
         assert self._loop is not None
         return self._loop.time() - self._busy_since >= self.msg_timeout
+
+    def allow_read_ahead(self) -> None:
+        """Tolerate one message beyond the RDY granted: a youzan channel that was just
+        repositioned delivers the message it had read ahead outside its RDY accounting
+        (PROTOCOL.md §13.1; seen on ordered channels)."""
+        self._rdy_slack = 1
 
     def _rdy_violation(self) -> ProtocolError:
         n = self._in_flight

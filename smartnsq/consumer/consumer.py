@@ -29,8 +29,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar
 
-import aiohttp
-
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
 from smartnsq.config import ConnectionConfig, ConsumerConfig, LookupConfig
@@ -44,6 +42,7 @@ from smartnsq.consumer.discovery import (
     LookupDiscovery,
     Topology,
 )
+from smartnsq.consumer.positions import Positioner, StartGuard
 from smartnsq.consumer.stats import ConsumerStats, SubscriptionStats
 from smartnsq.errors import (
     AuthDisabledError,
@@ -131,7 +130,7 @@ class Sub:
     __slots__ = (
         "address", "channel", "closed", "conn", "consumer", "dirty", "drained", "endpoint",
         "error",
-        "fin_pending", "finished", "given_up", "local_address", "outstanding", "partition",
+        "fin_pending", "finished", "given_up", "guard", "local_address", "outstanding", "partition",
         "received", "recv_pending", "registered", "requeued", "retiring", "seeked", "topic",
         "youzan",
     )
@@ -152,6 +151,8 @@ class Sub:
         self.registered = False
         #: its start position was set explicitly (start_at)
         self.seeked = False
+        #: keeps deliveries from before the start position away from the handler
+        self.guard: StartGuard | None = None
         self.error: BaseException | None = None
         self.received = 0
         self.finished = 0
@@ -297,6 +298,11 @@ class Consumer:
             rng=self._rng, max_connecting=config.max_concurrent_connects)
         self._conn_configs: dict[bool, ConnectionConfig] = {}
         self._positioned: set[int] = set()
+        #: per positioned partition, for the consumer's life (see consumer.positions)
+        self._guards: dict[int, StartGuard] = {}
+        #: deliveries finished without the handler: from before the start position, or a
+        #: repositioned channel's read-ahead again (ConsumerStats.dropped_before_start)
+        self._dropped_before_start = 0
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flow: RdyController[Sub] | None = None
@@ -649,13 +655,32 @@ class Consumer:
                     + ("ordered consumption (SUB_ORDERED)" if self._ordered
                        else "start positions (SUB_ADVANCED)") + " needs youzan nsqd")
             mode, offset, seek = self._subscription(ep, topology, conn)
+            positioner = None
+            start = offset if offset is not None else seek
+            if sub.partition is not None and start is not None:
+                # read the queue end and the channel's position first: "end" becomes an
+                # offset, and the channel's read-ahead is known (consumer.positions)
+                positioner = Positioner(
+                    self.topic, self.channel, ep, start,
+                    timeout=self._config.connection.handshake_timeout, ordered=self._ordered)
+                spec = await positioner.prepare()  # None: already there, not moved
+                if offset is not None:
+                    offset = spec
             await conn.subscribe(self.topic, self.channel, sub.partition, mode, offset,
                                  ext=ext, timeout=self._config.connection.handshake_timeout)
-            if seek is not None:
-                await self._seek_http(ep, seek)
-            if sub.partition is not None and (offset is not None or seek is not None):
+            if positioner is not None or self._ordered:
+                # youzan delivers a repositioned channel's read-ahead, and the first
+                # message of a channel's first ordered reader twice, outside RDY (§13.1)
+                conn.allow_read_ahead()
+            if positioner is not None and sub.partition is not None:
+                guard = await positioner.settle(already_sent=offset is not None)
+                self._guards[sub.partition] = guard
                 self._positioned.add(sub.partition)
                 sub.seeked = True
+                sub.guard = guard
+            elif sub.partition is not None and sub.partition in self._guards:
+                sub.guard = self._guards[sub.partition]
+                sub.guard.new_session()
             sub.local_address = conn.local_address
         except BaseException:
             sub.closed = True
@@ -713,28 +738,6 @@ class Consumer:
             # positions (offset, raw size) for the trace log
             return "advanced", None, None
         return "plain", None, None
-
-    async def _seek_http(self, ep: Endpoint, spec: OffsetSpec) -> None:
-        if ep.http_address is None or ep.partition == NO_PARTITION:
-            raise ConfigError(f"cannot position the channel at {ep}: the lookup did not give "
-                              "the nsqd's HTTP port")
-        url = f"http://{ep.http_address}/channel/setoffset"
-        params = {"topic": self.topic, "partition": str(ep.partition), "channel": self.channel}
-        timeout = aiohttp.ClientTimeout(total=self._config.connection.handshake_timeout)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                    url, params=params, data=spec.encode(),
-                    headers={"Accept": "application/vnd.nsq; version=1.0"}) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise NSQConnectionError(f"positioning the channel at {ep} failed: {exc}") from exc
-        if status >= 300:
-            detail = f"POST /channel/setoffset {spec.encode().decode()} at {ep}: HTTP {status} " \
-                     f"{text.strip()[:200]}"
-            if "E_FAILED_ON_NOT_LEADER" in text or status in (404, 503):
-                raise NSQConnectionError(detail)
-            raise ConfigError(f"cannot start at that position: {detail}")
 
     def _on_conn_error(self, conn: Connection, exc: ServerError) -> None:
         # E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED: the message timed out on the
@@ -884,6 +887,10 @@ class Consumer:
         msg = Message(raw, sub)
         if self._tracing:
             self._trace_message(sub, msg)
+        guard = sub.guard
+        if guard is not None and not guard.admit(msg):
+            self._drop_before_start(sub, msg)
+            return
         if self._ordered:
             if not self._admit(sub, msg):
                 return
@@ -915,6 +922,17 @@ class Consumer:
                 fut = self._iter_waiters.popleft()
                 if not fut.done():
                     fut.set_result(None)
+
+    def _drop_before_start(self, sub: Sub, msg: Message) -> None:
+        """Finish a delivery from before the start position without the handler; the
+        base class's FIN, so an ordered partition's position does not move to it."""
+        log.debug("%s/%s partition %s: finished message at offset %s before the start "
+                  "position quietly", self.topic, self.channel, sub.partition, msg.offset)
+        self._dropped_before_start += 1
+        self._outstanding += 1
+        sub.outstanding += 1
+        msg._state = _FINISHED
+        Consumer._finish(self, sub, msg)
 
     def _admit(self, sub: Sub, msg: Message) -> bool:
         """Hook of the ordered consumer: True to deliver ``msg``; on False the hook has
@@ -1218,6 +1236,7 @@ class Consumer:
             starved=flow.is_starved() if flow is not None else False,
             connects=self._connects,
             subscriptions=per,
+            dropped_before_start=self._dropped_before_start,
         )
 
     def __repr__(self) -> str:

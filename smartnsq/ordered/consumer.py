@@ -43,6 +43,8 @@ __all__ = ["OrderedConsumer"]
 log = logging.getLogger("smartnsq.ordered")
 
 _PENDING = 0  # Message._state values (smartnsq.message)
+_FINISHED = 1
+_REQUEUED = 2
 
 
 class OrderedConsumer(Consumer):
@@ -94,6 +96,10 @@ class OrderedConsumer(Consumer):
         self._on_violation = on_violation
         self._validators: dict[int, OffsetValidator] = {}
         self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool]] = {}
+        #: per partition, the last message handed over on the current connection
+        self._last: dict[int, Message] = {}
+        #: a second copy of a pending message (see _twin), answered with the first
+        self._twins: dict[Message, tuple[Sub, Message]] = {}
         self.skipped = 0
 
     # ------------------------------------------------------------------ positions
@@ -118,9 +124,12 @@ class OrderedConsumer(Consumer):
     def _on_subscribed(self, sub: Sub) -> None:
         if sub.partition is not None:
             self.validator(sub.partition).new_connection(seeked=sub.seeked)
+            self._last.pop(sub.partition, None)
 
     def _finish(self, sub: Sub, msg: Message) -> bool:
         ok = super()._finish(sub, msg)
+        if self._twins:
+            self._answer_twin(msg, fin=True)
         raw = msg._raw
         # a FIN that could not be written does not move the position: the server redelivers
         if ok and sub.partition is not None and raw.offset is not None \
@@ -137,7 +146,11 @@ class OrderedConsumer(Consumer):
             return True  # not an ordered subscription (cannot happen: SUB_ORDERED only)
         v = self.validator(sub.partition)
         check = v.check(Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
+        if check.kind is CheckKind.REDELIVERY and check.previous is not None and \
+                check.previous.attempts == raw.attempts and self._twin(sub, msg):
+            return False
         if check.accepted:
+            self._last[sub.partition] = msg
             v.accept(check)
             if check.kind is CheckKind.GAP or check.kind is CheckKind.REWIND:
                 log.warning("topic %s: %s", self.topic, check.describe())
@@ -156,6 +169,45 @@ class OrderedConsumer(Consumer):
         else:
             self._spawn(self._violation(sub, msg, check, error))
         return False
+
+    def _twin(self, sub: Sub, msg: Message) -> bool:
+        """``msg`` repeats the last delivery with the same attempts: not a redelivery but
+        nsqd's read-ahead copy followed by the tracked one (a channel's first ordered
+        reader, or a repositioned channel; PROTOCOL.md §13.1). Both carry the same id, so
+        one answer is all the server needs; the copy never reaches the handler. True when
+        taken in charge."""
+        assert sub.partition is not None
+        first = self._last.get(sub.partition)
+        if first is None or first._raw.internal_id != msg._raw.internal_id or \
+                first._raw.offset != msg._raw.offset:
+            return False
+        if first.finished:
+            self._drop_before_start(sub, msg)
+            return True
+        if first._state != _PENDING or first in self._twins:
+            return False  # the first copy was requeued: this one is its retry
+        # answered together with the first copy, so the in-flight counts stay right
+        self._outstanding += 1
+        sub.outstanding += 1
+        self._twins[first] = (sub, msg)
+        return True
+
+    def _answer_twin(self, first: Message, *, fin: bool) -> None:
+        entry = self._twins.pop(first, None)
+        if entry is None:
+            return
+        sub, twin = entry
+        log.debug("%s/%s partition %s: answering the second copy of message at offset %s",
+                  self.topic, self.channel, sub.partition, twin.offset)
+        self._dropped_before_start += 1
+        twin._state = _FINISHED if fin else _REQUEUED
+        if fin:
+            Consumer._finish(self, sub, twin)
+        else:
+            conn = sub.conn
+            if conn is not None:
+                conn.req(twin._raw.id, 0)
+            self._requeued(sub, twin, False)
 
     async def _violation(self, sub: Sub, msg: Message, check: Check,
                          error: OrderViolationError) -> None:
@@ -257,6 +309,8 @@ class OrderedConsumer(Consumer):
         conn = sub.conn
         ok = conn is not None and conn.req(msg._raw.id, 0)
         self._requeued(sub, msg, backoff)
+        if self._twins:
+            self._answer_twin(msg, fin=False)
         return ok
 
     def _retry_due(self, msg: Message) -> None:

@@ -58,6 +58,8 @@ class ChannelMessage:
     attempts: int = 0
     owner: Consumer | None = None
     deadline: float = 0.0
+    #: an ordered channel's read-ahead after a repositioning: sent, but not kept in flight
+    untracked: bool = False
 
 
 class Consumer(Protocol):
@@ -135,6 +137,11 @@ class Channel:
         #: messages ready for delivery; youzan keeps only requeued/timed-out ones here, and
         #: they go before anything unread in the log
         self._ready: deque[ChannelMessage] = deque()
+        #: youzan: the record the channel pump had already read when the channel was
+        #: repositioned; it is still delivered first (PROTOCOL.md §13.1)
+        self.read_ahead: Record | None = None
+        #: youzan: an ordered client has subscribed (see first_ordered_reader)
+        self.ordered_reader = False
         #: youzan tag dispatch: messages waiting for a consumer of their group
         self._parked: dict[str, deque[ChannelMessage]] = {}
         self._in_flight: dict[MessageKey, ChannelMessage] = {}
@@ -229,12 +236,30 @@ class Channel:
         self.pump()
 
     def seek(self, index: int) -> None:
-        """youzan: continue reading the partition log at ``index`` (0 … len)."""
+        """youzan: continue reading the partition log at ``index`` (0 … len).
+
+        As real nsqd: a channel with a backlog has already read its next record, and
+        delivers it before continuing from ``index`` (PROTOCOL.md §13.1)."""
+        log = self._log
+        if log is not None and self.read_ahead is None and self.read_pos < len(log):
+            self.read_ahead = log[self.read_pos]
         self._ready.clear()
         self._parked.clear()
         self._deferred.clear()
         self.read_pos = index
         self.pump()
+
+    def first_ordered_reader(self) -> None:
+        """youzan: the channel's first SUB_ORDERED client. Real nsqd restarts the channel's
+        reader at its position; the record it had read ahead goes out untracked and is
+        then read again, so the client sees it twice (PROTOCOL.md §13.1)."""
+        if self.ordered_reader:
+            return
+        self.ordered_reader = True
+        log = self._log
+        if log is not None and self.read_ahead is None and not self._in_flight and \
+                not self._ready and self.read_pos < len(log):
+            self.read_ahead = log[self.read_pos]
 
     # --- consumers -----------------------------------------------------------------------
 
@@ -405,19 +430,34 @@ class Channel:
             del self._parked[tag]
 
     def _pop_source(self) -> ChannelMessage | None:
+        ahead = self.read_ahead
+        if ahead is not None:
+            self.read_ahead = None
+            # real nsqd forgets an ordered channel's read-ahead (its FIN fails) and reads
+            # it again in its turn; a plain channel keeps it in flight
+            return ChannelMessage(ahead, untracked=self.ordered)
         if self._ready:
             return self._ready.popleft()
         log = self._log
-        if log is not None and self.read_pos < len(log):
+        if log is None:
+            return None
+        in_flight = self._in_flight
+        while self.read_pos < len(log):
             rec = log[self.read_pos]
             self.read_pos += 1
-            return ChannelMessage(rec)
+            # after a move backwards, a record still in flight (the read-ahead) is not sent
+            # twice at once; once finished, it is sent again, as on real nsqd
+            if rec.key not in in_flight:
+                return ChannelMessage(rec)
         return None
 
     def _start(self, m: ChannelMessage, c: Consumer) -> None:
         cap = YOUZAN_MAX_ATTEMPTS if self.youzan else _STOCK_MAX_ATTEMPTS
         if m.attempts < cap:
             m.attempts += 1
+        if m.untracked:
+            c.send_message(m)
+            return
         m.owner = c
         m.deadline = _now() + c.msg_timeout
         self._in_flight[m.record.key] = m

@@ -889,6 +889,7 @@ class ClientConnection(asyncio.Protocol):
                 raise ClientError(
                     "E_INVALID", "order consume is not allowed while sample rate is not 0")
             ch.ordered = True
+            ch.first_ordered_reader()
         if start_from is not None and len(ch.consumers) <= 1:
             try:
                 self.node.seek_channel(plog, ch, *start_from)

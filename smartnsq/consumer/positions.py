@@ -1,0 +1,253 @@
+"""Exact start positions for youzan partitions (``start_at``): positioning, verification,
+and the guard that keeps deliveries from before the position away from the handler.
+
+Real youzan nsqd (PROTOCOL.md §13.1) has two habits a client must cover itself:
+
+* **read-ahead**: a channel that holds a backlog has already read its next message when it is
+  repositioned (``/channel/setoffset`` or ``SUB_ADVANCED … <offset>``); that one message is
+  still delivered first, then the channel continues from the new position. It may lie before
+  the position, or (when moving backwards) after it, and the message at the position can come
+  twice (the read-ahead, then the re-read);
+* **lazy queue end**: a position just written may be refused inside nsqd while the HTTP call
+  or SUB still answers OK.
+
+So a start position is set in three steps: :func:`read_position` on the partition leader
+(``/stats``: topic ``backend_depth`` is the partition's end, channel ``depth_size`` the bytes
+left, so ``end - depth_size`` is the channel's position), the move itself, then the same
+read again until the channel is where it was asked to be (bounded, :class:`Positioner`).
+"start at the end" becomes the end offset read first, so that one rule covers it.
+:class:`StartGuard` then finishes, without the handler, every delivery below the position,
+the read-ahead of an ordered channel, and a repeat of the first message handed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
+from smartnsq.errors import ConfigError, NSQConnectionError, StartPositionError
+from smartnsq.message import Message
+from smartnsq.protocol.commands import OffsetSpec
+
+__all__ = ["Positioner", "QueuePosition", "StartGuard", "read_position"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+#: pauses between attempts to make a refused position stick (the queue end is updated lazily)
+_RETRY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """A partition and one of its channels, as the leader's ``/stats`` reports them."""
+
+    #: the partition's end: offset + raw size of its last message (topic ``backend_depth``)
+    end: int
+    #: the channel's consume position, None when the channel does not exist yet
+    channel: int | None
+
+    @property
+    def backlog(self) -> bool:
+        """The channel has unread messages, so its pump has read one ahead."""
+        return self.channel is not None and self.channel < self.end
+
+
+def _int_field(doc: dict[str, Any], key: str, where: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NSQConnectionError(f"{where}: /stats gave {key}={value!r}, not a byte count")
+    return value
+
+
+async def read_position(session: aiohttp.ClientSession, ep: Endpoint, topic: str,
+                        channel: str) -> QueuePosition:
+    """The end of ``ep``'s partition and ``channel``'s position in it."""
+    where = f"nsqd {ep.http_address} ({topic} partition {ep.partition})"
+    params = {"format": "json", "topic": topic, "partition": str(ep.partition),
+              "channel": channel, "needClients": "false"}
+    try:
+        async with session.get(f"http://{ep.http_address}/stats", params=params,
+                               headers=_V1) as resp:
+            status = resp.status
+            doc = await resp.json(content_type=None) if status == 200 else await resp.text()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise NSQConnectionError(f"{where}: reading /stats failed: {exc!r}") from exc
+    if status != 200 or not isinstance(doc, dict):
+        raise NSQConnectionError(f"{where}: /stats answered HTTP {status}: {str(doc)[:200]}")
+    if isinstance(doc.get("data"), dict):  # the legacy envelope, should a server insist
+        doc = doc["data"]
+    for t in doc.get("topics") or ():
+        if not isinstance(t, dict) or t.get("topic_name") != topic or \
+                str(t.get("topic_partition")) != str(ep.partition):
+            continue
+        end = _int_field(t, "backend_depth", where)
+        for ch in t.get("channels") or ():
+            if isinstance(ch, dict) and ch.get("channel_name") == channel:
+                left = _int_field(ch, "depth_size", where)
+                return QueuePosition(end, max(0, end - left))
+        return QueuePosition(end, None)
+    raise NSQConnectionError(f"{where}: /stats does not list the partition (leader moved?)")
+
+
+class StartGuard:
+    """Which deliveries of a positioned partition may reach the handler. Pure: no I/O.
+
+    ``floor`` is the requested position (bytes); ``read_ahead`` the channel's position before
+    it was moved when it had a backlog (the offset of the message it had read ahead), else
+    None. It lives as long as the consumer: after a reconnect the server resumes at its
+    confirmed position, which is never below the floor; :meth:`new_session` forgets what
+    only the first connection can see.
+    """
+
+    __slots__ = ("_any", "_echo", "dropped", "floor", "ordered", "partition", "read_ahead")
+
+    def __init__(self, partition: int, floor: int, read_ahead: int | None, *,
+                 ordered: bool) -> None:
+        self.partition = partition
+        self.floor = floor
+        self.read_ahead = read_ahead
+        self.ordered = ordered
+        #: deliveries finished without reaching the handler
+        self.dropped = 0
+        #: a delivery was seen on this connection
+        self._any = False
+        #: the first message handed over, while a repeat of it may still come
+        self._echo: Message | None = None
+
+    def new_session(self) -> None:
+        """A new connection to the partition: no read-ahead is expected on it."""
+        self.read_ahead = None
+        self._any = True
+        self._echo = None
+
+    def admit(self, msg: Message) -> bool:
+        """True: hand ``msg`` to the handler; False: finish it quietly (counted)."""
+        offset = msg.offset
+        if offset is None:
+            return True  # not a positioned subscription
+        first = not self._any
+        self._any = True
+        if offset < self.floor:
+            self.dropped += 1
+            return False
+        ra = self.read_ahead
+        if ra is None:
+            return True
+        if first and self.ordered and offset == ra and offset != self.floor:
+            # an ordered channel moved backwards: its read-ahead comes before the position's
+            # message and is delivered again in its turn (the server forgets it: FIN fails)
+            self.dropped += 1
+            return False
+        echo = self._echo
+        if echo is None:
+            self._echo = msg
+            return True
+        if echo.finished and msg.offset == echo.offset and \
+                msg.internal_id == echo.internal_id:
+            # the first message was the read-ahead and is read again from the position
+            self.dropped += 1
+            return False
+        return True
+
+
+class Positioner:
+    """Moves one partition's channel to a start position and makes sure it took effect."""
+
+    def __init__(self, topic: str, channel: str, ep: Endpoint, spec: OffsetSpec, *,
+                 timeout: float, ordered: bool) -> None:
+        if ep.http_address is None or ep.partition == NO_PARTITION:
+            raise ConfigError(f"cannot position the channel at {ep}: the lookup did not give "
+                              "the nsqd's HTTP port")
+        self.topic = topic
+        self.channel = channel
+        self.ep = ep
+        self.asked = spec
+        #: what goes on the wire ("end" becomes the end offset read first)
+        self.spec = spec
+        self.ordered = ordered
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._before: QueuePosition | None = None
+        #: the channel is not at the position yet (moving it would cause a read-ahead)
+        self.needed = True
+
+    async def prepare(self) -> OffsetSpec | None:
+        """Read where the partition ends and the channel stands; return the offset to send,
+        None when the channel is already there (a move would only add a read-ahead)."""
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            before = self._before = await read_position(session, self.ep, self.topic,
+                                                        self.channel)
+        if self.asked.kind == "special":
+            self.spec = OffsetSpec.virtual_queue(before.end)
+        spec = self.spec
+        self.needed = not (spec.kind == "virtual_queue" and before.channel is not None
+                           and before.channel == min(spec.value, before.end))
+        return spec if self.needed else None
+
+    async def settle(self, *, already_sent: bool) -> StartGuard:
+        """Move the channel (unless SUB_ADVANCED already asked for it) and verify, retrying
+        while the server keeps it elsewhere; the guard for the partition's deliveries."""
+        before = self._before
+        if before is None:
+            await self.prepare()
+            before = self._before
+        assert before is not None
+        spec = self.spec
+        target = spec.value if spec.kind == "virtual_queue" else None
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            send = self.needed and not already_sent
+            for attempt, pause in enumerate((*_RETRY_PAUSES, None)):
+                if send:
+                    await self._set_offset(session)
+                send = True
+                now = await read_position(session, self.ep, self.topic, self.channel)
+                if now.channel is not None and self._took(before, now, target):
+                    break
+                if pause is None:
+                    raise StartPositionError(
+                        f"{self.topic} partition {self.ep.partition} channel {self.channel}: "
+                        f"nsqd {self.ep.http_address} kept the channel at offset "
+                        f"{now.channel} (queue end {now.end}) after {attempt + 1} attempts "
+                        f"to move it to {spec.encode().decode()}")
+                log.info("%s partition %s: the channel is at %s, not yet at %s; retrying",
+                         self.topic, self.ep.partition, now.channel, spec.encode().decode())
+                await asyncio.sleep(pause)
+        assert now.channel is not None
+        floor = target if target is not None else now.channel
+        read_ahead = before.channel if before.backlog and self.needed else None
+        log.info("%s partition %s channel %s positioned at offset %d (asked %s; channel was at "
+                 "%s, queue end %d)", self.topic, self.ep.partition, self.channel, now.channel,
+                 self.asked.encode().decode(), before.channel, before.end)
+        return StartGuard(self.ep.partition, floor, read_ahead, ordered=self.ordered)
+
+    @staticmethod
+    def _took(before: QueuePosition, now: QueuePosition, target: int | None) -> bool:
+        if target is None:
+            return True  # a timestamp or message count: the server decides where that is
+        if now.channel == target or (target >= now.end and now.channel == now.end):
+            return True
+        # not a record boundary: the server rounds to one; a refusal leaves it where it was
+        return now.channel != before.channel and now.channel is not None and \
+            now.channel >= target
+
+    async def _set_offset(self, session: aiohttp.ClientSession) -> None:
+        ep, spec = self.ep, self.spec
+        params = {"topic": self.topic, "partition": str(ep.partition), "channel": self.channel}
+        try:
+            async with session.post(f"http://{ep.http_address}/channel/setoffset",
+                                    params=params, data=spec.encode(), headers=_V1) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NSQConnectionError(f"positioning the channel at {ep} failed: {exc}") from exc
+        if status >= 300:
+            detail = f"POST /channel/setoffset {spec.encode().decode()} at {ep}: HTTP " \
+                     f"{status} {text.strip()[:200]}"
+            if "E_FAILED_ON_NOT_LEADER" in text or status in (404, 503):
+                raise NSQConnectionError(detail)
+            raise StartPositionError(f"cannot start at that position: {detail}")
