@@ -100,10 +100,15 @@ def dev(ctx: click.Context) -> int:
 
 
 def _register() -> None:
-    from smartnsq.cli import admin, archive, bridge, lookup, publish, stat, tail
+    from smartnsq.cli.admin import channel, topic
+    from smartnsq.cli.archive import to_file
+    from smartnsq.cli.bridge import bridge
+    from smartnsq.cli.lookup import lookup
+    from smartnsq.cli.publish import publish
+    from smartnsq.cli.stat import stat
+    from smartnsq.cli.tail import tail
 
-    for command in (tail.tail, publish.publish, archive.to_file, bridge.bridge, stat.stat,
-                    lookup.lookup, admin.topic, admin.channel):
+    for command in (tail, publish, to_file, bridge, stat, lookup, topic, channel):
         cli.add_command(command)
 
 

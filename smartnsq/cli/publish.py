@@ -315,7 +315,7 @@ def _progress(show: bool, total: int | None) -> Progress:
     if total is None:
         columns = [TextColumn("{task.description}"), MofNCompleteColumn(),
                    TransferSpeedColumn(), TimeElapsedColumn()]
-    return Progress(*columns, console=stderr_console(), disable=not show, transient=False)
+    return Progress(*columns, console=stderr_console(), disable=not show)
 
 
 async def _publish_all(producer: Producer, topic: str, records: Iterator[Record], *,
