@@ -410,3 +410,30 @@ def test_guard_without_a_backlog_has_no_read_ahead_rules() -> None:
     assert g.admit(first)  # type: ignore[arg-type]
     assert admit(g, 50, 1)  # a genuine redelivery goes to the handler
     assert g.dropped == 0
+
+
+@pytest.mark.parametrize("answer", ["fin", "req"])
+async def test_first_ordered_reader_gets_the_first_message_once(
+        target: Target, answer: str) -> None:
+    # a channel's first SUB_ORDERED client receives the message at the channel's position
+    # twice, back to back and with the same attempts (the read-ahead copy, then the tracked
+    # one): the handler sees it once, and one answer (FIN, or a failure's REQ) covers both
+    topic, tcp, _ = await target.create_topic("twin", ordered=True)
+    backlog = await publish(tcp, topic, "old", 4)
+    got = Collector(fail=lambda m: answer == "req" and m.attempts == 1 and
+                    m.body == backlog[0].body)
+    c = OrderedConsumer(topic, CHANNEL, got, lookupd_http_addresses=[target.lookupd],
+                        config=fast_config(max_in_flight=10, ordered_retry_pause=0.05))
+    async with c:
+        await got.wait_for(lambda: b"old-3" in got.handled, timeout=WAIT)
+        assert got.handled == [s.body for s in backlog]
+        seen = [(m.body, m.attempts) for m in got.messages]
+        if answer == "req":
+            assert seen[:2] == [(b"old-0", 1), (b"old-0", 2)]
+        else:
+            assert seen[0] == (b"old-0", 1) and len(seen) == 4
+        st = c.stats()
+        assert st.dropped_before_start == 1
+        v = c.validator(0)
+        assert (v.gaps, v.violations) == (0, 0)
+        assert c.positions() == {0: backlog[-1].offset}
