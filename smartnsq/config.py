@@ -251,6 +251,8 @@ class ProducerConfig(_Model):
     #: shard key → partition rule of publish_ordered: youzan go-nsq's murmur3 (default) or
     #: the youzan Java SDK's String.hashCode rule (PROTOCOL.md §7.2)
     shard_hash: Literal["murmur3", "java"] = "murmur3"
+    #: dials (connect + handshake) in progress at once across all nsqd (see ConsumerConfig)
+    max_concurrent_connects: int = Field(default=32, ge=1, le=1024)
     connection: ConnectionConfig = Field(
         default_factory=lambda: ConnectionConfig(heartbeat_interval=30.0)
     )

@@ -9,9 +9,13 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from smartnsq.config import ConnectionConfig, ConsumerConfig
+import pytest
+
+from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.consumer.discovery import Endpoint
+from smartnsq.errors import NSQError
+from smartnsq.producer import Producer
 from tests.lookup_fakes import FakeLookupd, TopicSpec
 from tests.scripted_server import Peer, ScriptedServer
 
@@ -107,3 +111,34 @@ async def test_start_returns_after_one_connects_time_when_connects_queue() -> No
     finally:
         for s in servers:
             await s.__aexit__(None, None, None)
+
+
+async def test_producer_dials_a_few_nodes_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 listed nodes that all refuse, 300 concurrent publishes: at most
+    max_concurrent_connects dials run at once."""
+    from smartnsq.conn import Connection
+    from smartnsq.producer import pool as pool_module
+
+    gauge = {"now": 0, "peak": 0, "dials": 0}
+
+    class CountingConnection(Connection):
+        async def connect(self) -> Any:
+            gauge["now"] += 1
+            gauge["dials"] += 1
+            gauge["peak"] = max(gauge["peak"], gauge["now"])
+            try:
+                await asyncio.sleep(0)  # let the other publishes pile up behind the bound
+                return await super().connect()
+            finally:
+                gauge["now"] -= 1
+
+    monkeypatch.setattr(pool_module, "Connection", CountingConnection)
+    addresses = [f"127.0.0.1:{p}" for p in closed_ports(300)]
+    cfg = ProducerConfig(max_concurrent_connects=8, publish_timeout=1.0,
+                         reconnect_min=5.0, reconnect_max=10.0)
+    async with Producer(addresses, config=cfg) as p:
+        results = await asyncio.gather(*(p.publish("t", b"x") for _ in range(300)),
+                                       return_exceptions=True)
+    assert all(isinstance(r, NSQError) for r in results), results[:3]
+    assert gauge["dials"] >= 8
+    assert gauge["peak"] <= 8, gauge

@@ -55,8 +55,11 @@ class NodePool:
 
     def __init__(self, address: str, config: ProducerConfig, *, auto_reconnect: bool = False,
                  on_up: Callable[[NodePool], None] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 connect_slots: asyncio.Semaphore | None = None) -> None:
         self.address = address
+        #: shared by the producer's pools: how many dials may run at once
+        self._connect_slots = connect_slots
         self.host, self.port = parse_tcp_address(address)
         self._config = config
         self._size = config.connections_per_nsqd
@@ -169,7 +172,11 @@ class NodePool:
         conn = Connection(self.host, self.port, self._config.connection,
                           on_close=self._on_close, on_error=self._on_error)
         try:
-            await conn.connect()
+            if self._connect_slots is None:
+                await conn.connect()
+            else:
+                async with self._connect_slots:
+                    await conn.connect()
         except asyncio.CancelledError:
             self._dialing = None
             fut.cancel()

@@ -120,6 +120,8 @@ class Producer:
         self._direct: list[NodePool] = []
         self._rr = 0
         self._rng = random.Random()
+        #: bounds dials across all nodes (many nodes listed must not mean as many dials)
+        self._connect_slots = asyncio.Semaphore(config.max_concurrent_connects)
         self._routes: Routes | None = None
         self._lookup: Lookup | None = None
         self._own_lookup = False
@@ -500,7 +502,8 @@ class Producer:
 
     def _new_pool(self, address: str, *, auto_reconnect: bool) -> NodePool:
         pool = NodePool(address, self.config, auto_reconnect=auto_reconnect,
-                        on_up=self._on_pool_up, rng=self._rng)
+                        on_up=self._on_pool_up, rng=self._rng,
+                        connect_slots=self._connect_slots)
         self._pools[address] = pool
         return pool
 
