@@ -4,6 +4,7 @@ from inside a running event loop, and an interpreter that exits without stop()."
 from __future__ import annotations
 
 import functools
+import math
 import subprocess
 import sys
 import textwrap
@@ -156,3 +157,23 @@ def test_interpreter_exit_without_stop_is_prompt_and_requeues(stock: ClusterThre
                                 config=fast_config(max_in_flight=50)):
         assert enough.wait(WAIT), len(rest)
     assert rest | set(handled) == set(sent)
+
+
+def test_bad_durations_leave_a_running_sync_consumer_running(stock: ClusterThread) -> None:
+    c = smartnsq.sync.Consumer("t", "c", lambda m: None,
+                               lookupd_http_addresses=stock.cluster.lookupd_http_addresses,
+                               config=fast_config(max_in_flight=1))
+    c.start()
+    try:
+        for bad in (-1, math.nan, math.inf, "x", True):
+            with pytest.raises(ConfigError, match="drain_timeout"):
+                c.stop(bad)
+            assert c.is_running  # not a zombie: the loop and the consumer are intact
+            with pytest.raises(ConfigError, match="timeout"):
+                c.wait(bad)
+        with pytest.raises(ConfigError, match="max_in_flight"):
+            c.set_max_in_flight(-1)
+        assert c.wait(0.01) is False  # still usable
+    finally:
+        c.stop()
+    assert not c.is_running
