@@ -37,7 +37,7 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
-from smartnsq.cli.tail import check_partitions, check_start, topic_view
+from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
@@ -227,6 +227,7 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
             view = await topic_view(lk, topic)
             check_partitions(view, partitions)
             check_start(view, start)
+            start = await skip_empty_partitions(view, start, partitions)
             consumer = Consumer(topic, channel, archiver, lookup=lk, config=config,
                                 start_at=start, partitions=partitions or None)
             await _run(consumer, archiver, stop, sync_interval)

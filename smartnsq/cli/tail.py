@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 
 import click
 
+from smartnsq.admin import NsqdAdmin
 from smartnsq.cli.common import (
     CliError,
     FromParam,
@@ -127,6 +128,36 @@ def check_start(view: TopicView, start: StartAt | None) -> None:
                                f"{view.partition_num})")
 
 
+async def skip_empty_partitions(view: TopicView, start: StartAt | None,
+                                partitions: tuple[int, ...]) -> StartAt | None:
+    """``start`` without the partitions that hold no message yet.
+
+    Real youzan nsqd refuses every position on an empty partition (``E_INVALID commit log end
+    of file``), and there every position is the same one: where a new channel starts. The
+    leaders' own ``/stats`` say which partitions are empty.
+    """
+    if start is None or not view.is_partitioned:
+        return start
+    wanted = set(start) if isinstance(start, dict) else set(partitions or view.partitions)
+    leaders = {view.partitions[p].http_address for p in wanted if p in view.partitions}
+    empty: set[int] = set()
+    for addr in sorted(leaders):
+        async with NsqdAdmin(addr) as nsqd:
+            stats = await nsqd.stats(view.topic)
+        for t in stats["topics"]:
+            try:
+                p = int(t.get("topic_partition", ""))
+            except (TypeError, ValueError):
+                continue
+            stored = int(t.get("backend_depth") or 0) - int(t.get("backend_start") or 0)
+            if p in wanted and t.get("is_leader", True) and stored <= 0:
+                empty.add(p)
+    if not empty:
+        return start
+    spec = {p: (start[p] if isinstance(start, dict) else start) for p in wanted - empty}
+    return spec or None
+
+
 @click.command(epilog=EPILOG)
 @click.argument("topic", callback=topic_argument)
 @cluster_options()
@@ -171,6 +202,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         view = await topic_view(lookup, topic)
         check_partitions(view, partitions)
         check_start(view, start)
+        start = await skip_empty_partitions(view, start, partitions)
         only = partitions or None
         if ordered:
             consumer = OrderedConsumer(topic, chan, printer, lookup=lookup, config=config,
