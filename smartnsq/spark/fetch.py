@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 _RDY = 500
 #: failed positioning / connection attempts in a row before the read gives up
 _MAX_RETRIES = 8
+#: deliveries beyond the expected offset tolerated in one session before positioning again
+_MAX_STRAYS = 2 * _RDY
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class RangeFetcher:
         self.repositions = 0
         self.leader = task.leader
         self._full = False
+        self._strays = 0
         self._config = connection_config or ConnectionConfig(
             extend_support=task.ext, client_id="smartnsq-spark", read_timeout=60.0)
         self._http_timeout = http_timeout
@@ -170,6 +173,7 @@ class RangeFetcher:
 
         host, port = parse_tcp_address(leader)
         conn = Connection(host, port, self._config, on_message=on_message, on_close=on_close)
+        self._strays = 0
         await conn.connect()
         try:
             await conn.subscribe(t.topic, t.channel, t.partition,
@@ -196,7 +200,7 @@ class RangeFetcher:
                 if chunk:
                     yield chunk
         finally:
-            await _close(conn)
+            await _close(conn, inbox)
 
     def _take(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool]) -> list[RawMessage]:
         t = self.task
@@ -211,8 +215,15 @@ class RangeFetcher:
                 self.dropped += 1
                 continue
             if off > self.next_offset:
-                inbox.clear()
-                raise _Reposition(f"expected offset {self.next_offset}, got {off}")
+                # a message requeued on this channel by an earlier session, or the position
+                # did not take; many of them in a row mean the latter
+                fin(m.id)
+                self._strays += 1
+                if self._strays > _MAX_STRAYS:
+                    inbox.clear()
+                    raise _Reposition(f"expected offset {self.next_offset}, got {off} and "
+                                      f"{self._strays - 1} more beyond it")
+                continue
             if (t.max_bytes is not None and self.messages
                     and self.bytes + size > t.max_bytes):
                 # a byte budget is a ceiling: the message that would cross it waits
@@ -227,10 +238,18 @@ class RangeFetcher:
         return out
 
 
-async def _close(conn: Connection) -> None:
+async def _close(conn: Connection, inbox: deque[RawMessage]) -> None:
+    # FIN what was delivered but not taken (beyond the end), also what arrives until
+    # CLOSE_WAIT: left in flight it would be requeued on the channel and come back as a
+    # stray in the channel's next read
     try:
+        for m in inbox:
+            conn.fin(m.id)
+        inbox.clear()
         if conn.is_connected and conn.subscribed:
             await conn.cls(timeout=2.0)
+        for m in inbox:
+            conn.fin(m.id)
     except NSQError:
         pass
     finally:

@@ -12,6 +12,7 @@ Batch reads consume (FIN after the rows are handed to Spark), so they need ``con
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
@@ -66,6 +67,11 @@ class _DriverConsumer:
             return c
 
         self.consumer = self._call(start())
+        # Spark does not pass a query's stop on to a simple reader: its process just exits.
+        # Handing the held messages back then makes nsqd redeliver them at once instead of
+        # after their timeout.
+        atexit.register(self.close)
+        self._closed = False
 
     def _call(self, coro: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -88,11 +94,24 @@ class _DriverConsumer:
         self.loop.call_soon_threadsafe(fin)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+
         async def stop() -> None:
             self._toucher.cancel()
+            while True:
+                try:
+                    self._held.add(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for m in self._held:
+                m.requeue(0, backoff=False)
+            self._held.clear()
             await self.consumer.stop(drain_timeout=0)
         try:
-            self._call(stop())
+            self._call(stop(), timeout=15.0)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
@@ -110,6 +129,7 @@ class StockStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self._pending: dict[int, list[Message]] = {}
         self._available_now = False
         self._drained = False
+        self._reads = 0
         #: messages handed to Spark and FINed by commit (for reporting)
         self.delivered = 0
 
@@ -117,7 +137,7 @@ class StockStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         # the reader is pickled to executors for readBetweenOffsets: no live parts
         return {"opts": self.opts, "channel": self.channel, "batch_cap": self.batch_cap,
                 "_consumer": None, "_pending": {}, "_available_now": False,
-                "_drained": False, "delivered": 0}
+                "_drained": False, "delivered": 0, "_reads": 0}
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
@@ -132,7 +152,8 @@ class StockStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self._consumer is None:
             in_flight = min(_MAX_RDY, 2 * self.batch_cap)
             self._consumer = _DriverConsumer(self.opts, self.channel, in_flight)
-        msgs = self._collect(self._consumer)
+        msgs = self._collect(self._consumer, first=self._reads == 0)
+        self._reads += 1
         if not msgs:
             if self._available_now:
                 self._drained = True
@@ -141,10 +162,17 @@ class StockStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self._pending[n + 1] = msgs
         return iter([_row(m) for m in msgs]), {"batch": n + 1}
 
-    def _collect(self, consumer: _DriverConsumer) -> list[Message]:
+    def _collect(self, consumer: _DriverConsumer, *, first: bool) -> list[Message]:
+        """Up to the batch cap, or what arrives within triggerWaitSeconds; the first read
+        of a run waits up to maxWaitSeconds for the first message (connecting takes time,
+        and an empty first read would end an availableNow run at once)."""
         out: list[Message] = []
-        deadline = time.monotonic() + self.opts.trigger_wait
+        start = time.monotonic()
+        deadline = start + (max(self.opts.max_wait, self.opts.trigger_wait) if first
+                            else self.opts.trigger_wait)
         while len(out) < self.batch_cap:
+            if len(out) == 1:
+                deadline = min(deadline, time.monotonic() + self.opts.trigger_wait)
             left = deadline - time.monotonic()
             try:
                 out.append(consumer.inbox.get(timeout=max(left, 0.0)) if left > 0
@@ -230,9 +258,11 @@ class StockBatchReader(DataSourceReader):
             try:
                 for m in msgs:
                     yield _row(m)
-                # FIN only after Spark took every row
-                for m in msgs:
-                    m.finish()
+                # FIN only after Spark took every row (on the consumer's own loop)
+                async def fin_all() -> None:
+                    for m in msgs:
+                        m.finish()
+                loop.run_until_complete(fin_all())
             finally:
                 loop.run_until_complete(consumer.stop(drain_timeout=1.0))
         finally:

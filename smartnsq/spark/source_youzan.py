@@ -129,8 +129,6 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.channel = opts.channel_for("")
         self._target: dict[int, int] | None = None
         self._latest: dict[int, int] | None = None
-        #: where reading resumes after data loss was tolerated (failOnDataLoss=false)
-        self._resume: dict[int, int] = {}
 
     # -- driver ------------------------------------------------------------------------
 
@@ -178,7 +176,6 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                           f"offset {loss.resumed_at} and go on")
             log.warning("%s; failOnDataLoss=false: reading resumes at %d", msg,
                         loss.resumed_at)
-            self._resume[p] = loss.resumed_at
             out[p] = loss.resumed_at
         return out
 
@@ -238,20 +235,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if s == e:
             return []
         snap = self._snapshot()
-        begin = dict(s)
-        for p in e:
-            st = snap.partitions.get(p)
-            if p in self._resume:
-                begin[p] = max(begin.get(p, 0), self._resume.pop(p))
-            elif p not in begin and st is not None:
-                begin[p] = st.start
-            if st is not None and begin[p] < st.start:
-                if self.opts.fail_on_data_loss:
-                    raise DataLossError(
-                        f"data loss on {self.opts.topic} partition {p}: offset {begin[p]} is "
-                        f"before the retained start {st.start}; set option "
-                        "failOnDataLoss=false to skip it")
-                begin[p] = st.start
+        # the same data-loss rule as latestOffset: a replay after a restart plans here
+        # without a latestOffset call first
+        begin = self._effective_start(s, snap)
         return _plan(self.opts, snap, begin, e, self.channel, delete=False)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
