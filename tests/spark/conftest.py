@@ -51,7 +51,8 @@ def spark() -> Iterator[Any]:
     reason = java_missing_reason()
     if reason is not None:
         pytest.skip(reason)
-    pyspark_sql = pytest.importorskip("pyspark.sql", reason="pyspark (the spark extra) is not installed")
+    pyspark_sql = pytest.importorskip("pyspark.sql",
+                                      reason="pyspark (the spark extra) is not installed")
     prepare_spark_environment()
     session = (
         pyspark_sql.SparkSession.builder.master("local[2]")

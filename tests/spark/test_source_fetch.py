@@ -13,7 +13,6 @@ from smartnsq.devcluster import DevCluster
 from smartnsq.producer import Producer, PublishReceipt
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.spark.fetch import RangeFetcher, RangeTask, _Reposition
-from smartnsq.spark.offsets import PartitionState
 from smartnsq.spark.options import SourceOptionError, parse_source_options
 from smartnsq.spark.planning import (
     find_boundary,
