@@ -1,0 +1,297 @@
+"""Rows/s of the Spark sink and the youzan source, beside the hand-written ways users have today.
+
+On local Spark (``local[2]``), 100-byte bodies, topics of 1 and 4 partitions:
+
+* sink: ``df.write.format("nsq")`` (batch) and ``df.writeStream.format("nsq")`` (a parquet
+  directory read as a stream, ``availableNow``), against a ``foreachPartition`` that publishes
+  with gnsq ``multipublish`` in batches of 500 to the partition-0 leader (what users write:
+  gnsq knows no partitions, so on youzan that is one partition).
+* source: ``spark.read.format("nsq")`` (batch, counted) and ``spark.readStream.format("nsq")``
+  (``availableNow`` into the ``noop`` sink), against a driver-side gnsq consumer collecting the
+  messages into a list, then ``createDataFrame`` and ``count`` (one partition: gnsq's plain SUB
+  reads partition 0 only).
+
+Against a real youzan cluster with ``--lookupd HOST:PORT`` (e.g. ``../shared/realnsq``'s
+``start-youzan.sh``); without it an embedded youzan cluster (2 nodes) on a thread of this
+process (Spark's Python workers are other processes). Spark start-up and the DataFrame's
+generation are outside the timings, and every way runs once on a small topic first (Python
+worker start-up and imports cost seconds here). Prints one table.
+
+Usage: python benchmarks/spark.py [--lookupd HOST:PORT] [--rows 200000] [--partitions 1 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import aiohttp
+
+from smartnsq.devcluster import DevCluster
+from smartnsq.spark import register
+from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
+from tests.real_servers import HTTP_TIMEOUT, Topic, YouzanCluster
+
+T = TypeVar("T")
+BODY_SIZE = 100
+HAND_BATCH = 500
+CHANNEL = "bench"
+
+
+class Loop:
+    """An event loop on a background thread for the cluster and HTTP administration."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Row:
+    side: str
+    way: str
+    partitions: int
+    rows: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def timed(fn: Callable[[], int]) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = fn()
+    return n, time.perf_counter() - t0
+
+
+def gnsq_publish_partition(addr: str, topic: str) -> Callable[[Any], None]:
+    """The hand-written sink: a function for ``foreachPartition``."""
+
+    def publish(rows: Any) -> None:
+        import gnsq
+
+        producer = gnsq.Producer(nsqd_tcp_addresses=[addr])
+        producer.start()
+        batch: list[bytes] = []
+        for r in rows:
+            batch.append(bytes(r.value))
+            if len(batch) == HAND_BATCH:
+                producer.multipublish(topic, batch)
+                batch = []
+        if batch:
+            producer.multipublish(topic, batch)
+        producer.close()
+        producer.join(timeout=5)
+
+    return publish
+
+
+def gnsq_collect(addr: str, topic: str, count: int, timeout: float = 300) -> list[tuple[bytes]]:
+    """The hand-written source: a driver-side gnsq consumer collecting ``count`` bodies."""
+    import gevent
+    import gevent.event
+    import gnsq
+
+    got: list[tuple[bytes]] = []
+    done = gevent.event.Event()
+    consumer = gnsq.Consumer(topic, CHANNEL, nsqd_tcp_addresses=[addr], max_in_flight=2500)
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        got.append((message.body,))
+        if len(got) >= count:
+            done.set()
+
+    consumer.start(block=False)
+    done.wait(timeout)
+    consumer.close()
+    gevent.sleep(0.1)
+    return got
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    from pyspark.sql import SparkSession
+
+    prepare_spark_environment()
+    spark = (SparkSession.builder.master("local[2]").appName("smartnsq-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    bg = Loop()
+    tmp = tempfile.mkdtemp(prefix="smartnsq-spark-bench-")
+    cluster: DevCluster | None = None
+    session = bg.call(_session())
+    try:
+        if args.lookupd:
+            target = YouzanCluster("real", args.lookupd, session)
+            where = f"real youzan cluster (lookupd {args.lookupd})"
+        else:
+            cluster = DevCluster(nodes=2, flavour="youzan")
+            bg.call(cluster.start())
+            target = YouzanCluster("double", cluster.lookupd_http_addresses[0], session, cluster)
+            where = "embedded youzan cluster (2 nodes, on a thread of the driver process)"
+        print(f"target: {where}; {args.rows} rows of {BODY_SIZE}-byte bodies in 2 Spark "
+              "partitions, local[2]", flush=True)
+        n = args.rows
+        df = spark.range(0, n, 1, numPartitions=2).selectExpr(
+            f"cast(repeat('x', {BODY_SIZE}) as binary) as value").cache()
+        assert df.count() == n
+        src = os.path.join(tmp, "input")
+        df.write.parquet(src)
+        lookupd = target.lookupd
+        rows: list[Row] = []
+
+        def add(side: str, way: str, parts: int, fn: Callable[[], int]) -> None:
+            count, secs = timed(fn)
+            r = Row(side, way, parts, count, secs)
+            rows.append(r)
+            print(f"  {side:6} {way:44} p={parts}  {count:>8} rows  {secs:7.2f} s  "
+                  f"{r.rate:>10,.0f} rows/s", flush=True)
+
+        def ways(t: Topic, hand: Topic, frame: Any, path: str, count: int,
+                 tag: str) -> dict[str, Callable[[], int]]:
+            """Each way as a function; ``tag`` keeps checkpoints apart."""
+
+            def sink_batch() -> int:
+                frame.write.format("nsq").mode("append").option("lookupd", lookupd) \
+                    .option("topic", t.name).save()
+                return count
+
+            def sink_stream() -> int:
+                q = (spark.readStream.schema("value binary").parquet(path)
+                     .writeStream.format("nsq").option("lookupd", lookupd)
+                     .option("topic", t.name)
+                     .option("checkpointLocation", os.path.join(tmp, f"ck-sink-{tag}"))
+                     .trigger(availableNow=True).start())
+                q.awaitTermination(600)
+                if q.exception() is not None:
+                    raise RuntimeError(str(q.exception()))
+                return sum(p["numInputRows"] for p in q.recentProgress)
+
+            def hand_sink() -> int:
+                frame.foreachPartition(gnsq_publish_partition(hand.leaders[0].tcp, hand.name))
+                return count
+
+            def source_batch() -> int:
+                return int(spark.read.format("nsq").option("lookupd", lookupd)
+                           .option("topic", t.name).load().count())
+
+            def source_stream() -> int:
+                q = (spark.readStream.format("nsq").option("lookupd", lookupd)
+                     .option("topic", t.name).option("startingOffsets", "earliest").load()
+                     .writeStream.format("noop")
+                     .option("checkpointLocation", os.path.join(tmp, f"ck-src-{tag}"))
+                     .trigger(availableNow=True).start())
+                q.awaitTermination(600)
+                if q.exception() is not None:
+                    raise RuntimeError(str(q.exception()))
+                return sum(p["numInputRows"] for p in q.recentProgress)
+
+            def hand_source() -> int:
+                got = gnsq_collect(hand.leaders[0].tcp, hand.name, count)
+                return int(spark.createDataFrame(got, "value binary").count())
+
+            return {"sink_batch": sink_batch, "sink_stream": sink_stream,
+                    "hand_sink": hand_sink, "source_batch": source_batch,
+                    "source_stream": source_stream, "hand_source": hand_source}
+
+        # warm-up: every way once on a small topic, so that Python worker start-up and the
+        # imports in the workers (seconds on this machine) are outside every timing
+        warm_n = 2000
+        warm_df = spark.range(0, warm_n, 1, numPartitions=2).selectExpr(
+            f"cast(repeat('x', {BODY_SIZE}) as binary) as value").cache()
+        warm_src = os.path.join(tmp, "warm")
+        warm_df.write.parquet(warm_src)
+        warm: Topic = bg.call(target.create_topic("bench_warm", 1, 1, channels=(CHANNEL,)))
+        for fn in ways(warm, warm, warm_df, warm_src, warm_n, "warm").values():
+            fn()
+        print("warmed up", flush=True)
+
+        for parts in args.partitions:
+            topic: Topic = bg.call(target.create_topic("bench_sink", parts, 1,
+                                                       channels=(CHANNEL,)))
+            hand: Topic = bg.call(target.create_topic("bench_hand", 1, 1, channels=(CHANNEL,)))
+            w = ways(topic, hand, df, src, n, f"p{parts}")
+            add("sink", "nsq sink, batch (df.write)", parts, w["sink_batch"])
+            add("sink", "nsq sink, streaming (availableNow)", parts, w["sink_stream"])
+            if parts == 1:
+                add("sink", f"hand: foreachPartition gnsq MPUB {HAND_BATCH}", parts,
+                    w["hand_sink"])
+            add("source", "nsq source, batch (count)", parts, w["source_batch"])
+            add("source", "nsq source, streaming (availableNow→noop)", parts,
+                w["source_stream"])
+            if parts == 1:
+                add("source", "hand: driver gnsq consumer→createDataFrame", parts,
+                    w["hand_source"])
+        return rows
+    finally:
+        try:
+            bg.call(target.cleanup())
+        except Exception as exc:  # cleanup is best effort: report, do not mask the run
+            print(f"topic cleanup failed: {exc}", file=sys.stderr)
+        bg.call(session.close())
+        if cluster is not None:
+            bg.call(cluster.stop())
+        bg.close()
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=HTTP_TIMEOUT)
+
+
+def print_table(rows: list[Row]) -> None:
+    hand = {r.side: r.rate for r in rows if r.way.startswith("hand")}
+    print()
+    print(f"{'side':6} {'way':44} {'parts':>5} {'rows':>8} {'rows/s':>10} {'× hand':>7}")
+    for r in rows:
+        ratio = r.rate / hand[r.side] if hand.get(r.side) else 0.0
+        print(f"{r.side:6} {r.way:44} {r.partitions:>5} {r.rows:>8} {r.rate:>10,.0f} "
+              f"{ratio:>6.1f}×")
+    print("\ntarget: the nsq sink and source each >= 3× the hand-written way; the source "
+          "scaling with partitions")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lookupd", help="HOST:PORT of a real youzan nsqlookupd's HTTP port "
+                    "(default: an embedded youzan cluster)")
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    args = ap.parse_args()
+    if args.rows <= 0 or any(p <= 0 for p in args.partitions):
+        ap.error("--rows and --partitions must be positive")
+    reason = java_missing_reason()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        return 0
+    print_table(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
