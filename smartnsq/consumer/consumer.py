@@ -213,7 +213,10 @@ class Consumer:
 
     ``giving_up`` receives messages delivered more than ``config.max_attempts`` times; they
     are finished without reaching the handler (default: a warning is logged).
-    ``start_at`` (youzan, lookups only) positions the channel once per partition at start.
+    ``start_at`` (youzan, lookups only) positions the channel once per partition at start,
+    exactly: the position is checked on the leader and retried within a bound, and nothing
+    below it reaches the handler (``stats().dropped_before_start`` counts what nsqd's
+    read-ahead delivered from before it; :mod:`smartnsq.consumer.positions`).
     ``partitions`` (youzan, lookups only) subscribes to those partitions only.
     ``trace`` is the trace switch to obey (default: the process-wide
     ``smartnsq.trace.switch``); any object with ``is_on(topic)`` will do.

@@ -12,7 +12,10 @@ order. On top of :class:`smartnsq.consumer.Consumer` this class
 * retries a failed message with ``REQ <id> 0`` after ``config.ordered_retry_pause`` (a
   delayed REQ is silently ignored on ordered channels), never skips it unless
   ``on_blocked`` says so (:mod:`smartnsq.ordered.policy`); ``max_attempts`` does not apply;
-* keeps the position (offset of the last finished message) of every partition.
+* keeps the position (offset of the last finished message) of every partition;
+* hands a message nsqd sends twice in a row with the same attempts (its read-ahead copy,
+  then the tracked one: a channel's first ordered reader, or a repositioned channel) to the
+  handler once, and answers both copies together.
 """
 
 from __future__ import annotations
