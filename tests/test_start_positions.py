@@ -437,3 +437,76 @@ async def test_first_ordered_reader_gets_the_first_message_once(
         v = c.validator(0)
         assert (v.gaps, v.violations) == (0, 0)
         assert c.positions() == {0: backlog[-1].offset}
+
+
+# --- the server's side, with raw sockets: the double must behave as real nsqd ----------------
+
+
+async def read_offsets(c: RawClient, n: int) -> tuple[list[int], list[bytes]]:
+    """Offsets of the next ``n`` messages (each finished at once), and any error frames."""
+    offsets: list[int] = []
+    errors: list[bytes] = []
+    async with asyncio.timeout(WAIT):
+        while len(offsets) < n:
+            f = await c.read_frame(WAIT)
+            if f.type != FRAME_MESSAGE:
+                errors.append(f.data)
+                continue
+            m = decode_message(f.data, POSITIONED)
+            assert m.offset is not None
+            offsets.append(m.offset)
+            await c.send(C.fin(m.id))
+    return offsets, errors
+
+
+async def set_offset(target: Target, http: str, topic: str, offset: int) -> None:
+    async with target.session.post(
+            f"http://{http}/channel/setoffset", headers=V1, data=f"virtual_queue:{offset}",
+            params={"topic": topic, "partition": "0", "channel": CHANNEL}) as r:
+        assert r.status == 200, await r.text()
+
+
+@pytest.mark.parametrize("how", ["setoffset", "sub_advanced"])
+async def test_server_delivers_the_read_ahead_before_the_new_position(
+        target: Target, how: str) -> None:
+    topic, tcp, http = await target.create_topic("readahead", ordered=False)
+    backlog = await publish(tcp, topic, "old", BACKLOG)
+    pos = backlog[5].offset
+    async with contextlib.AsyncExitStack() as stack:
+        c = await RawClient.connect(tcp)
+        stack.callback(c.writer.close)
+        await c.identify(feature_negotiation=True)
+        if how == "setoffset":
+            await set_offset(target, http, topic, pos)
+            await c.send(C.sub_advanced(topic, CHANNEL, 0))
+        else:  # as the channel's first client (the partition token is ignored, §4.4)
+            await c.send(C.sub_advanced(topic, CHANNEL, 0, OffsetSpec.virtual_queue(pos)))
+        await c.expect_ok()
+        await c.send(C.rdy(10))
+        offsets, errors = await read_offsets(c, 4)
+    # the message the channel had read (its first, offset 0), then from the position on
+    assert offsets == [0, pos, backlog[6].offset, backlog[7].offset]
+    assert errors == []
+
+
+@pytest.mark.parametrize("move", [False, True], ids=["first-reader", "setoffset"])
+async def test_server_ordered_read_ahead_is_not_in_flight(target: Target, move: bool) -> None:
+    topic, tcp, http = await target.create_topic("readahead_o", ordered=True)
+    backlog = await publish(tcp, topic, "old", BACKLOG)
+    pos = backlog[5].offset if move else 0
+    async with contextlib.AsyncExitStack() as stack:
+        c = await RawClient.connect(tcp)
+        stack.callback(c.writer.close)
+        await c.identify(feature_negotiation=True)
+        await c.send(C.sub_ordered(topic, CHANNEL, 0))
+        await c.expect_ok()
+        if move:
+            await set_offset(target, http, topic, pos)
+        await c.send(C.rdy(1))
+        offsets, errors = await read_offsets(c, 3)
+    # the read-ahead copy (offset 0) comes first, outside RDY and not in flight, then the
+    # partition from the position on: offset 0 again without a move. Both copies carry one
+    # id, so one of the two FINs fails (read here when it came before the third message)
+    nxt = backlog[6].offset if move else backlog[1].offset
+    assert offsets == [0, pos, nxt]
+    assert len(errors) <= 1 and all(e.startswith(b"E_FIN_FAILED") for e in errors)
