@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from smartnsq.config import LookupConfig
-from smartnsq.errors import NSQConnectionError, NSQTimeoutError, TopicNotFoundError
+from smartnsq.errors import ConfigError, NSQConnectionError, TopicNotFoundError
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
 from smartnsq.spark.nsqd_http import NsqdHttp
@@ -80,11 +80,21 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
     out: dict[int, int] = {}
     async with NsqdHttp() as http:
         for p, st in sorted(snap.partitions.items()):
+            if st.end <= st.start:
+                # real nsqd answers an empty partition's search with 500 "commit log end
+                # of file"; nothing to search
+                out[p] = st.end
+                continue
             await http.create_channel(st.leader_http, opts.topic, p, channel)
             try:
                 await http.set_offset(st.leader_http, opts.topic, p, channel,
                                       f"timestamp:{seconds}")
                 pos = await http.channel_position(st.leader_http, opts.topic, p, channel)
+            except ConfigError as exc:
+                if "end of file" not in str(exc):
+                    raise
+                # every retained message is older than the timestamp
+                pos = st.end
             finally:
                 await http.delete_channel(st.leader_http, opts.topic, p, channel)
             out[p] = min(max(pos, st.start), st.end)
@@ -138,9 +148,6 @@ async def find_boundary(task: RangeTask) -> int:
     """Read ``task`` (limited by messages or bytes) on the driver's probe channel and return
     the boundary after the last message it may take."""
     fetcher = RangeFetcher(task)
-    try:
-        async for _ in fetcher.chunks():
-            pass
-    except NSQTimeoutError:
-        raise
+    async for _ in fetcher.chunks():
+        pass
     return fetcher.next_offset

@@ -1,0 +1,130 @@
+"""The youzan source on the double and on a real youzan cluster (``real_youzan``): exact
+ranges, partition ends from ``/stats``, timestamp search, a leader move during a read, and
+(real cluster only) one batch and one streaming Spark query.
+
+The real variants run when ``SMARTNSQ_REAL_YOUZAN_LOOKUPD`` names a youzan nsqlookupd
+(``make test-real``); otherwise they skip with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from smartnsq.producer import Producer
+from smartnsq.protocol.messages import RawMessage
+from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.options import parse_source_options
+from smartnsq.spark.planning import find_boundary, resolve_timestamp, snapshot
+
+# the shared real-server helpers (double/real fixture, topic creation, leader moves)
+_real = pytest.importorskip("tests.real_servers", reason="tests/real_servers.py is missing")
+HTTP_TIMEOUT = _real.HTTP_TIMEOUT
+REAL_YOUZAN_LOOKUPD: str = _real.REAL_YOUZAN_LOOKUPD
+YouzanCluster = _real.YouzanCluster
+youzan = _real.youzan  # the fixture
+
+pytestmark = pytest.mark.real_youzan
+
+
+async def _publish(lookupd: str, topic: str, partition: int, n: int, tag: str) -> list[Any]:
+    async with Producer(lookupd=[lookupd]) as p:
+        return [await p.publish(topic, f"{tag}{i}".encode(), partition=partition,
+                                trace_id=i + 1) for i in range(n)]
+
+
+async def _read(task: RangeTask) -> tuple[list[RawMessage], RangeFetcher]:
+    f = RangeFetcher(task)
+    got: list[RawMessage] = []
+    async with asyncio.timeout(90):
+        async for chunk in f.chunks():
+            got.extend(chunk)
+    return got, f
+
+
+async def test_exact_ranges_ends_and_timestamps(youzan: Any) -> None:
+    topic = await youzan.create_topic("sparksrc", partition_num=2, replicator=1)
+    early = await _publish(youzan.lookupd, topic.name, 0, 20, "e")
+    await asyncio.sleep(1.1)  # the timestamp search has whole-second resolution
+    stamp = int(time.time())
+    await asyncio.sleep(0.05)
+    late = await _publish(youzan.lookupd, topic.name, 0, 5, "l")
+    opts = parse_source_options({"lookupd": youzan.lookupd, "topic": topic.name},
+                                streaming=True)
+    snap = await snapshot(opts)
+    assert snap.partitions[0].end == late[-1].offset + late[-1].raw_size
+    assert snap.partitions[1].end == snap.partitions[1].start
+    stamps = await resolve_timestamp(opts, snap, stamp, "spark_ts_real")
+    assert stamps[0] == late[0].offset
+    base = RangeTask(lookupd=(youzan.lookupd,), topic=topic.name, partition=0,
+                     start=early[3].offset, end=late[2].offset, channel="spark_real",
+                     read_timeout=5.0)
+    got, _ = await _read(base)
+    want = [f"e{i}".encode() for i in range(3, 20)] + [b"l0", b"l1"]
+    assert [m.body for m in got] == want
+    # replay on the same (already used, repositioned) channel: the same rows, no read-ahead
+    again, f = await _read(base)
+    assert [m.body for m in again] == want, f"dropped {f.dropped}"
+    assert await find_boundary(RangeTask(
+        lookupd=(youzan.lookupd,), topic=topic.name, partition=0, start=0,
+        end=snap.partitions[0].end, channel="spark_real_probe", max_messages=4,
+        read_timeout=5.0)) == early[4].offset
+
+
+async def test_leader_move_during_read(youzan: Any) -> None:
+    topic = await youzan.create_topic("sparkmove", partition_num=1, replicator=2)
+    recs = await _publish(youzan.lookupd, topic.name, 0, 1500, "m")
+    end = recs[-1].offset + recs[-1].raw_size
+    f = RangeFetcher(RangeTask(lookupd=(youzan.lookupd,), topic=topic.name, partition=0,
+                               start=0, end=end, channel="spark_move", read_timeout=5.0))
+    got: list[RawMessage] = []
+    moved = False
+    async with asyncio.timeout(120):
+        async for chunk in f.chunks():
+            got.extend(chunk)
+            if not moved:
+                moved = True
+                _, new_id = await youzan.move_leader(topic.name, 0)
+                await youzan.wait_leader(topic.name, 0, new_id)
+    assert [m.body for m in got] == [f"m{i}".encode() for i in range(1500)]
+
+
+@pytest.mark.skipif(not REAL_YOUZAN_LOOKUPD, reason="SMARTNSQ_REAL_YOUZAN_LOOKUPD (host:port "
+                    "of a youzan nsqlookupd) is not set; `make test-real` sets it")
+def test_spark_batch_and_stream_on_real_cluster(spark: Any, tmp_path: Path) -> None:
+    lookupd = REAL_YOUZAN_LOOKUPD
+
+    async def setup() -> tuple[str, list[Any]]:
+        async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+            yc = YouzanCluster("real", lookupd, session)
+            topic = await yc.create_topic("sparkq", partition_num=2, replicator=1)
+            recs = await _publish(lookupd, topic.name, 0, 300, "a")
+            await _publish(lookupd, topic.name, 1, 100, "b")
+            return topic.name, recs
+
+    name, recs = asyncio.run(setup())
+    o = {"lookupd": lookupd, "topic": name}
+    df = spark.read.format("nsq").options(
+        **o, startingOffsets=json.dumps({"0": recs[100].offset, "1": -2}),
+        endingOffsets=json.dumps({"0": recs[200].offset, "1": -1})).load()
+    got = sorted(bytes(r.body) for r in df.select("body").collect())
+    assert got == sorted([f"a{i}".encode() for i in range(100, 200)] +
+                         [f"b{i}".encode() for i in range(100)])
+    q = (spark.readStream.format("nsq").options(**o, startingOffsets="earliest",
+                                                maxMessagesPerTrigger="150").load()
+         .select("body").writeStream.format("parquet")
+         .option("path", str(tmp_path / "data"))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(180)
+    assert q.exception() is None
+    rows = [bytes(r.body) for r in spark.read.parquet(str(tmp_path / "data")).collect()]
+    assert sorted(rows) == sorted([f"a{i}".encode() for i in range(300)] +
+                                  [f"b{i}".encode() for i in range(100)])
+    assert max(int(p["numInputRows"]) for p in q.recentProgress) <= 150
