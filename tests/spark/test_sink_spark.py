@@ -1,5 +1,6 @@
 """The sink through local Spark (``local[2]``) into the embedded clusters, read back with the
-plain smartnsq consumers (independent of the sink's code path)."""
+source's batch read (the 20k-row test) or the plain smartnsq Consumer (independent of the
+sink's code path)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import pytest
 
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
-from smartnsq.ordered import OrderedConsumer
 from tests.consumer_support import fast_config
 from tests.spark.conftest import ThreadedCluster
 
@@ -26,8 +26,7 @@ PARTITIONS = 4
 WAIT = 60.0
 
 
-def collect(tc: ThreadedCluster, topic: str, n: int, *, ordered: bool = False,
-            timeout: float = WAIT) -> list[Message]:
+def collect(tc: ThreadedCluster, topic: str, n: int, *, timeout: float = WAIT) -> list[Message]:
     """Consume ``n`` messages of ``topic`` on the cluster's loop (FIN each); fail after
     ``timeout`` seconds with what arrived so far."""
     lookupds = tc.cluster.lookupd_http_addresses
@@ -41,12 +40,8 @@ def collect(tc: ThreadedCluster, topic: str, n: int, *, ordered: bool = False,
             if len(got) >= n:
                 done.set()
 
-        cfg = fast_config(max_in_flight=200)
-        c: Any = (OrderedConsumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
-                                  config=fast_config(max_in_flight=PARTITIONS * 2))
-                  if ordered else
-                  Consumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
-                           config=cfg))
+        c = Consumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
+                     config=fast_config(max_in_flight=200))
         async with c:
             try:
                 async with asyncio.timeout(timeout):
@@ -80,21 +75,26 @@ def test_youzan_batch_write_20k_rows_with_shard_keys(spark: Any,
     df.write.format("nsq").mode("append").option("lookupd", lookupd) \
         .option("topic", topic).save()
 
-    got = collect(tc, topic, ROWS, ordered=True)
-    bodies = sorted(m.body for m in got)
-    assert bodies == sorted(f"k{i % KEYS}:{i}".encode() for i in range(ROWS))
+    # read back through the source (batch read: every partition from earliest to latest)
+    got = df_rows(spark.read.format("nsq").option("lookupd", lookupd).option("topic", topic)
+                  .load().select("body", "partition", "offset"))
+    assert sorted(b for b, _, _ in got) == sorted(f"k{i % KEYS}:{i}".encode()
+                                                  for i in range(ROWS))
     by_task: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
-    for m in got:
-        key, seq = m.body.decode().split(":")
+    for body, partition, offset in got:
+        key, seq = body.decode().split(":")
         # placement: an independent murmur3 over the key's bytes
-        assert m.partition == mmh3.hash(key, 0, signed=False) % PARTITIONS, m.body
-        assert m.offset is not None
-        by_task[(key, int(seq) // (ROWS // 2))].append((m.partition, m.offset, int(seq)))
+        assert partition == mmh3.hash(key, 0, signed=False) % PARTITIONS, body
+        by_task[(key, int(seq) // (ROWS // 2))].append((partition, offset, int(seq)))
     # a key's rows from one Spark task are stored in their input order
     for (key, task), items in by_task.items():
         assert len({p for p, _, _ in items}) == 1
         seqs = [s for _, _, s in sorted(items)]
         assert seqs == sorted(seqs), f"key {key} task {task} out of order"
+
+
+def df_rows(df: Any) -> list[tuple[bytes, int, int]]:
+    return [(bytes(r[0]), int(r[1]), int(r[2])) for r in df.collect()]
 
 
 def test_youzan_streaming_sink_with_deterministic_trace_ids(
