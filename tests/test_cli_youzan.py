@@ -341,3 +341,47 @@ def test_unreachable_lookupd_and_missing_cluster_options() -> None:
     assert_one_line_error(invoke(["nosuchcommand"]), "No such command")
     assert_one_line_error(invoke(["publish", "t", "/no/such/file", "--nsqd", "127.0.0.1:1"]),
                           "/no/such/file")
+
+
+def test_tail_from_earliest_with_an_empty_partition(yz: ClusterThread) -> None:
+    make_topic(yz, "halfempty", 2)
+    publish(yz, "halfempty", ["only", "zero"], "--partition", "0")
+    assert tail(yz, "halfempty", "--from", "earliest", "-n", "2") == ["only", "zero"]
+
+
+def test_stat_lists_replicas_and_live_rates(yz: ClusterThread) -> None:
+    yz.call(lambda: yz.cluster.create_topic("rep", 1, 2, channels=[CHANNEL]))
+    leader = _leader_http(yz, "rep", 0)
+    (other,) = set(yz.cluster.nsqd_http_addresses) - {leader}
+    publish(yz, "rep", ["r1"])
+    proc = spawn_cli(["stat", "rep", "--lookupd", yz.lookupd, "--json", "--interval", "0.3"])
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        (row,) = first["topics"]
+        assert row["leader"] == leader and row["replicas"] == [other]
+        assert row["rate"] is None  # one sample: no rate yet
+        publish(yz, "rep", ["r2", "r3"])
+        second = json.loads(proc.stdout.readline())
+        assert second["topics"][0]["rate"] is not None
+        assert second["topics"][0]["channels"][0]["rate"] is not None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_lookup_shows_a_failing_lookupd(yz: ClusterThread) -> None:
+    make_topic(yz, "lk2")
+    r = invoke(["lookup", "lk2", "--lookupd", yz.lookupd, "--lookupd", "127.0.0.1:1",
+                "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["answered_by"] == [f"http://{yz.lookupd}"]
+    assert "http://127.0.0.1:1" in doc["failed"]
+    (bad,) = [s for s in doc["lookupds"] if s["address"] == "http://127.0.0.1:1"]
+    assert bad["consecutive_failures"] >= 1 and bad["last_error"]
+    table = invoke(["lookup", "lk2", "--lookupd", yz.lookupd, "--lookupd", "127.0.0.1:1"])
+    assert "failed" in table.stdout or "demoted" in table.stdout
