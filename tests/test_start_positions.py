@@ -264,13 +264,20 @@ async def test_start_position_on_a_channel_with_a_backlog(
             assert c.positions() == {0: tail[-1].offset}
 
 
-async def test_start_at_end_on_an_empty_partition(target: Target) -> None:
-    topic, tcp, _ = await target.create_topic("startend", ordered=False)
+@pytest.mark.parametrize("ordered", [False, True], ids=["plain", "ordered"])
+@pytest.mark.parametrize("start", [OffsetSpec.end(), OffsetSpec.msgcount(0),
+                                   OffsetSpec.virtual_queue(0), OffsetSpec.timestamp(0)],
+                         ids=["end", "earliest", "offset-0", "timestamp-0"])
+async def test_start_positions_on_an_empty_partition(
+        target: Target, ordered: bool, start: OffsetSpec) -> None:
+    # nsqd refuses every position but the end on an empty partition ("commit log end of
+    # file"): there, every position means the next message written
+    topic, tcp, _ = await target.create_topic("startempty", ordered=ordered)
     got = Collector()
-    async with make_consumer(False, target, topic, got, OffsetSpec.end()) as c:
+    async with make_consumer(ordered, target, topic, got, start) as c:
         tail = await publish(tcp, topic, "new", 2)
         await got.wait_for(lambda: len(got.messages) == 2, timeout=WAIT)
-        check_handled(got, tail, ordered=False)
+        check_handled(got, tail, ordered=ordered)
         assert c.stats().dropped_before_start == 0
 
 

@@ -51,6 +51,14 @@ class QueuePosition:
     end: int
     #: the channel's consume position, None when the channel does not exist yet
     channel: int | None
+    #: the first byte still stored (topic ``backend_start``)
+    start: int = 0
+
+    @property
+    def empty(self) -> bool:
+        """No message stored: nsqd refuses every position but the end ("commit log end
+        of file"), and every position means the next message written."""
+        return self.end <= self.start
 
     @property
     def backlog(self) -> bool:
@@ -87,11 +95,12 @@ async def read_position(session: aiohttp.ClientSession, ep: Endpoint, topic: str
                 str(t.get("topic_partition")) != str(ep.partition):
             continue
         end = _int_field(t, "backend_depth", where)
+        start = _int_field(t, "backend_start", where) if "backend_start" in t else 0
         for ch in t.get("channels") or ():
             if isinstance(ch, dict) and ch.get("channel_name") == channel:
                 left = _int_field(ch, "depth_size", where)
-                return QueuePosition(end, max(0, end - left))
-        return QueuePosition(end, None)
+                return QueuePosition(end, max(0, end - left), start)
+        return QueuePosition(end, None, start)
     raise NSQConnectionError(f"{where}: /stats does not list the partition (leader moved?)")
 
 
@@ -182,11 +191,13 @@ class Positioner:
         async with aiohttp.ClientSession(timeout=self._timeout) as session:
             before = self._before = await read_position(session, self.ep, self.topic,
                                                         self.channel)
-        if self.asked.kind == "special":
+        if self.asked.kind == "special" or before.empty:
             self.spec = OffsetSpec.virtual_queue(before.end)
         spec = self.spec
-        self.needed = not (spec.kind == "virtual_queue" and before.channel is not None
-                           and before.channel == min(spec.value, before.end))
+        # an empty partition's channel is at its end, or is created there by SUB
+        self.needed = not before.empty and not (
+            before.channel is not None and spec.kind == "virtual_queue"
+            and before.channel == min(spec.value, before.end))
         return spec if self.needed else None
 
     async def settle(self, *, already_sent: bool) -> StartGuard:

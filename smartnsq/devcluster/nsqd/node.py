@@ -332,6 +332,9 @@ class NsqdNode:
             index = len(plog.records)
         elif not cluster:
             raise ValueError("Not supported while coordinator disabled")
+        elif not plog.records:
+            # real nsqd searches its commit log, which an empty partition does not have
+            raise ValueError("commit log end of file")
         elif kind == "virtual_queue":
             found = plog.index_of_offset(value)
             if found is None:
