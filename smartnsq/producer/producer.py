@@ -11,7 +11,8 @@ Two ways to find nsqd:
   carry the topic. Leader-type errors drop the mapping and trigger one coalesced refresh.
 
 Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
-``max_attempts``; :mod:`smartnsq.producer.retry` holds the rule. A publish that could not be
+``max_attempts`` (waiting for a partition leader counts against the timeout only);
+:mod:`smartnsq.producer.retry` holds the rule. A publish that could not be
 acknowledged raises :class:`PublishError` (``__cause__``: the error that finally failed it),
 or :class:`PublishTimeoutError` when its time ran out; one acknowledged with OK is done and
 never resent. Cancelling a publish never corrupts its connection (the response still takes its
@@ -677,8 +678,9 @@ class Producer:
             loop = asyncio.get_running_loop()
             topic = op.topic
             max_attempts = self._max_attempts
-            attempt = 0
-            waits = 0
+            attempt = 0  # every send
+            counted = 0  # sends that failed in a way max_attempts bounds
+            waits = 0  # waits for a leader (bounded by the deadline only)
             last_exc: BaseException | None = None
             avoid_parts: set[int] | None = None
             avoid_nodes: set[str] | None = None
@@ -718,25 +720,27 @@ class Producer:
                     if address is None and avoid_nodes and route.legacy:
                         address = route.pick_legacy()
                 if address is None:
+                    waits += 1
                     if attempt == 0 and op.partition is None:
                         # nothing to try yet (fresh topic): wait, bounded by the deadline
-                        waits += 1
                         route = await self._wait_for_topic(topic, route, waits, deadline, last_exc)
                         continue
-                    # a pinned partition without leader, or every partition failed
-                    attempt += 1
+                    # A pinned partition without leader, or every partition failed: a leader
+                    # move (seconds on real clusters) or writes switched off. Waiting for a
+                    # leader burns no attempts: only the deadline bounds it (PROTOCOL.md §13.1).
                     missing = NoLeaderError(
-                        f"partition {op.partition} of topic {topic!r} has no writable leader"
-                        if op.partition is not None else
+                        f"partition {partition} of topic {topic!r} has no writable leader"
+                        if partition is not None else
                         f"topic {topic!r} has no writable partition left")
                     missing.__cause__ = last_exc
-                    if attempt >= max_attempts or loop.time() >= deadline:
+                    if loop.time() >= deadline:
                         raise self._failure(op, attempt, missing, deadline) from missing
-                    await self._sleep(retry_delay(attempt), deadline)
+                    await self._sleep(retry_delay(waits), deadline)
                     route = await self._refreshed(topic, route, deadline)
                     continue
                 if last_target is not None and last_target == (address, partition):
-                    await self._sleep(retry_delay(attempt), deadline)
+                    # the same target again (e.g. lookupd still names the old leader)
+                    await self._sleep(retry_delay(max(attempt, waits)), deadline)
                 attempt += 1
                 pool = self._pools.get(address)
                 if pool is None:
@@ -754,7 +758,13 @@ class Producer:
                 except Exception as exc:
                     last_exc = exc
                     action = classify(exc)
-                    if action is Action.RAISE or attempt >= max_attempts or \
+                    if action is Action.REFRESH:
+                        # a leader-type refusal stored nothing: retrying is safe, and waiting
+                        # for the new leader is bounded by the deadline, not by attempts
+                        waits += 1
+                    else:
+                        counted += 1
+                    if action is Action.RAISE or counted >= max_attempts or \
                             loop.time() >= deadline:
                         err = self._failure(op, attempt, exc, deadline)
                         if err is exc:

@@ -16,8 +16,13 @@ Every failed publish attempt is classified into one :class:`Action`:
 * ``RETRY`` — a transient server failure (E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED,
   E_PUB_TOO_MUCH_WAITING, youzan's connection limit): retry after the delay.
 
-Attempts are bounded by ``ProducerConfig.max_attempts`` (default 3, as youzan go-nsq) and by
-the call's deadline. Before retrying the *same* target the producer sleeps
+``FAILOVER`` and ``RETRY`` attempts are bounded by ``ProducerConfig.max_attempts`` (default 3,
+as youzan go-nsq) and by the call's deadline. ``REFRESH`` is not an attempt that counts, and
+neither is finding no leader for the partition in the lookup: both mean a leader move or a
+write switch is under way (a move takes 4–7 s on a real cluster, PROTOCOL.md §13.1) and the
+refusal stored nothing, so the publish waits for a leader — refreshing the lookup with the
+backoff below, one refresh shared by every waiting publish — bounded only by its deadline.
+Before retrying the *same* target (or looking again for a leader) the producer sleeps
 :func:`retry_delay` — go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
 capped at :data:`MAX_RETRY_DELAY`; a retry on a *different* target (another nsqd, another
 partition) goes at once. Waiting for a fresh topic to get a writable partition is bounded by
