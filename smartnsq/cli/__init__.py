@@ -84,7 +84,8 @@ class SmartnsqGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, verbose: int) -> None:
     """Operators' tools for NSQ: stock nsqd and youzan's partitioned NSQ."""
-    ctx.with_resource(cli_logging(verbose))
+    if ctx.invoked_subcommand != "dev":  # dev logs as it always did
+        ctx.with_resource(cli_logging(verbose))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
