@@ -385,3 +385,13 @@ def test_lookup_shows_a_failing_lookupd(yz: ClusterThread) -> None:
     assert bad["consecutive_failures"] >= 1 and bad["last_error"]
     table = invoke(["lookup", "lk2", "--lookupd", yz.lookupd, "--lookupd", "127.0.0.1:1"])
     assert "failed" in table.stdout or "demoted" in table.stdout
+
+
+def test_lookup_lists_replicas(yz: ClusterThread) -> None:
+    yz.call(lambda: yz.cluster.create_topic("rep2", 1, 2, channels=[CHANNEL]))
+    leader = _leader_http(yz, "rep2", 0)
+    (other,) = set(yz.cluster.nsqd_http_addresses) - {leader}
+    r = invoke(["lookup", "rep2", "--lookupd", yz.lookupd, "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["partitions"]["0"]["http_address"] == leader
+    assert doc["replicas"] == {"0": [other]}

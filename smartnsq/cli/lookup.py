@@ -1,5 +1,6 @@
 """``smartnsq lookup TOPIC``: the merged lookup view (partitions, leaders, nodes, meta, which
-lookupds answered, demoted lookupds)."""
+lookupds answered, demoted lookupds), plus each partition's replicas from the nsqds' /stats
+(lookupd only names leaders)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from smartnsq.cli.common import (
     stdout_console,
 )
 from smartnsq.cli.common import topic_argument as _topic
+from smartnsq.cli.stat import build_doc, take_sample
 from smartnsq.lookup import Lookup, LookupdStatus, Node, TopicView
 
 EPILOG = """\b
@@ -70,11 +72,15 @@ def print_view(console: Console, doc: dict[str, Any]) -> None:
                  + (f", {', '.join(flags)}" if flags else ""))
     console.print(head)
     if doc["partitions"] or doc["missing_partitions"]:
-        table = Table("partition", "leader", "http", "distributed id", "version")
+        table = Table("partition", "leader", "http", "distributed id", "version",
+                      "replicas (nsqd http)")
+        replicas = doc.get("replicas", {})
         for p, n in doc["partitions"].items():
-            table.add_row(p, n["address"], n["http_address"], n["distributed_id"], n["version"])
+            table.add_row(p, n["address"], n["http_address"], n["distributed_id"], n["version"],
+                          ", ".join(replicas.get(p, [])))
         for p in doc["missing_partitions"]:
-            table.add_row(str(p), "[red](no leader)[/]", "", "", "")
+            table.add_row(str(p), "[red](no leader)[/]", "", "", "",
+                          ", ".join(replicas.get(str(p), [])))
         console.print(table)
     if doc["legacy_nodes"]:
         table = Table("nsqd (no partition)", "http", "hostname", "version")
@@ -117,4 +123,19 @@ async def lookup(topic: str, lookupd: tuple[str, ...], access: str, as_json: boo
 
 async def lookup_doc(lk: Lookup, topic: str, access: str) -> dict[str, Any]:
     view = await lk.lookup(topic, access)
-    return view_json(view, lk.lookupds(), lk.leader)
+    doc = view_json(view, lk.lookupds(), lk.leader)
+    if view.is_partitioned:
+        doc["replicas"] = await replicas(lk, topic)
+    return doc
+
+
+async def replicas(lk: Lookup, topic: str) -> dict[str, list[str]]:
+    """Partition → nsqds (HTTP addresses) holding a replica that is not the leader. lookupd
+    only names leaders; each nsqd's ``/stats`` says which partitions it holds."""
+    nodes = sorted({n.http_address for n in await lk.admin.nodes() if n.http_port})
+    sample = await take_sample(nodes, topic)
+    out: dict[str, list[str]] = {}
+    for row in build_doc(sample, None)["topics"]:
+        if row["topic"] == topic and row["partition"] is not None:
+            out[str(row["partition"])] = row["replicas"]
+    return out
