@@ -40,6 +40,13 @@ class DevCluster:
     ``tls=True`` issues a throw-away CA and server certificate (needs the ``trustme`` dev
     dependency; clients use :attr:`tls_ca_file`), or pass ``(cert_file, key_file)``.
     ``auth`` is an auth callback or the URL of an nsq auth server.
+
+    youzan timing, as on the real servers (PROTOCOL.md §13.1): a topic created through
+    lookupd's HTTP API accepts channels and writes only ``topic_check_delay`` seconds later
+    (lookupd's next topic check; its leaders answer ``E_FAILED_ON_NOT_LEADER`` until then);
+    ``POST /topic/partition/move`` leaves the partition leaderless for ``leader_move_seconds``
+    (4–7 s on a real cluster). Both default to 0 so tests stay fast; :meth:`create_topic` and
+    :meth:`move_leader` (Python calls) always act at once.
     """
 
     def __init__(
@@ -54,11 +61,21 @@ class DevCluster:
         registrations: Mapping[int, Iterable[int]] | None = None,
         lookupd_ports: Sequence[int] = (),
         host: str = "127.0.0.1",
+        topic_check_delay: float = 0.0,
+        leader_move_seconds: float = 0.0,
     ) -> None:
         if flavour not in ("youzan", "stock"):
             raise ConfigError(f"flavour must be 'youzan' or 'stock', not {flavour!r}")
         if nodes < 0 or lookupds < 1:
             raise ConfigError("a cluster needs at least one lookupd and no negative node count")
+        for what, value in (("topic_check_delay", topic_check_delay),
+                            ("leader_move_seconds", leader_move_seconds)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not 0 <= value < float("inf"):
+                raise ConfigError(f"{what} must be a finite number of seconds >= 0, "
+                                  f"got {value!r}")
+        self._topic_check_delay = float(topic_check_delay)
+        self._leader_move_seconds = float(leader_move_seconds)
         self.flavour: Flavour = flavour
         self.host = host
         self._node_count = nodes
@@ -103,7 +120,9 @@ class DevCluster:
             self._options = self._resolve_options()
             for i in range(self._lookupd_count):
                 lk = NsqLookupd(
-                    self.meta, f"lookupd-{i}", self._views, group=self._group, host=self.host
+                    self.meta, f"lookupd-{i}", self._views, group=self._group, host=self.host,
+                    topic_check_delay=self._topic_check_delay,
+                    leader_move_seconds=self._leader_move_seconds,
                 )
                 self._lookupds.append(lk)
                 port = self._lookupd_ports[i] if i < len(self._lookupd_ports) else 0

@@ -31,6 +31,7 @@ __all__ = [
     "check_lookupd_fault",
     "evict_node",
     "fail_over",
+    "leave_leaderless",
     "move_leader",
     "reelect",
     "scramble_types",
@@ -102,6 +103,16 @@ def move_leader(
         p.replicas = [to_node, *keep][: max(len(p.replicas), 1)]
     _set_leader(meta, topic, p, to_node)
     return old, to_node
+
+
+def leave_leaderless(meta: ClusterMeta, topic: str, partition: int) -> str | None:
+    """A leader move is under way: the partition has no leader until it completes (its old
+    leader refuses writes and drops subscribers, lookups stop listing it). Returns the old
+    leader."""
+    p = _partition(meta, topic, partition)
+    old = p.leader
+    _set_leader(meta, topic, p, None)
+    return old
 
 
 def fail_over(meta: ClusterMeta, node_id: str) -> None:

@@ -8,6 +8,7 @@ listeners synchronously so nodes can drop subscriptions whose partition moved aw
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -69,6 +70,9 @@ class TopicMeta:
     #: channels registered through lookupd /channel/create
     registered_channels: set[str] = field(default_factory=set)
     partitions: dict[int, PartitionMeta] = field(default_factory=dict)
+    #: time.monotonic() from which the partition leaders accept channels and writes: a topic
+    #: created through lookupd HTTP waits for lookupd's next topic check (PROTOCOL.md §13.1)
+    ready_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class ClusterMeta:
     topics: dict[str, TopicMeta] = field(default_factory=dict)
     #: cluster-wide write switch of youzan lookupd /disable/write: None, "all" or "ordered"
     write_disabled: str | None = None
+    #: (topic, partition) whose leader is being moved through lookupd's admin API
+    moving: set[tuple[str, int]] = field(default_factory=set)
     _listeners: list[Callable[[MetaEvent], None]] = field(default_factory=list, repr=False)
 
     def add_listener(self, fn: Callable[[MetaEvent], None]) -> None:
@@ -127,6 +133,11 @@ class ClusterMeta:
             return None
         p = t.partitions.get(partition)
         return p.leader if p is not None else None
+
+    def topic_ready(self, topic: str) -> bool:
+        """Past lookupd's first topic check after creation (see :attr:`TopicMeta.ready_at`)."""
+        t = self.topics.get(topic)
+        return t is not None and (t.ready_at <= 0.0 or time.monotonic() >= t.ready_at)
 
     def partition_writable(self, topic: str, partition: int) -> bool:
         t = self.topics.get(topic)

@@ -139,3 +139,38 @@ def unregister_channel(meta: ClusterMeta, topic: str, channel: str) -> None:
     if channel not in t.registered_channels:
         raise AdminError(400, f"channel {channel} not registered")
     t.registered_channels.discard(channel)
+
+
+ERR_MOVE_SAME = "move to and from node can not be the same"
+ERR_MOVE_FROM = "move from not the topic leader"
+ERR_MOVE_TO = "the move destination is not found in cluster"
+ERR_UNSTABLE = "the cluster is unstable"
+
+
+def node_by_distributed_id(meta: ClusterMeta, distributed_id: str) -> str | None:
+    for n in meta.nodes.values():
+        if n.distributed_id and n.distributed_id == distributed_id:
+            return n.node_id
+    return None
+
+
+def check_move(
+    meta: ClusterMeta, topic: str, partition: int, move_from: str, move_to: str
+) -> tuple[str, str]:
+    """Validate ``/topic/partition/move?move_leader=true`` in the real coordinator's order and
+    texts (probed on youzan 0.3.7-HA.1.13.0); returns (old leader, new leader) node ids."""
+    if move_from == move_to:
+        raise AdminError(400, ERR_MOVE_SAME)
+    t = meta.topics.get(topic)
+    if t is None or partition not in t.partitions:
+        raise AdminError(400, ERR_KEY_NOT_FOUND)
+    if (topic, partition) in meta.moving:
+        raise AdminError(400, ERR_UNSTABLE)
+    p = t.partitions[partition]
+    old = node_by_distributed_id(meta, move_from)
+    if old is None or p.leader != old:
+        raise AdminError(400, ERR_MOVE_FROM)
+    new = node_by_distributed_id(meta, move_to)
+    if new is None or not meta.nodes[new].alive:
+        raise AdminError(400, ERR_MOVE_TO)
+    return old, new

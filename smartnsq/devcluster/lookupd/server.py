@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from smartnsq.devcluster import faults
 from smartnsq.devcluster.lookupd import admin
 from smartnsq.devcluster.lookupd.faulting import LookupdFault, scramble_types
 from smartnsq.devcluster.lookupd.http_api import (
@@ -38,6 +39,7 @@ from smartnsq.devcluster.meta import (
     NodeView,
     TopicMeta,
 )
+from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import valid_name
 
 #: stock nsqlookupd forgets a topic tombstone after this long (``tombstone_lifetime``)
@@ -121,7 +123,21 @@ class NsqLookupd:
         group: LookupdGroup | None = None,
         host: str = "127.0.0.1",
         allow_write_without_channels: bool = False,
+        topic_check_delay: float = 0.0,
+        leader_move_seconds: float = 0.0,
     ) -> None:
+        for what, value in (("topic_check_delay", topic_check_delay),
+                            ("leader_move_seconds", leader_move_seconds)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not 0 <= value < float("inf"):
+                raise ConfigError(f"{what} must be a finite number of seconds >= 0, "
+                                 f"got {value!r}")
+        #: seconds a topic created over HTTP waits for the next topic check before its
+        #: leaders accept channels and writes (real lookupd: its check interval)
+        self.topic_check_delay = float(topic_check_delay)
+        #: seconds a ``/topic/partition/move`` leaves the partition leaderless (real: 4–7 s)
+        self.leader_move_seconds = float(leader_move_seconds)
+        self._moves: dict[tuple[str, int], asyncio.TimerHandle] = {}
         self.meta = meta
         self.id = lookupd_id
         self.host = host
@@ -203,6 +219,10 @@ class NsqLookupd:
         self.group.refresh()
 
     async def stop(self) -> None:
+        for key, handle in self._moves.items():
+            handle.cancel()
+            self.meta.moving.discard(key)
+        self._moves.clear()
         self._stopping.set()
         self._release.set()
         runner, self._runner = self._runner, None
@@ -335,6 +355,7 @@ class NsqLookupd:
             r.add_post("/channel/delete", self._route("v1", self._yz_channel_delete))
             r.add_post("/topic/tombstone", self._route("v1", self._yz_tombstone))
             r.add_post("/disable/write", self._route("v1", self._yz_disable_write))
+            r.add_post("/topic/partition/move", self._route("v1", self._yz_partition_move))
         else:
             r.add_get("/info", self._route("v1", self._stock_info), allow_head=False)
             r.add_get("/lookup", self._route("v1", self._stock_lookup), allow_head=False)
@@ -451,6 +472,12 @@ class NsqLookupd:
             have = {r.partition for r in regs}
             regs += [r for r in self._yz_leader_regs(t, live, part) if r.partition not in have]
             regs.sort(key=lambda r: r.partition)
+        if q.get("consistent", "") != "" and t is not None:
+            # checked against the leaders the cluster store records (etcd on a real cluster);
+            # this registry is built from that store, so only a vanished leader drops out
+            regs = [r for r in regs if r.partition < 0 or (
+                r.partition in t.partitions
+                and t.partitions[r.partition].leader == r.view.info.node_id)]
         partitions: dict[str, Any] = {}
         producers: dict[str, dict[str, Any]] = {}
         empty_channel_filtered = False
@@ -632,7 +659,8 @@ class NsqLookupd:
             raise ApiError(400, str(e)) from None
         if not self.is_leader:
             raise ApiError(400, ERR_NOT_LEADER)
-        admin.create_topic(
+        existed = topic in self.meta.topics
+        created = admin.create_topic(
             self.meta,
             topic,
             pnum,
@@ -642,7 +670,54 @@ class NsqLookupd:
             multi_part=q.get("multipart") == "true",
             disable_channel_auto_create=q.get("disable_channel_auto_create") == "true",
         )
+        if not existed and self.topic_check_delay > 0:
+            created.ready_at = time.monotonic() + self.topic_check_delay
         return None
+
+    def _yz_partition_move(self, request: web.Request) -> Any:
+        """``/topic/partition/move?move_leader=true``: the partition goes leaderless for
+        :attr:`leader_move_seconds`, then ``move_to`` leads it (PROTOCOL.md §13.1)."""
+        q = request.query
+        topic = q.get("topic", "")
+        if not topic:
+            raise ApiError(400, "MISSING_ARG_TOPIC")
+        part = q.get("partition", "")
+        if not part:
+            raise ApiError(400, "MISSING_ARG_TOPIC_PARTITION")
+        try:
+            pid = go_atoi(part)
+        except ValueError:
+            raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM") from None
+        if not self.is_leader:
+            raise ApiError(400, ERR_NOT_LEADER)
+        move_from, move_to = q.get("move_from", ""), q.get("move_to", "")
+        if move_from == move_to:
+            raise ApiError(400, admin.ERR_MOVE_SAME)
+        if q.get("move_leader") != "true":
+            # moving a replica's data is not modelled; say so instead of pretending
+            raise ApiError(400, "the embedded lookupd only supports move_leader=true")
+        _, new = admin.check_move(self.meta, topic, pid, move_from, move_to)
+        if self.leader_move_seconds <= 0:
+            faults.move_leader(self.meta, topic, pid, new)
+            return None
+        faults.leave_leaderless(self.meta, topic, pid)
+        key = (topic, pid)
+        self.meta.moving.add(key)
+        self._moves[key] = asyncio.get_running_loop().call_later(
+            self.leader_move_seconds, self._finish_move, topic, pid, new)
+        return None
+
+    def _finish_move(self, topic: str, partition: int, new: str) -> None:
+        self._moves.pop((topic, partition), None)
+        self.meta.moving.discard((topic, partition))
+        t = self.meta.topics.get(topic)
+        if t is None or partition not in t.partitions:
+            return  # deleted meanwhile
+        info = self.meta.nodes.get(new)
+        # the destination died meanwhile: another alive replica takes over, as on fail-over
+        target = new if info is not None and info.alive else None
+        with contextlib.suppress(admin.AdminError):
+            faults.move_leader(self.meta, topic, partition, target)
 
     def _yz_topic_delete(self, request: web.Request) -> Any:
         q = request.query
