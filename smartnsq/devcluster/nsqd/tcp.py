@@ -934,7 +934,9 @@ class ClientConnection(asyncio.Protocol):
             raise ClientError("E_INVALID", f"{cmd} insufficient number of params")
         raw = params[1]
         if len(raw) != 16:
-            raise ClientError("E_INVALID", "Invalid Message ID")
+            # stock nsqd 1.3 lower-cases it (PROTOCOL.md §13.1); youzan keeps the capitals
+            raise ClientError("E_INVALID",
+                              "Invalid Message ID" if self.youzan else "invalid message ID")
         if not self.youzan:
             return raw, raw
         internal = int.from_bytes(raw[:8], "big", signed=True)
