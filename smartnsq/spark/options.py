@@ -33,6 +33,7 @@ SOURCE_OPTION_NAMES: tuple[str, ...] = (
     "startingOffsets", "startingTimestamp", "endingOffsets", "failOnDataLoss",
     "maxMessagesPerTrigger", "maxBytesPerTrigger", "minPartitions", "commitToChannel",
     "readTimeoutSeconds", "consume", "maxMessages", "maxWaitSeconds", "triggerWaitSeconds",
+    "messageTimeoutSeconds",
 )
 _CANONICAL = {n.lower(): n for n in SOURCE_OPTION_NAMES}
 #: options that belong to the sink (same ``format("nsq")``); the source ignores them
@@ -66,6 +67,8 @@ class SourceOptions(BaseModel):
     max_messages: int | None = Field(default=None, gt=0)
     max_wait: float = Field(default=5.0, gt=0, le=3600)
     trigger_wait: float = Field(default=0.5, gt=0, le=600)
+    #: stock: the per-connection message timeout asked for in IDENTIFY (None: the server's)
+    message_timeout: float | None = Field(default=None, ge=1, le=900)
 
     @field_validator("topic")
     @classmethod
@@ -99,7 +102,7 @@ _FIELDS = {
     "maxBytesPerTrigger": "max_bytes_per_trigger", "minPartitions": "min_partitions",
     "commitToChannel": "commit_to_channel", "readTimeoutSeconds": "read_timeout",
     "consume": "consume", "maxMessages": "max_messages", "maxWaitSeconds": "max_wait",
-    "triggerWaitSeconds": "trigger_wait",
+    "triggerWaitSeconds": "trigger_wait", "messageTimeoutSeconds": "message_timeout",
 }
 _BOOLS = {"true": True, "false": False}
 
@@ -181,7 +184,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             values[field] = _offsets(name, value, topic, ("latest",))
         elif name in ("failOnDataLoss", "commitToChannel", "consume"):
             values[field] = _bool(name, value)
-        elif name in ("readTimeoutSeconds", "maxWaitSeconds", "triggerWaitSeconds"):
+        elif name in ("readTimeoutSeconds", "maxWaitSeconds", "triggerWaitSeconds",
+                      "messageTimeoutSeconds"):
             values[field] = _float(name, value)
         else:
             values[field] = _int(name, value)

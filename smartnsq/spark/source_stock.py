@@ -23,7 +23,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from smartnsq.config import ConsumerConfig
+from smartnsq.config import ConnectionConfig, ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.spark.options import SourceOptionError, SourceOptions
@@ -40,6 +40,11 @@ _MAX_RDY = 2500
 _TOUCH_EVERY = 10.0
 
 
+def _consumer_config(opts: SourceOptions, max_in_flight: int) -> ConsumerConfig:
+    conn = ConnectionConfig(msg_timeout=opts.message_timeout or 0.0)
+    return ConsumerConfig(max_in_flight=max_in_flight, max_attempts=0, connection=conn)
+
+
 def _row(msg: Message) -> tuple[Any, ...]:
     return stock_row(msg)
 
@@ -54,6 +59,8 @@ class _DriverConsumer:
                                         daemon=True)
         self._thread.start()
         self._held: set[Message] = set()
+        # TOUCH well within the message timeout (nsqd's default is 60 s)
+        self._touch_every = min(_TOUCH_EVERY, (opts.message_timeout or 60.0) / 3)
 
         async def handle(msg: Message) -> None:
             msg.disable_auto_response()
@@ -61,7 +68,7 @@ class _DriverConsumer:
 
         async def start() -> Consumer:
             c = Consumer(opts.topic, channel, handle, lookupd_http_addresses=list(opts.lookupd),
-                         config=ConsumerConfig(max_in_flight=max_in_flight, max_attempts=0))
+                         config=_consumer_config(opts, max_in_flight))
             await c.start()
             self._toucher = asyncio.create_task(self._touch_loop())
             return c
@@ -79,7 +86,7 @@ class _DriverConsumer:
     async def _touch_loop(self) -> None:
         # keep held messages from timing out on nsqd while Spark works on their batch
         while True:
-            await asyncio.sleep(_TOUCH_EVERY)
+            await asyncio.sleep(self._touch_every)
             for m in list(self._held):
                 m.touch()
 
@@ -232,7 +239,7 @@ class StockBatchReader(DataSourceReader):
         async def take() -> tuple[Consumer, list[Message]]:
             got: list[Message] = []
             c = Consumer(o.topic, self.channel, lookupd_http_addresses=list(o.lookupd),
-                         config=ConsumerConfig(max_in_flight=in_flight, max_attempts=0))
+                         config=_consumer_config(o, in_flight))
             deadline = time.monotonic() + o.max_wait
             idle = min(o.trigger_wait, o.max_wait)
             it = aiter(c)

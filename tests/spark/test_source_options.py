@@ -87,6 +87,7 @@ def test_channel_default_is_stable_and_private() -> None:
     ({"failOnDataLoss": "yes"}, "option failOnDataLoss='yes': expected true or false"),
     ({"readTimeoutSeconds": "0"}, "option readTimeoutSeconds='0'"),
     ({"triggerWaitSeconds": "soon"}, "option triggerWaitSeconds='soon': expected a number"),
+    ({"messageTimeoutSeconds": "0.5"}, "option messageTimeoutSeconds='0.5'"),
 ])
 def test_bad_options_name_option_and_value(options: dict[str, str], message: str) -> None:
     with pytest.raises(SourceOptionError) as info:

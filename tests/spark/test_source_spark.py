@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from smartnsq.producer import Producer
+from smartnsq.spark.nsqd_http import NsqdHttp
+from smartnsq.spark.options import parse_source_options
+from smartnsq.spark.planning import snapshot
 from tests.spark.conftest import ThreadedCluster
 
 pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
@@ -88,6 +91,23 @@ def bodies(spark: Any, out: Path) -> list[bytes]:
     return [bytes(r.body) for r in spark.read.parquet(str(out / "data")).collect()]
 
 
+def parse(options: dict[str, str]) -> Any:
+    return parse_source_options(options, streaming=True)
+
+
+def channel_positions(tc: ThreadedCluster, options: dict[str, str]) -> dict[int, int]:
+    o = parse(options)
+
+    async def run() -> dict[int, int]:
+        snap = await snapshot(o)
+        async with NsqdHttp() as http:
+            return {p: await http.channel_position(st.leader_http, o.topic, p,
+                                                   o.channel_for(""))
+                    for p, st in snap.partitions.items()}
+
+    return tc.call(run())
+
+
 def batch_sizes(*queries: Any) -> list[int]:
     return [int(p["numInputRows"]) for q in queries for p in q.recentProgress]
 
@@ -114,6 +134,9 @@ def test_stream_restart_exactly_once_with_limit(spark: Any, youzan_cluster: Thre
     assert sizes and max(sizes) <= 120, sizes
     # the second run resumed from the checkpoint, it did not start over
     assert sum(batch_sizes(q2)) == len(first) + len(second) - sum(batch_sizes(q1))
+    # commit moved the query's private channel to the committed end (lag shows truthfully)
+    assert channel_positions(tc, o) == {p: s.end for p, s in
+                                        tc.call(snapshot(parse(o))).partitions.items()}
 
 
 def test_stream_starting_positions(spark: Any, youzan_cluster: ThreadedCluster,
@@ -218,13 +241,23 @@ def test_stock_stream_at_least_once_across_restart(spark: Any, stock_cluster: Th
     tc.sync(tc.cluster.create_topic, "sp_stock", channels=["spark_q"])
     first = [f"k{i}".encode() for i in range(300)]
     publish(tc, "sp_stock", None, first)
-    o = opts(tc, "sp_stock", channel="spark_q", maxMessagesPerTrigger=200)
+    # a short message timeout: what the stopped run held comes back within seconds
+    o = opts(tc, "sp_stock", channel="spark_q", maxMessagesPerTrigger=200,
+             messageTimeoutSeconds=2)
     q1 = start_stream(spark, o, tmp_path, available_now=False)
     wait_rows(q1, 200)
     q1.stop()
     second = [f"l{i}".encode() for i in range(100)]
     publish(tc, "sp_stock", None, second)
-    q2 = run_available_now(spark, o, tmp_path)
+    q2 = start_stream(spark, o, tmp_path, available_now=False)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not set(first + second) <= set(bodies(spark, tmp_path)):
+            assert q2.exception() is None, q2.exception()
+            assert time.monotonic() < deadline, "messages lost"
+            q2.awaitTermination(1.0)
+    finally:
+        q2.stop()
     got = Counter(bodies(spark, tmp_path))
     assert set(got) == set(first + second), "nothing lost"
     duplicates = sum(n - 1 for n in got.values())
