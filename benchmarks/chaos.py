@@ -94,6 +94,8 @@ class SoakConfig:
     batch: int = 10
     #: seconds the consumers get after the load phase to consume every acknowledged message
     drain: float = 120.0
+    #: --real: leave the soak's topics on the cluster for a post-mortem
+    keep_topics: bool = False
     #: bound on client RSS growth after the warm-up (MiB)
     mem_bound_mb: float = 64.0
     #: seconds of load before the memory baseline is taken (default: 20 % of the run, <= 60)
@@ -150,7 +152,7 @@ class Fault:
     amount: float = 0.0
 
     def describe(self) -> str:
-        what = {
+        what: str = {
             "leader_move": f"move the leader of {self.topic} partition {self.partition}",
             "node_kill": f"kill nsqd {self.node} hard, start it again after "
                          f"{self.duration:.1f} s",
@@ -203,6 +205,14 @@ def make_schedule(cfg: SoakConfig) -> list[Fault]:
             # on the ordered topic, whose partitions have a second replica to move to
             out.append(Fault(at, kind, 0.0, topic="ordered",
                              partition=rng.randrange(ORDERED_PARTITIONS)))
+        elif kind == "node_kill" and cfg.real:
+            # a real nsqd back within seconds of a SIGKILL was seen never to recover its
+            # partitions (see the module docstring): there, stay down past lookupd's fail-over
+            down = round(rng.uniform(40, 60), 1)
+            if down <= room:
+                out.append(Fault(at, kind, down, node=node))
+            else:
+                out.append(Fault(at, "drop_conns", 0.0, node=node))
         elif kind == "node_kill":
             out.append(Fault(at, kind, dur(5, 20), node=node))
         elif kind == "lookupd_down":
@@ -372,6 +382,11 @@ class Ledger:
     def missing(self) -> int:
         return sum(len(b.pending) for b in self.books)
 
+    def missing_examples(self, t0: float, n: int = 5) -> list[str]:
+        """A few acknowledged-but-unconsumed messages with their ack time in the run."""
+        found = sorted((at, k, s) for k, b in enumerate(self.books) for s, at in b.pending.items())
+        return [f"{k}:{s} acked at t+{at - t0:.1f}s" for at, k, s in found[:n]]
+
 
 def short_reason(exc: BaseException) -> str:
     """An error grouped by kind: its type and text with numbers and addresses folded."""
@@ -435,6 +450,7 @@ class SoakResult:
     server_note: str
     faults_refused: int
     failures: list[str] = field(default_factory=list)
+    missing_examples: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -488,7 +504,8 @@ class Soak:
     def __init__(self, cfg: SoakConfig, say: Say) -> None:
         self.cfg = cfg
         self.say = say
-        self.target: Target = RealTarget(NODES) if cfg.real else EmbeddedTarget(NODES)
+        self.target: Target = (RealTarget(NODES, cfg.keep_topics) if cfg.real
+                               else EmbeddedTarget(NODES))
         suffix = f"{os.getpid()}_{cfg.seed}"
         self.topics = {"ordered": f"chaos_ord_{suffix}", "plain": f"chaos_plain_{suffix}"}
         self.ordered = Ledger.of("ordered", True, cfg.keys)
@@ -803,11 +820,17 @@ class Soak:
         rss_start = rss_kib()
         await self.target.start()
         try:
-            return await self._run(tasks_start, fds_start, rss_start)
+            result = await self._run(tasks_start, fds_start, rss_start)
         finally:
             if isinstance(self.target, RealTarget):
                 await self.target.heal()
             await self.target.close()
+        # counted once the target's own pipes and sessions are closed too
+        await asyncio.sleep(0.2)
+        result.fds_end = open_fds()
+        result.tasks_end = len(asyncio.all_tasks())
+        result.rss_end = rss_kib()
+        return judge(result)
 
     async def _run(self, tasks_start: int, fds_start: int, rss_start: int) -> SoakResult:
         cfg = self.cfg
@@ -875,8 +898,6 @@ class Soak:
         server_note = ""
         with contextlib.suppress(Exception):
             server_note = await t.server_note()
-        # let closed transports release their sockets before counting fds and tasks
-        await asyncio.sleep(0.5)
         result = SoakResult(
             cfg=cfg, target=t.kind, schedule=self.schedule, events=self.events,
             ledgers=[self.ordered, self.plain], scheduled=self.scheduled, issued=self.issued,
@@ -888,9 +909,11 @@ class Soak:
             consumer_errors=[e for s in self.slots.values() for e in s.errors],
             load_seconds=load_seconds, drain_seconds=drain_seconds, drained=drained,
             server_note=server_note, faults_refused=self.faults_refused,
-            rss_peak_after_warm=rss_peak_after_warm)
+            rss_peak_after_warm=rss_peak_after_warm,
+            missing_examples=[f"{lg.name} {e}" for lg in (self.ordered, self.plain)
+                              for e in lg.missing_examples(self.t0)])
         result.rss_peak = max(result.rss_peak, rss_peak_after_warm, result.rss_end)
-        return judge(result)
+        return result
 
     async def drain(self) -> bool:
         """Wait until every acknowledged message was consumed (or ``drain`` seconds)."""
@@ -911,7 +934,8 @@ def judge(r: SoakResult) -> SoakResult:
     problems: list[str] = []
     if r.missing:
         problems.append(f"{r.missing:,} acknowledged message(s) never consumed "
-                        f"(after {r.drain_seconds:.0f} s of draining)")
+                        f"(after {r.drain_seconds:.0f} s of draining), e.g. "
+                        + "; ".join(r.missing_examples))
     if r.reorders:
         ex = "; ".join(r.ledgers[0].reorder_examples)
         problems.append(f"{r.reorders:,} per-key reordering(s) on the ordered topic ({ex})")
@@ -1004,7 +1028,10 @@ def parse_args(argv: Sequence[str] | None) -> SoakConfig:
                     help="allowed client RSS growth after the warm-up, MiB (default 64)")
     ap.add_argument("--warmup", type=float, help="warm-up seconds (default 20%% of the run, "
                                                  "at most 60)")
-    ap.add_argument("--status-every", type=float, default=5.0)
+    ap.add_argument("--status-every", type=float, default=5.0,
+                    help="seconds between status lines (default 5)")
+    ap.add_argument("--keep-topics", action="store_true",
+                    help="--real: leave the soak's topics on the cluster for a post-mortem")
     ap.add_argument("--schedule-only", action="store_true",
                     help="print the fault schedule and exit")
     a = ap.parse_args(argv)
@@ -1014,7 +1041,7 @@ def parse_args(argv: Sequence[str] | None) -> SoakConfig:
         cfg = SoakConfig(seconds=seconds, rate=a.rate, seed=a.seed, keys=a.keys, real=a.real,
                          fault_every=a.fault_every, faults=faults, batch=a.batch,
                          drain=a.drain, mem_bound_mb=a.mem_bound_mb, warmup=a.warmup,
-                         status_every=a.status_every)
+                         status_every=a.status_every, keep_topics=a.keep_topics)
     except SoakError as exc:
         ap.error(str(exc))
     if a.schedule_only:

@@ -195,8 +195,9 @@ class RealTarget:
 
     kind = "real"
 
-    def __init__(self, nodes: int = 3) -> None:
+    def __init__(self, nodes: int = 3, keep_topics: bool = False) -> None:
         self.nodes = nodes
+        self.keep_topics = keep_topics
         self.base = int(os.environ.get("REALNSQ_YOUZAN_BASE", "4150"))
         self.state = Path(os.environ.get("REALNSQ_STATE", "/tmp/realnsq-state"))
         self.root = realnsq_dir()
@@ -260,7 +261,7 @@ class RealTarget:
     async def close(self) -> None:
         if self._session is None:
             return
-        for name in self._topics:
+        for name in [] if self.keep_topics else self._topics:
             with contextlib.suppress(Exception):
                 await self._post(await self._leader_lookupd(), "/topic/delete", topic=name,
                                  partition="**")
@@ -441,7 +442,26 @@ class RealTarget:
         return f"nsqd{node}: {n} connection(s) to port {port} destroyed (ss -K)"
 
     async def server_note(self) -> str:
-        return f"real youzan cluster, lookupd {self.lookupd}, state {self.state}"
+        """Per partition of the soak's topics, what its leader holds: message count, and the
+        channel's depth and in-flight count (tells lost-on-the-server from not-delivered)."""
+        lines = [f"real youzan cluster, lookupd {self.lookupd}, state {self.state}"]
+        for i in range(self.nodes):
+            try:
+                _, body = await self._get(f"127.0.0.1:{self.tcp_port(i) + 1}", "/stats",
+                                          format="json")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                lines.append(f"nsqd{i}: /stats failed: {exc!r}")
+                continue
+            data = body.get("data", body) if isinstance(body, dict) else {}
+            for t in data.get("topics") or []:
+                if t.get("topic_name") not in self._topics or not t.get("is_leader"):
+                    continue
+                chans = ", ".join(f"channel {c.get('channel_name')} depth {c.get('depth')} "
+                                  f"in flight {c.get('in_flight_count')}"
+                                  for c in t.get("channels") or [])
+                lines.append(f"{t['topic_name']}/{t.get('topic_partition')} led by nsqd{i}: "
+                             f"{t.get('message_count')} messages; {chans}")
+        return "\n                 ".join(lines)
 
     async def heal(self) -> None:
         """Resume anything stopped with SIGSTOP (called at the end, whatever happened)."""
