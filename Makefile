@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,speed,bench]'
 	$(BIN)/python benchmarks/codec.py
 	$(BIN)/python benchmarks/throughput.py
+
+# The chaos soak (benchmarks/chaos.py --help): 10 minutes of faults on the embedded cluster by
+# default; CHAOS_ARGS go to the script (e.g. CHAOS_ARGS="--minutes 2 --rate 1000 --seed 7",
+# or "--real" against ../shared/realnsq/start-youzan.sh 3 with the same REALNSQ_* settings).
+chaos: $(STAMP)
+	$(BIN)/python benchmarks/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -62,10 +62,13 @@ FAULT_KINDS = ("leader_move", "node_kill", "lookupd_down", "slow_node", "drop_co
                "consumer_restart", "handler_failures")
 ORDERED_PARTITIONS = 4
 ORDERED_REPLICAS = 2
-# a plain youzan topic holds at most one partition per node: one per node, no replica, so a
-# killed node's partition is unwritable until it is back and the producer must route around it
-PLAIN_PARTITIONS = 3
-PLAIN_REPLICAS = 1
+# A plain youzan topic holds at most one partition per node (partitions x replicas <= nodes).
+# Embedded: one partition per node and no replica, so a killed node's partition is unwritable
+# until it is back and the producer must route around it (the double's store keeps every
+# acknowledged message). Real: a SIGKILLed nsqd loses the acknowledged messages it had not
+# flushed yet (seen: ~15-30 at 250 msg/s on a replica-1 partition), which says nothing about
+# the client, so the plain topic there is one partition with two replicas by default.
+PLAIN_TOPOLOGY = {False: (3, 1), True: (1, 2)}
 NODES = 3
 CHANNEL = "chaos"
 
@@ -94,6 +97,8 @@ class SoakConfig:
     batch: int = 10
     #: seconds the consumers get after the load phase to consume every acknowledged message
     drain: float = 120.0
+    #: plain topic (partitions, replicas); None: PLAIN_TOPOLOGY for the target
+    plain: tuple[int, int] | None = None
     #: --real: leave the soak's topics on the cluster for a post-mortem
     keep_topics: bool = False
     #: bound on client RSS growth after the warm-up (MiB)
@@ -126,9 +131,19 @@ class SoakConfig:
             if self.warmup >= self.seconds:
                 raise SoakError(f"warmup ({self.warmup:g} s) must be shorter than the run "
                                 f"({self.seconds:g} s)")
+        if self.plain is not None:
+            parts, reps = self.plain
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.plain) \
+                    or parts * reps > NODES:
+                raise SoakError(f"plain must be (partitions, replicas), integers >= 1 with "
+                                f"partitions x replicas <= {NODES} nodes, not {self.plain!r}")
         unknown = [k for k in self.faults if k not in FAULT_KINDS]
         if unknown:
             raise SoakError(f"unknown fault kind(s) {unknown}; known: {', '.join(FAULT_KINDS)}")
+
+    @property
+    def plain_topology(self) -> tuple[int, int]:
+        return self.plain if self.plain is not None else PLAIN_TOPOLOGY[self.real]
 
     @property
     def warmup_seconds(self) -> float:
@@ -839,11 +854,11 @@ class Soak:
         say(f"target: {t.kind} youzan cluster, lookupd {', '.join(t.lookupd_http_addresses)}")
         await t.create_topic(self.topics["ordered"], ORDERED_PARTITIONS, ORDERED_REPLICAS, True,
                              CHANNEL)
-        await t.create_topic(self.topics["plain"], PLAIN_PARTITIONS, PLAIN_REPLICAS, False,
-                             CHANNEL)
+        plain_parts, plain_reps = cfg.plain_topology
+        await t.create_topic(self.topics["plain"], plain_parts, plain_reps, False, CHANNEL)
         say(f"topics: {self.topics['ordered']} (ordered, {ORDERED_PARTITIONS} partitions, "
             f"replica {ORDERED_REPLICAS}, {cfg.keys} shard keys), {self.topics['plain']} "
-            f"({PLAIN_PARTITIONS} partitions, replica {PLAIN_REPLICAS}, single PUB and MPUB of "
+            f"({plain_parts} partition(s), replica {plain_reps}, single PUB and MPUB of "
             f"{cfg.batch}); channel {CHANNEL}")
         self._make_consumers()
         for slot in self.slots.values():
@@ -1030,6 +1045,9 @@ def parse_args(argv: Sequence[str] | None) -> SoakConfig:
                                                  "at most 60)")
     ap.add_argument("--status-every", type=float, default=5.0,
                     help="seconds between status lines (default 5)")
+    ap.add_argument("--plain", metavar="PxR",
+                    help="plain topic partitions x replicas (default 3x1 embedded, 1x2 real; "
+                         "youzan allows partitions x replicas <= nodes)")
     ap.add_argument("--keep-topics", action="store_true",
                     help="--real: leave the soak's topics on the cluster for a post-mortem")
     ap.add_argument("--schedule-only", action="store_true",
@@ -1037,11 +1055,17 @@ def parse_args(argv: Sequence[str] | None) -> SoakConfig:
     a = ap.parse_args(argv)
     seconds = a.seconds if a.seconds is not None else a.minutes * 60.0
     faults = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    plain: tuple[int, int] | None = None
+    if a.plain is not None:
+        p, _, r = a.plain.lower().partition("x")
+        if not (p.isdigit() and r.isdigit()):
+            ap.error(f"--plain must look like 3x1 (partitions x replicas), not {a.plain!r}")
+        plain = (int(p), int(r))
     try:
         cfg = SoakConfig(seconds=seconds, rate=a.rate, seed=a.seed, keys=a.keys, real=a.real,
                          fault_every=a.fault_every, faults=faults, batch=a.batch,
                          drain=a.drain, mem_bound_mb=a.mem_bound_mb, warmup=a.warmup,
-                         status_every=a.status_every, keep_topics=a.keep_topics)
+                         status_every=a.status_every, keep_topics=a.keep_topics, plain=plain)
     except SoakError as exc:
         ap.error(str(exc))
     if a.schedule_only:

@@ -61,6 +61,10 @@ def _ops(cluster: DevCluster) -> dict[str, Op]:
     async def drop_clients(node: int) -> int:
         return cluster.drop_client(node)
 
+    async def node_ids() -> list[str]:
+        # the distributed ids lookupd's move API takes, by node index
+        return [cluster.meta.nodes[n.node_id].distributed_id for n in cluster.nodes]
+
     async def stored(topic: str) -> int:
         t = cluster.meta.topics[topic]
         return sum(len(cluster.store.partition(topic, p).records) for p in t.partitions)
@@ -70,14 +74,15 @@ def _ops(cluster: DevCluster) -> dict[str, Op]:
 
     return {f.__name__: f for f in (create_topic, leaders, move_leader, stop_node, start_node,
                                      lookupd_fault, clear_lookupd_fault, delay_responses,
-                                     drop_clients, stored, rss_peak_kib)}
+                                     drop_clients, node_ids, stored, rss_peak_kib)}
 
 
-async def serve(nodes: int) -> None:
+async def serve(nodes: int, move_seconds: float) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    async with DevCluster(nodes=nodes, lookupds=1, flavour="youzan") as cluster:
+    async with DevCluster(nodes=nodes, lookupds=1, flavour="youzan",
+                          leader_move_seconds=move_seconds) as cluster:
         ops = _ops(cluster)
         ready = {"lookupd_http": cluster.lookupd_http_addresses,
                  "nsqd_tcp": cluster.nsqd_tcp_addresses, "pid": os.getpid()}
@@ -99,13 +104,16 @@ async def serve(nodes: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--leader-move-seconds", type=float, default=2.0,
+                    help="how long a move through lookupd's API leaves the partition "
+                         "leaderless (the real cluster: 4-7 s)")
     args = ap.parse_args()
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args.nodes))
+        asyncio.run(serve(args.nodes, args.leader_move_seconds))
     else:
-        uvloop.run(serve(args.nodes))
+        uvloop.run(serve(args.nodes, args.leader_move_seconds))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,36 @@ class Target(Protocol):
     async def server_note(self) -> str: ...
 
 
+async def move_via_lookupd(session: aiohttp.ClientSession, lookupd: str, topic: str,
+                           partition: int, ids: list[str], down: set[int]) -> str:
+    """Move a partition's leader with lookupd's ``/topic/partition/move`` (on the lookupd
+    leader), from the leader consistent lookups name to the next alive node in ``ids``."""
+    async with session.get(f"http://{lookupd}/lookup", headers=V1_ACCEPT,
+                           params={"topic": topic, "access": "r", "consistent": "true"}) as r:
+        body = await r.json(content_type=None) if r.status == 200 else {}
+    peer = (body.get("partitions") or {}).get(str(partition))
+    if not peer:
+        raise TargetError(f"{topic}/{partition} has no leader in consistent lookups")
+    current = str(peer.get("distributed_id") or "")
+    alive = [d for i, d in enumerate(ids) if i not in down and d != current]
+    if not alive:
+        raise TargetError(f"no other alive node to lead {topic}/{partition}")
+    # the next node after the current leader, so repeated moves walk round the cluster
+    start = ids.index(current) + 1 if current in ids else 0
+    to = next(d for d in ids[start:] + ids[:start] if d in alive)
+    async with session.get(f"http://{lookupd}/listlookup", headers=V1_ACCEPT) as r:
+        leader = (await r.json(content_type=None)).get("lookupdleader") or {}
+    where = f"{leader['NodeIP']}:{leader['HttpPort']}" if leader else lookupd
+    async with session.post(f"http://{where}/topic/partition/move",
+                            params={"topic": topic, "partition": str(partition),
+                                    "move_leader": "true", "move_from": current,
+                                    "move_to": to}) as r:
+        text = await r.text()
+        if r.status != 200:
+            raise TargetError(f"partition/move {topic}/{partition}: {r.status} {text.strip()}")
+    return f"{topic}/{partition}: {current} -> {to} (lookupd accepted the move)"
+
+
 # ---------------------------------------------------------------------------- embedded
 
 
@@ -84,6 +114,9 @@ class EmbeddedTarget:
         self._lock = asyncio.Lock()
         self._lookupds: list[str] = []
         self._topics: list[str] = []
+        self._ids: list[str] = []
+        self._down: set[int] = set()
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def lookupd_http_addresses(self) -> list[str]:
@@ -105,6 +138,8 @@ class EmbeddedTarget:
             raise TargetError("the embedded cluster exited before it was ready")
         ready = json.loads(line)["ready"]
         self._lookupds = list(ready["lookupd_http"])
+        self._ids = list(await self.call("node_ids"))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
 
     async def call(self, op: str, **args: Any) -> Any:
         proc = self._proc
@@ -123,6 +158,9 @@ class EmbeddedTarget:
         return answer["result"]
 
     async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -142,15 +180,19 @@ class EmbeddedTarget:
         self._topics.append(name)
 
     async def move_leader(self, topic: str, partition: int) -> str:
-        old, new = await self.call("move_leader", topic=topic, partition=partition)
-        return f"{topic}/{partition}: nsqd-{old} -> nsqd-{new}"
+        if self._session is None:
+            raise TargetError("the embedded cluster is not running")
+        return await move_via_lookupd(self._session, self._lookupds[0], topic, partition,
+                                      self._ids, self._down)
 
     async def kill_node(self, node: int) -> str:
         await self.call("stop_node", node=node)
+        self._down.add(node)
         return f"nsqd-{node} stopped (its connections dropped, its partitions failed over)"
 
     async def start_node(self, node: int) -> str:
         await self.call("start_node", node=node)
+        self._down.discard(node)
         return f"nsqd-{node} started"
 
     async def lookupd_down(self, mode: str) -> str:
@@ -329,24 +371,9 @@ class RealTarget:
         await self._settle(f"{name} writable in lookups", writable)
 
     async def move_leader(self, topic: str, partition: int) -> str:
-        peer = (await self._partitions(topic, "r", consistent=True)).get(partition)
-        if peer is None:
-            raise TargetError(f"{topic}/{partition} has no leader in consistent lookups")
-        current = str(peer.get("distributed_id") or "")
-        others = [self.distributed_id(i) for i in range(self.nodes)
-                  if i not in self._stopped and self.distributed_id(i) != current]
-        if not others:
-            raise TargetError(f"no other alive node to lead {topic}/{partition}")
-        # the next node after the current leader, so repeated moves walk round the cluster
-        ids = [self.distributed_id(i) for i in range(self.nodes)]
-        start = ids.index(current) + 1 if current in ids else 0
-        to = next(i for i in ids[start:] + ids[:start] if i in others)
-        status, text = await self._post(await self._leader_lookupd(), "/topic/partition/move",
-                                         topic=topic, partition=str(partition),
-                                         move_leader="true", move_from=current, move_to=to)
-        if status != 200:
-            raise TargetError(f"partition/move {topic}/{partition}: {status} {text.strip()}")
-        return f"{topic}/{partition}: {current} -> {to} (asked)"
+        return await move_via_lookupd(self.session, self.lookupd, topic, partition,
+                                      [self.distributed_id(i) for i in range(self.nodes)],
+                                      self._stopped)
 
     def _nsqd_cmd(self, i: int) -> list[str]:
         # start-youzan.sh's flags for node i, so the node comes back as itself

@@ -137,6 +137,9 @@ def test_histogram_quantiles() -> None:
     ({"warmup": 0}, "warmup"),
     ({"warmup": 30.0, "seconds": 30.0}, "warmup"),
     ({"faults": ("leader_move", "meteor")}, "meteor"),
+    ({"plain": (2, 2)}, "plain"),
+    ({"plain": (0, 1)}, "plain"),
+    ({"plain": (True, 1)}, "plain"),
 ])
 def test_bad_settings_are_refused_by_name(kwargs: dict[str, object], names: str) -> None:
     with pytest.raises(SoakError, match=names):
@@ -150,6 +153,8 @@ def test_bad_settings_are_refused_by_name(kwargs: dict[str, object], names: str)
     (["--keys", "0"], "keys"),
     (["--faults", "leader_move,bogus"], "bogus"),
     (["--rate", "fast"], "--rate"),
+    (["--plain", "3"], "--plain"),
+    (["--plain", "2x2"], "plain"),
 ])
 def test_bad_command_lines_exit_2_naming_the_option(
         argv: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
