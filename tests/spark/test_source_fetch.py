@@ -21,6 +21,7 @@ from smartnsq.spark.planning import (
     resolve_timestamp,
     snapshot,
 )
+from smartnsq.spark.rows import to_record_batch
 
 TOPIC = "sparkfetch"
 ORDERED = "sparkfetch_ord"
@@ -208,3 +209,41 @@ def test_bad_range_is_refused() -> None:
     with pytest.raises(ValueError, match="range start 10 is after its end 5"):
         RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=10,
                                end=5, channel="c"))
+
+
+async def test_ext_topic_rows_carry_the_header(cluster: DevCluster) -> None:
+    cluster.create_topic("sparkext", partition_num=1, replica=1, ext=True, channels=["app"])
+    async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
+        await p.publish("sparkext", b"plain", partition=0, ext={})
+        await p.publish("sparkext", b"tagged", partition=0,
+                        ext={"k": "v", "n": 3, "##trace_id": "77"})
+    opts = parse_source_options({"lookupd": cluster.lookupd_http_addresses[0],
+                                 "topic": "sparkext"}, streaming=True)
+    snap = await snapshot(opts)
+    assert snap.ext and not snap.ordered
+    got, f = await _read(_task(cluster, 0, snap.partitions[0].end, topic="sparkext",
+                               ext=True))
+    batch = to_record_batch(got, "sparkext", 0, f.leader)
+    rows = batch.to_pylist()
+    assert [r["body"] for r in rows] == [b"plain", b"tagged"]
+    assert dict(rows[1]["ext"]) == {"k": "v", "n": "3", "##trace_id": "77"}
+    assert rows[1]["trace_id"] == 77 and rows[0]["nsqd"] == f.leader
+
+
+def test_record_batch_matches_the_spark_schema() -> None:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from smartnsq.spark.schema import source_schema
+
+    big = (1 << 64) - 1
+    m = RawMessage(timestamp=1_700_000_000_123_456_789, attempts=2,
+                   id=big.to_bytes(8, "big") + (5).to_bytes(8, "big"), body=b"b",
+                   offset=7, raw_size=31, ext_version=2, ext=b"tagA")
+    batch = to_record_batch([m], "t", 3, "h:1")
+    assert from_arrow_schema(batch.schema) == source_schema()
+    row = batch.to_pylist()[0]
+    # unsigned 64-bit ids become Spark's signed long (two's complement)
+    assert row["internal_id"] == -1 and row["trace_id"] == 5
+    assert row["timestamp"].timestamp() == pytest.approx(1_700_000_000.123456)
+    assert dict(row["ext"]) == {"##client_dispatch_tag": "tagA"}
+    assert (row["partition"], row["offset"], row["raw_size"], row["attempts"]) == (3, 7, 31, 2)
