@@ -32,7 +32,7 @@ from smartnsq.consumer import positions as positions_module
 from smartnsq.consumer.positions import StartGuard
 from smartnsq.devcluster import DevCluster
 from smartnsq.devcluster.nsqd.node import NsqdNode
-from smartnsq.errors import StartPositionError
+from smartnsq.errors import InvalidError, StartPositionError
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.commands import OffsetSpec
@@ -348,17 +348,31 @@ async def test_a_position_that_never_takes_is_a_clear_error(
     assert c.is_closed
 
 
-async def test_setoffset_refused_by_the_server_names_the_position(cluster: DevCluster) -> None:
-    # several partitions per node: positions go over HTTP, and a bad one is a clear error
-    cluster.create_topic("bad", partition_num=2, replica=1, multi_part=True,
-                         channels=[CHANNEL])
-    plog = cluster.store.partition("bad", 1)
-    plog.append(b"x")
+@pytest.mark.parametrize("path", ["sub_advanced", "setoffset"])
+async def test_a_position_the_server_refuses_is_a_clear_error(
+        cluster: DevCluster, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # one partition per node: SUB_ADVANCED with the offset; several: /channel/setoffset
+    several = path == "setoffset"
+    cluster.create_topic("bad", partition_num=2 if several else 1, replica=1,
+                         multi_part=several, channels=[CHANNEL])
+    p = 1 if several else 0
+    cluster.store.partition("bad", p).append(b"x")
+
+    def refuse(self: NsqdNode, plog: Any, ch: Any, kind: str, value: int) -> None:
+        raise ValueError("search failed")
+
+    monkeypatch.setattr(NsqdNode, "seek_channel", refuse)
     c = Consumer("bad", CHANNEL, Collector(),
                  lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config(),
-                 start_at={1: OffsetSpec.virtual_queue(5)})  # inside the first record
-    with pytest.raises(StartPositionError, match=r"setoffset virtual_queue:5 .* HTTP 500"):
-        await c.start()
+                 start_at={p: OffsetSpec.timestamp(1)})
+    if path == "setoffset":
+        with pytest.raises(StartPositionError,
+                           match=r"setoffset timestamp:1 .*partition 1: HTTP 500 .*search failed"):
+            await c.start()
+    else:
+        with pytest.raises(InvalidError, match="E_INVALID search failed"):
+            await c.start()
+    assert c.is_closed
 
 
 # --- the guard alone ----------------------------------------------------------------------
@@ -517,3 +531,23 @@ async def test_server_ordered_read_ahead_is_not_in_flight(target: Target, move: 
     nxt = backlog[6].offset if move else backlog[1].offset
     assert offsets == [0, pos, nxt]
     assert len(errors) <= 1 and all(e.startswith(b"E_FIN_FAILED") for e in errors)
+
+
+async def test_server_rounds_positions_up_to_a_record(target: Target) -> None:
+    topic, tcp, http = await target.create_topic("rounding", ordered=False)
+    backlog = await publish(tcp, topic, "old", 3)
+    end = backlog[-1].offset + (backlog[-1].offset - backlog[-2].offset)
+
+    async def position_after(offset: int) -> int:
+        await set_offset(target, http, topic, offset)
+        status, doc = await target._json(
+            "GET", f"http://{http}/stats", format="json", topic=topic, partition="0",
+            channel=CHANNEL, needClients="false")
+        assert status == 200, doc
+        t = doc["topics"][0]
+        return int(t["backend_depth"]) - int(t["channels"][0]["depth_size"])
+
+    # inside a record: on to the next one; past the end: the end
+    assert await position_after(backlog[0].offset + 3) == backlog[1].offset
+    assert await position_after(backlog[1].offset) == backlog[1].offset
+    assert await position_after(end + 1000) == end

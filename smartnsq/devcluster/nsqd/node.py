@@ -312,9 +312,7 @@ class NsqdNode:
         return t
 
     def leads(self, topic: str, partition: int) -> bool:
-        # a new topic's leader takes the lead only at lookupd's next topic check
-        return self.meta.leader_of(topic, partition) == self.node_id and \
-            self.meta.topic_ready(topic)
+        return self.meta.leader_of(topic, partition) == self.node_id
 
     def default_partition(self, topic: str) -> int:
         """youzan: the partition used when a command names none — one this node leads."""
@@ -338,11 +336,7 @@ class NsqdNode:
             # real nsqd searches its commit log, which an empty partition does not have
             raise ValueError("commit log end of file")
         elif kind == "virtual_queue":
-            found = plog.index_of_offset(value)
-            if found is None:
-                raise ValueError(f"search offset {value} is not a message position of the "
-                                 f"queue (end {plog.end_offset})")
-            index = found
+            index = plog.index_from_offset(value)
         elif kind == "msgcount":
             if not 0 <= value <= len(plog.records):
                 raise ValueError(f"search message count {value} out of range "

@@ -125,15 +125,11 @@ class PartitionLog:
 
     # --- seeking (SUB_ADVANCED and /channel/setoffset) --------------------------------
 
-    def index_of_offset(self, offset: int) -> int | None:
-        """Index of the record starting at ``offset`` (the end offset gives the end);
-        None when ``offset`` is not a record boundary."""
-        if offset == self.end_offset:
-            return len(self.records)
-        i = bisect.bisect_left(self._offsets, offset)
-        if i < len(self._offsets) and self._offsets[i] == offset:
-            return i
-        return None
+    def index_from_offset(self, offset: int) -> int:
+        """Index of the first record starting at or after ``offset``; the end when there is
+        none. Real nsqd moves a position inside a record on to the next one, and one past
+        the end to the end."""
+        return bisect.bisect_left(self._offsets, offset)
 
     def index_of_timestamp(self, seconds: int) -> int:
         """Index of the first record published at or after ``seconds`` (unix time)."""
