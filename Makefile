@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test test-real lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Real stock nsqd and a 3-node youzan cluster from ../shared/realnsq (REALNSQ_DIR), started for
+# the run and always stopped; honours REALNSQ_STOCK_BASE, REALNSQ_YOUZAN_BASE, REALNSQ_STATE;
+# PYTEST_ARGS go to pytest.
+test-real: $(STAMP)
+	PYTHON=$(BIN)/python tests/run_real_servers.sh $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,speed,bench]'
