@@ -29,7 +29,7 @@ import pytest
 
 from smartnsq.consumer import Consumer
 from smartnsq.consumer import positions as positions_module
-from smartnsq.consumer.positions import StartGuard
+from smartnsq.consumer.positions import Positioner, QueuePosition, StartGuard
 from smartnsq.devcluster import DevCluster
 from smartnsq.devcluster.nsqd.node import NsqdNode
 from smartnsq.errors import InvalidError, StartPositionError
@@ -458,6 +458,21 @@ async def test_first_ordered_reader_gets_the_first_message_once(
         v = c.validator(0)
         assert (v.gaps, v.violations) == (0, 0)
         assert c.positions() == {0: backlog[-1].offset}
+
+
+def test_position_verification_rules() -> None:
+    took = Positioner._took
+    # (before, after, target): moved there; past the end, at the end; rounded up
+    assert took(QueuePosition(330, 0), QueuePosition(330, 165), 165)
+    assert took(QueuePosition(330, 0), QueuePosition(330, 330), 1000)
+    assert took(QueuePosition(330, 0), QueuePosition(330, 198), 170)
+    # refused: left where it was, or (a channel SUB just created) at the end
+    assert not took(QueuePosition(330, 0), QueuePosition(363, 0), 330)
+    assert not took(QueuePosition(330, None), QueuePosition(330, 330), 99)
+    # a count or a time: wherever the server put it
+    assert took(QueuePosition(330, 0), QueuePosition(330, 66), None)
+    assert QueuePosition(0, None).empty and not QueuePosition(33, 0).empty
+    assert QueuePosition(33, 0).backlog and not QueuePosition(33, 33).backlog
 
 
 # --- the server's side, with raw sockets: the double must behave as real nsqd ----------------

@@ -242,9 +242,11 @@ class Positioner:
             return True  # a timestamp or message count: the server decides where that is
         if now.channel == target or (target >= now.end and now.channel == now.end):
             return True
-        # not a record boundary: the server rounds to one; a refusal leaves it where it was
-        return now.channel != before.channel and now.channel is not None and \
-            now.channel >= target
+        # not a record boundary: the server rounds up to one; a refusal leaves the channel
+        # where it was (a new one: at the end, where SUB created it). Rounding up to that
+        # very place cannot be told from a refusal, and ends in StartPositionError.
+        was = before.channel if before.channel is not None else before.end
+        return now.channel is not None and now.channel != was and now.channel >= target
 
     async def _set_offset(self, session: aiohttp.ClientSession) -> None:
         ep, spec = self.ep, self.spec
