@@ -158,14 +158,17 @@ def check_move(
     meta: ClusterMeta, topic: str, partition: int, move_from: str, move_to: str
 ) -> tuple[str, str]:
     """Validate ``/topic/partition/move?move_leader=true`` in the real coordinator's order and
-    texts (probed on youzan 0.3.7-HA.1.13.0); returns (old leader, new leader) node ids."""
+    texts (probed on youzan 0.3.7-HA.1.13.0); returns (old leader, new leader) node ids.
+
+    While any move is under way the cluster counts as unstable and refuses every move first,
+    as the real lookupd does while it rebalances."""
+    if meta.moving:
+        raise AdminError(400, ERR_UNSTABLE)
     if move_from == move_to:
         raise AdminError(400, ERR_MOVE_SAME)
     t = meta.topics.get(topic)
     if t is None or partition not in t.partitions:
         raise AdminError(400, ERR_KEY_NOT_FOUND)
-    if (topic, partition) in meta.moving:
-        raise AdminError(400, ERR_UNSTABLE)
     p = t.partitions[partition]
     old = node_by_distributed_id(meta, move_from)
     if old is None or p.leader != old:

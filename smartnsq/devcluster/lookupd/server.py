@@ -691,6 +691,8 @@ class NsqLookupd:
         if not self.is_leader:
             raise ApiError(400, ERR_NOT_LEADER)
         move_from, move_to = q.get("move_from", ""), q.get("move_to", "")
+        if self.meta.moving:
+            raise ApiError(400, admin.ERR_UNSTABLE)
         if move_from == move_to:
             raise ApiError(400, admin.ERR_MOVE_SAME)
         if q.get("move_leader") != "true":
