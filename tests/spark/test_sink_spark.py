@@ -9,12 +9,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import mmh3
 import pytest
 
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from tests.consumer_support import fast_config
+from tests.real_servers import HTTP_TIMEOUT, REAL_YOUZAN_LOOKUPD, YouzanCluster
 from tests.spark.conftest import ThreadedCluster
 
 pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
@@ -62,19 +64,16 @@ def error_text(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- youzan
 
 
-def test_youzan_batch_write_20k_rows_with_shard_keys(spark: Any,
-                                                     youzan_cluster: ThreadedCluster) -> None:
-    tc = youzan_cluster
-    topic = "sink_sharded"
-    tc.sync(tc.cluster.create_topic, topic, PARTITIONS, ordered=True, channels=[CHANNEL])
-    lookupd = ",".join(tc.cluster.lookupd_http_addresses)
+def write_and_check_sharded(spark: Any, lookupd: str, topic: str) -> None:
+    """20,000 rows with shard keys through the sink, read back with the source's batch read:
+    the same multiset, each key on its independent murmur3 partition, each key's rows of one
+    Spark task in input order."""
     df = spark.range(0, ROWS, 1, numPartitions=2).selectExpr(
         f"concat('k', cast(id % {KEYS} as string)) as shard_key",
         f"cast(concat('k', cast(id % {KEYS} as string), ':', cast(id as string)) as binary) "
         "as value")
     df.write.format("nsq").mode("append").option("lookupd", lookupd) \
         .option("topic", topic).save()
-
     # read back through the source (batch read: every partition from earliest to latest)
     got = df_rows(spark.read.format("nsq").option("lookupd", lookupd).option("topic", topic)
                   .load().select("body", "partition", "offset"))
@@ -91,6 +90,36 @@ def test_youzan_batch_write_20k_rows_with_shard_keys(spark: Any,
         assert len({p for p, _, _ in items}) == 1
         seqs = [s for _, _, s in sorted(items)]
         assert seqs == sorted(seqs), f"key {key} task {task} out of order"
+
+
+def test_youzan_batch_write_20k_rows_with_shard_keys(spark: Any,
+                                                     youzan_cluster: ThreadedCluster) -> None:
+    tc = youzan_cluster
+    topic = "sink_sharded"
+    tc.sync(tc.cluster.create_topic, topic, PARTITIONS, ordered=True, channels=[CHANNEL])
+    write_and_check_sharded(spark, ",".join(tc.cluster.lookupd_http_addresses), topic)
+
+
+@pytest.mark.real_youzan
+def test_real_youzan_batch_write_20k_rows_with_shard_keys(spark: Any) -> None:
+    if not REAL_YOUZAN_LOOKUPD:
+        pytest.skip("SMARTNSQ_REAL_YOUZAN_LOOKUPD (a real youzan nsqlookupd) is not set; "
+                    "`make test-real` sets it")
+
+    async def session_call(fn: Any) -> Any:
+        async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+            return await fn(YouzanCluster("real", REAL_YOUZAN_LOOKUPD, session))
+
+    topic = asyncio.run(session_call(lambda yc: yc.create_topic(
+        "sink_real", PARTITIONS, 1, ordered=True, channels=(CHANNEL,))))
+    try:
+        write_and_check_sharded(spark, REAL_YOUZAN_LOOKUPD, topic.name)
+    finally:
+        async def delete(yc: YouzanCluster) -> None:
+            yc.created.append(topic.name)
+            await yc.cleanup()
+
+        asyncio.run(session_call(delete))
 
 
 def df_rows(df: Any) -> list[tuple[bytes, int, int]]:
@@ -163,14 +192,17 @@ def test_body_too_large_fails_the_task(spark: Any, youzan_cluster: ThreadedClust
 # ---------------------------------------------------------------------------- stock
 
 
-def test_stock_sink_with_delay_ms(spark: Any, stock_cluster: ThreadedCluster) -> None:
+@pytest.mark.parametrize("via", ["nsqd", "lookupd"])
+def test_stock_sink_with_delay_ms(spark: Any, stock_cluster: ThreadedCluster, via: str) -> None:
     tc = stock_cluster
-    topic = "sink_stock"
+    topic = f"sink_stock_{via}"
     tc.sync(tc.cluster.create_topic, topic, channels=[CHANNEL])
     rows = [(f"now-{i}", None) for i in range(200)] + [(f"later-{i}", 50) for i in range(20)]
     df = spark.createDataFrame(rows, "value string, delay_ms long")
+    addresses = tc.cluster.nsqd_tcp_addresses if via == "nsqd" else \
+        tc.cluster.lookupd_http_addresses
     df.write.format("nsq").mode("append") \
-        .option("nsqd", ",".join(tc.cluster.nsqd_tcp_addresses)).option("topic", topic).save()
+        .option(via, ",".join(addresses)).option("topic", topic).save()
     got = collect(tc, topic, len(rows))
     assert sorted(m.body.decode() for m in got) == sorted(v for v, _ in rows)
 
