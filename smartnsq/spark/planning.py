@@ -58,6 +58,11 @@ async def snapshot(opts: SourceOptions, *, attempts: int = 5) -> Snapshot:
     async with Lookup(LookupConfig(addresses=opts.lookupd)) as lookup, NsqdHttp() as http:
         for i in range(attempts):
             view = await _view(lookup, opts.topic)
+            if view.missing_partitions and i < attempts - 1:
+                # a leader move in progress: give it a moment (callers cope with a
+                # partition missing from the snapshot if it lasts)
+                await asyncio.sleep(0.2 * (i + 1))
+                continue
             try:
                 states = await asyncio.gather(*(
                     http.partition_state(node.http_address, node.address, opts.topic, p)

@@ -159,8 +159,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if self._latest is None else encode_offsets(self._latest)
 
     def _effective_start(self, start: Mapping[int, int], snap: Snapshot) -> dict[int, int]:
-        """Start positions after the data-loss rule; new partitions start at the earliest."""
-        out: dict[int, int] = {}
+        """Start positions after the data-loss rule; new partitions start at the earliest;
+        a partition without a leader right now (a move in progress) keeps its position."""
+        out = {p: off for p, off in start.items() if p not in snap.partitions}
         for p, st in snap.partitions.items():
             if p not in start:
                 out[p] = st.start
@@ -183,6 +184,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap = self._snapshot()
         begin = self._effective_start(decode_offsets(start), snap)
         latest = {p: s.end for p, s in snap.partitions.items()}
+        for p, off in begin.items():
+            # leaderless for now: no new data this batch, but its offset stays in the map
+            latest.setdefault(p, off)
         self._latest = latest
         if self._target is not None:
             latest = {p: min(e, self._target.get(p, begin[p])) for p, e in latest.items()}

@@ -1,0 +1,108 @@
+"""The youzan stream reader's driver methods called directly (no Spark session): admission
+control split across partitions, availableNow's target, a leaderless partition, data loss.
+The embedded cluster runs on its own thread because the reader runs its own event loops."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from smartnsq.producer import Producer
+from tests.spark.conftest import ThreadedCluster
+
+pytest.importorskip("pyspark", reason="pyspark (the spark extra) is not installed")
+
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+)
+
+from smartnsq.spark.options import parse_source_options
+from smartnsq.spark.source_youzan import DataLossError, YouzanStreamReader
+
+TOPIC = "readerdrv"
+
+
+@pytest.fixture(scope="module")
+def tc() -> Iterator[ThreadedCluster]:
+    c = ThreadedCluster(nodes=2, flavour="youzan")
+    try:
+        c.sync(c.cluster.create_topic, TOPIC, partition_num=2, replica=1, channels=["app"])
+        yield c
+    finally:
+        c.close()
+
+
+def publish(tc: ThreadedCluster, partition: int, n: int, size: int = 10) -> list[Any]:
+    async def run() -> list[Any]:
+        async with Producer(lookupd=tc.cluster.lookupd_http_addresses) as p:
+            return [await p.publish(TOPIC, b"x" * size, partition=partition, trace_id=i + 1)
+                    for i in range(n)]
+    return tc.call(run())
+
+
+def reader(tc: ThreadedCluster, **kw: str) -> YouzanStreamReader:
+    o = {"lookupd": tc.cluster.lookupd_http_addresses[0], "topic": TOPIC, **kw}
+    return YouzanStreamReader(parse_source_options(o, streaming=True))
+
+
+def test_limits_split_by_backlog_and_land_on_boundaries(tc: ThreadedCluster) -> None:
+    p0 = publish(tc, 0, 60)
+    p1 = publish(tc, 1, 20)
+    r = reader(tc, startingOffsets="earliest", maxMessagesPerTrigger="40")
+    assert r.getDefaultReadLimit() == ReadMaxRows(40)
+    start = r.initialOffset()
+    assert start == {"0": 0, "1": 0}
+    end = r.latestOffset(start, ReadMaxRows(40))
+    # 40 messages split 3:1 like the backlogs; each end is a message boundary
+    assert end == {"0": p0[30].offset, "1": p1[10].offset}
+    assert r.reportLatestOffset() == {"0": p0[-1].offset + p0[-1].raw_size,
+                                      "1": p1[-1].offset + p1[-1].raw_size}
+    # a byte budget: never more than the budget (here three records of partition 0)
+    size = p0[0].raw_size
+    by_bytes = r.latestOffset(end, ReadMaxBytes(4 * size + size // 2))
+    assert by_bytes == {"0": p0[33].offset, "1": p1[11].offset}
+    # Spark may ask for everything regardless of the default limit
+    everything = r.latestOffset(start, ReadAllAvailable())
+    assert everything == r.reportLatestOffset()
+    parts = r.partitions(start, end)
+    assert [(t.task.partition, t.task.start, t.task.end) for t in parts] == [
+        (0, 0, p0[30].offset), (1, 0, p1[10].offset)]
+    assert r.partitions(end, end) == []
+
+
+def test_available_now_stops_at_its_target(tc: ThreadedCluster) -> None:
+    r = reader(tc, startingOffsets="latest")
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    publish(tc, 0, 5)
+    assert r.latestOffset(start, ReadAllAvailable()) == start
+
+
+def test_leaderless_partition_keeps_its_offset(tc: ThreadedCluster) -> None:
+    r = reader(tc, startingOffsets="latest")
+    start = r.initialOffset()
+    node = tc.sync(tc.cluster.leader, TOPIC, 1)
+    tc.call(tc.cluster.stop_node(node))
+    try:
+        publish(tc, 0, 3)
+        end = r.latestOffset(start, ReadAllAvailable())
+        assert end["1"] == start["1"] and end["0"] > start["0"]
+        assert [t.task.partition for t in r.partitions(start, end)] == [0]
+    finally:
+        tc.call(tc.cluster.start_node(node))
+
+
+def test_data_loss_fails_or_resumes(tc: ThreadedCluster) -> None:
+    beyond = {"0": 10**9, "1": 0}
+    with pytest.raises(DataLossError, match=r"partition 0 at offset 1000000000: the position "
+                                            r"is beyond.*failOnDataLoss=false"):
+        reader(tc).latestOffset(beyond, ReadAllAvailable())
+    tolerant = reader(tc, failOnDataLoss="false")
+    end = tolerant.latestOffset(beyond, ReadAllAvailable())
+    plan = tolerant.partitions(beyond, end)
+    # partition 0 starts over at the retained start instead of failing
+    assert (plan[0].task.partition, plan[0].task.start) == (0, 0)
