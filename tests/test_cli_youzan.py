@@ -78,7 +78,7 @@ def test_tail_from_offsets_counts_and_timestamps(yz: ClusterThread) -> None:
     assert [d["offset"] for d in docs] == [r["offset"] for r in receipts[6:]]
     assert all(d["partition"] == 1 and d["attempts"] == 1 for d in docs)
     assert docs[0]["raw_size"] == receipts[6]["raw_size"]
-    assert tail(yz, "pos", "--from", "count:1=8", "--partition", "1", "-n", "2") == sent[8:]
+    assert tail(yz, "pos", "--from", "count:1=9", "--partition", "1", "-n", "2") == sent[8:]
     past = int(time.time()) - 3600
     assert tail(yz, "pos", "--from", f"timestamp:{past}", "--partition", "1",
                 "-n", "10") == sent
@@ -217,7 +217,7 @@ def test_channel_admin_calls(yz: ClusterThread) -> None:
         return next((c["depth"] for c in row["channels"] if c["channel"] == channel), None)
 
     assert depth(0) == 4
-    r = invoke(["channel", "set-offset", "adm", CHANNEL, "--to", "count:0=3", *base])
+    r = invoke(["channel", "set-offset", "adm", CHANNEL, "--to", "count:0=4", *base])
     assert r.exit_code == 0, r.output
     assert lines(r.stdout) == [f"channel set-offset: partition 0 @ nsqd "
                                f"{_leader_http(yz, 'adm', 0)}: OK"]

@@ -201,7 +201,7 @@ async def test_start_positions_sub_advanced(cluster: DevCluster) -> None:
     cluster.create_topic("seek", partition_num=3, replica=1, channels=[CHANNEL])
     sent = await publish_partitions(cluster, "seek", 3, 10, prefix="s")
     offs = offsets_of(cluster, "seek", 1)
-    start = {0: OffsetSpec.msgcount(6), 1: OffsetSpec.virtual_queue(offs[3]),
+    start = {0: OffsetSpec.msgcount(7), 1: OffsetSpec.virtual_queue(offs[3]),
              2: OffsetSpec.end()}
     got = Collector()
     async with Consumer("seek", CHANNEL, got,
@@ -231,7 +231,7 @@ async def test_start_positions_with_several_partitions_per_node(cluster: DevClus
     async with Consumer("multi", CHANNEL, got,
                         lookupd_http_addresses=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=30),
-                        start_at={p: OffsetSpec.msgcount(p % 5) for p in range(6)}):
+                        start_at={p: OffsetSpec.msgcount(p % 5 + 1) for p in range(6)}):
         expect = {f"mp{p}-{i}".encode() for p in range(6) for i in range(p % 5, 5)}
         await got.wait_for(lambda: got.distinct == expect)
         await eventually(lambda: all(

@@ -265,7 +265,7 @@ async def test_youzan_channel_create_setoffset_and_empty() -> None:
         assert n1.channels("T", 0) == ["c"]
         # the new channel starts at the end; move it back to the second message
         assert (await call("POST", base + "/channel/setoffset?topic=T&partition=0&channel=c",
-                           data=b"msgcount:1"))[:2] == (200, b"")
+                           data=b"msgcount:2"))[:2] == (200, b"")  # counted from 1
         assert store.partition("T", 0).channels["c"].depth() == 2
         bad = await call("POST", base + "/channel/setoffset?topic=T&partition=0&channel=c",
                          data=b"nonsense")

@@ -138,7 +138,7 @@ async def test_decreasing_offset_stops_the_consumer(cluster: DevCluster) -> None
     c = consumer(cluster, handler)
     await c.start()
     await got.wait_for(lambda: len(got.handled) == 5)
-    await rewind(cluster, 0, "msgcount:1")
+    await rewind(cluster, 0, "msgcount:2")
     gate.set()
     with pytest.raises(OrderViolationError, match="partition 0") as info:
         async with asyncio.timeout(10):
@@ -257,7 +257,7 @@ async def test_iteration_requeue_is_an_immediate_req_after_the_pause(
 async def test_start_positions_per_partition(cluster: DevCluster) -> None:
     await publish_all(cluster, 8, prefix="p")
     records = cluster.store.partition(TOPIC, 1).records
-    start = {0: OffsetSpec.msgcount(5), 1: OffsetSpec.virtual_queue(records[6].offset),
+    start = {0: OffsetSpec.msgcount(6), 1: OffsetSpec.virtual_queue(records[6].offset),
              2: OffsetSpec.end(), 3: OffsetSpec.timestamp(0)}
     got = Collector()
     async with consumer(cluster, got, start_at=start) as c:

@@ -495,9 +495,10 @@ async def read_offsets(c: RawClient, n: int) -> tuple[list[int], list[bytes]]:
     return offsets, errors
 
 
-async def set_offset(target: Target, http: str, topic: str, offset: int) -> None:
+async def set_offset(target: Target, http: str, topic: str, value: int,
+                     kind: str = "virtual_queue") -> None:
     async with target.session.post(
-            f"http://{http}/channel/setoffset", headers=V1, data=f"virtual_queue:{offset}",
+            f"http://{http}/channel/setoffset", headers=V1, data=f"{kind}:{value}",
             params={"topic": topic, "partition": "0", "channel": CHANNEL}) as r:
         assert r.status == 200, await r.text()
 
@@ -548,13 +549,13 @@ async def test_server_ordered_read_ahead_is_not_in_flight(target: Target, move: 
     assert len(errors) <= 1 and all(e.startswith(b"E_FIN_FAILED") for e in errors)
 
 
-async def test_server_rounds_positions_up_to_a_record(target: Target) -> None:
+async def test_server_positions_by_offset_and_by_count(target: Target) -> None:
     topic, tcp, http = await target.create_topic("rounding", ordered=False)
     backlog = await publish(tcp, topic, "old", 3)
     end = backlog[-1].offset + (backlog[-1].offset - backlog[-2].offset)
 
-    async def position_after(offset: int) -> int:
-        await set_offset(target, http, topic, offset)
+    async def position_after(value: int, kind: str = "virtual_queue") -> int:
+        await set_offset(target, http, topic, value, kind)
         status, doc = await target._json(
             "GET", f"http://{http}/stats", format="json", topic=topic, partition="0",
             channel=CHANNEL, needClients="false")
@@ -566,3 +567,7 @@ async def test_server_rounds_positions_up_to_a_record(target: Target) -> None:
     assert await position_after(backlog[0].offset + 3) == backlog[1].offset
     assert await position_after(backlog[1].offset) == backlog[1].offset
     assert await position_after(end + 1000) == end
+    # message counts start at 1 (0 is the first message too); past the last: the end
+    for count, where in [(0, backlog[0].offset), (1, backlog[0].offset),
+                         (3, backlog[2].offset), (4, end), (99, end)]:
+        assert await position_after(count, kind="msgcount") == where, count

@@ -338,10 +338,9 @@ class NsqdNode:
         elif kind == "virtual_queue":
             index = plog.index_from_offset(value)
         elif kind == "msgcount":
-            if not 0 <= value <= len(plog.records):
-                raise ValueError(f"search message count {value} out of range "
-                                 f"(0-{len(plog.records)})")
-            index = value
+            # real nsqd counts messages from 1: msgcount:n starts at the n-th (0 and 1 at
+            # the first), one past the last at the end
+            index = min(max(value - 1, 0), len(plog.records))
         elif kind == "timestamp":
             index = plog.index_of_timestamp(value)
         else:
