@@ -25,7 +25,11 @@ from smartnsq.devcluster.nsqd.store import ClusterStore
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_channel, check_topic
 
-__all__ = ["DevCluster"]
+__all__ = ["DEFAULT_TOPIC_CHECK_DELAY", "DevCluster"]
+
+#: seconds a topic created through lookupd HTTP waits for its first topic check (real
+#: nsqlookupd: its check interval, 60 s upstream; kept short so tests stay fast)
+DEFAULT_TOPIC_CHECK_DELAY = 0.2
 
 
 class DevCluster:
@@ -45,8 +49,10 @@ class DevCluster:
     lookupd's HTTP API accepts channels and writes only ``topic_check_delay`` seconds later
     (lookupd's next topic check; its leaders answer ``E_FAILED_ON_NOT_LEADER`` until then);
     ``POST /topic/partition/move`` leaves the partition leaderless for ``leader_move_seconds``
-    (4–7 s on a real cluster). Both default to 0 so tests stay fast; :meth:`create_topic` and
-    :meth:`move_leader` (Python calls) always act at once.
+    (4–7 s on a real cluster). The defaults keep tests fast: a short topic check
+    (:data:`DEFAULT_TOPIC_CHECK_DELAY`, so clients meet the refusal) and immediate moves; 0
+    disables either. :meth:`create_topic` and :meth:`move_leader` (Python calls) always act at
+    once.
     """
 
     def __init__(
@@ -61,7 +67,7 @@ class DevCluster:
         registrations: Mapping[int, Iterable[int]] | None = None,
         lookupd_ports: Sequence[int] = (),
         host: str = "127.0.0.1",
-        topic_check_delay: float = 0.0,
+        topic_check_delay: float = DEFAULT_TOPIC_CHECK_DELAY,
         leader_move_seconds: float = 0.0,
     ) -> None:
         if flavour not in ("youzan", "stock"):
