@@ -199,6 +199,40 @@ async def test_leader_move_under_load_one_coalesced_refresh(cluster: DevCluster)
     assert set(acked) <= set(everything)
 
 
+async def test_leaderless_partition_waits_with_coalesced_refreshes() -> None:
+    """A move through lookupd leaves partition 0 leaderless for 1 s: 100 concurrent publishes
+    pinned to it all wait (max_attempts=1 would have failed them at once) and succeed on the
+    new leader; their waits share the lookups (backoff up to 1 s, one refresh at a time)."""
+    counter = LookupCounter()
+    async with (
+        DevCluster(nodes=3, flavour="youzan", leader_move_seconds=1.0) as cluster,
+        aiohttp.ClientSession(trace_configs=[counter.trace_config()]) as session,
+    ):
+        cluster.create_topic("lm", partition_num=2, replica=2, ordered=True, channels=("c",))
+        lookup = Lookup(LookupConfig(addresses=tuple(cluster.lookupd_http_addresses)),
+                        session=session)
+        async with lookup, Producer(lookupd=lookup, config=FAST.replace(max_attempts=1)) as p:
+            await p.publish("lm", b"warm", partition=0)
+            old = cluster.leader("lm", 0)
+            assert old is not None
+            new = next(i for i in range(3) if i != old)
+            async with session.post(
+                    f"http://{cluster.lookupd_http_addresses[0]}/topic/partition/move",
+                    params={"topic": "lm", "partition": "0", "move_leader": "true",
+                            "move_from": cluster.nodes[old].info.distributed_id,
+                            "move_to": cluster.nodes[new].info.distributed_id}) as r:
+                assert r.status == 200, await r.text()
+            assert cluster.leader("lm", 0) is None
+            before = counter.count("/lookup")
+            bodies = [b"p-%03d" % i for i in range(100)]
+            await asyncio.gather(*(p.publish("lm", b, partition=0, timeout=10) for b in bodies))
+            assert cluster.leader("lm", 0) == new
+            lookups = counter.count("/lookup") - before
+            # far fewer lookups than waiting publishes: about one per backoff step
+            assert 1 <= lookups <= 20, lookups
+    assert sorted(stored(cluster, "lm", 0)[1:]) == bodies
+
+
 async def test_not_writable_partition_waits_for_its_leader_until_the_timeout(
         cluster: DevCluster) -> None:
     cluster.create_topic("nw", partition_num=3, replica=1, channels=("c",))
