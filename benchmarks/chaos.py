@@ -233,7 +233,8 @@ def make_schedule(cfg: SoakConfig) -> list[Fault]:
         elif kind == "lookupd_down":
             out.append(Fault(at, kind, dur(10, 30), mode=rng.choice(("refuse", "hang"))))
         elif kind == "slow_node":
-            out.append(Fault(at, kind, dur(5, 20), node=node,
+            # real: the node is stalled (SIGSTOP), briefly, so that it keeps its cluster session
+            out.append(Fault(at, kind, dur(1, 4) if cfg.real else dur(5, 20), node=node,
                              amount=round(rng.uniform(0.05, 0.3), 3)))
         elif kind == "drop_conns":
             out.append(Fault(at, kind, 0.0, node=node))
@@ -426,10 +427,17 @@ def rss_kib() -> int:
 
 
 def open_fds() -> int:
+    """Open file descriptors, /dev/null aside (uvloop keeps one open after the first child
+    process, which is the harness's, not the client's)."""
+    n = 0
     try:
-        return len(os.listdir("/proc/self/fd"))
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}") != "/dev/null":
+                    n += 1
     except OSError:
         return -1
+    return n
 
 
 # ---------------------------------------------------------------------------- the run
@@ -1010,6 +1018,8 @@ def render(r: SoakResult) -> str:
         f"  faults         {len(r.schedule)} scheduled, {r.faults_refused} refused or failed "
         "(see the log above)",
     ]
+    if r.fds_end > r.fds_start or r.tasks_end > r.tasks_start:
+        L.append("  warning        more fds or tasks at the end than at the start: a leak?")
     if r.server_note:
         L.append(f"  server         {r.server_note}")
     if r.ok:
