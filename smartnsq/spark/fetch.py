@@ -12,9 +12,10 @@ connection to the partition leader does it:
    offset and raw size;
 3. take messages strictly in order: ``offset == next`` is the next row; an offset below is the
    read-ahead message real nsqd still sends after a reposition (§13.1) and is FINed and dropped;
-   an offset above is a gap (the position did not take, e.g. nsqd's lazily learnt queue end)
-   and means: position again. A lost connection (leader moved) means: look the leader up again
-   and resume at ``next``.
+   an offset above is the read-ahead after a move backwards (REQed at once, it comes again in
+   turn), and many of those in a row mean the position did not take (e.g. nsqd's lazily learnt
+   queue end): position again. A lost connection (leader moved) means: look the leader up
+   again and resume at ``next``.
 """
 
 from __future__ import annotations
@@ -183,6 +184,12 @@ class RangeFetcher:
             if t.max_messages is not None:
                 want = min(want, t.max_messages - self.messages + 1)
             conn.send_rdy(max(1, want))
+
+            def give_back(msg_id: bytes) -> bool:
+                # a message from beyond the position (read ahead before a move backwards)
+                # is needed later: hand it back at once. An ordered channel forgets its
+                # read-ahead and sends it again in turn, so there it is just finished.
+                return conn.fin(msg_id) if t.ordered else conn.req(msg_id, 0)
             while not self._done():
                 if not inbox:
                     if lost:
@@ -196,13 +203,14 @@ class RangeFetcher:
                         raise _Reposition(f"no message within {t.read_timeout}s at offset "
                                           f"{self.next_offset}") from None
                     continue
-                chunk = self._take(inbox, conn.fin)
+                chunk = self._take(inbox, conn.fin, give_back)
                 if chunk:
                     yield chunk
         finally:
             await _close(conn, inbox)
 
-    def _take(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool]) -> list[RawMessage]:
+    def _take(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool],
+              give_back: Callable[[bytes], bool] | None = None) -> list[RawMessage]:
         t = self.task
         out: list[RawMessage] = []
         while inbox and not self._done():
@@ -215,9 +223,9 @@ class RangeFetcher:
                 self.dropped += 1
                 continue
             if off > self.next_offset:
-                # a message requeued on this channel by an earlier session, or the position
-                # did not take; many of them in a row mean the latter
-                fin(m.id)
+                # read ahead before a move backwards, or the position did not take; many of
+                # them in a row mean the latter
+                (give_back or fin)(m.id)
                 self._strays += 1
                 if self._strays > _MAX_STRAYS:
                     inbox.clear()

@@ -193,8 +193,16 @@ def test_take_drops_read_ahead_and_flags_gaps() -> None:
     taken = f._take(deque([_raw(40), _raw(80), _raw(120)]), fin)
     assert [m.offset for m in taken] == [80, 120]
     assert f.dropped == 1 and len(fins) == 3 and f.next_offset == 160
-    # a message beyond the expected offset is a stray (requeued earlier): FINed, dropped
-    assert f._take(deque([_raw(240)]), fin) == [] and f.next_offset == 160
+    # a message beyond the expected offset (read ahead before a move backwards) is handed
+    # back, not taken and not finished
+    backs: list[bytes] = []
+
+    def give_back(msg_id: bytes) -> bool:
+        backs.append(msg_id)
+        return True
+
+    assert f._take(deque([_raw(240)]), fin, give_back) == [] and f.next_offset == 160
+    assert len(backs) == 1 and len(fins) == 3
     # too many of them in a row mean the position did not take
     strays = deque(_raw(240 + 40 * i) for i in range(1001))
     with pytest.raises(_Reposition, match="expected offset 160, got"):
