@@ -312,7 +312,9 @@ class NsqdNode:
         return t
 
     def leads(self, topic: str, partition: int) -> bool:
-        return self.meta.leader_of(topic, partition) == self.node_id
+        # a new topic's leader takes the lead only at lookupd's next topic check
+        return self.meta.leader_of(topic, partition) == self.node_id and \
+            self.meta.topic_ready(topic)
 
     def default_partition(self, topic: str) -> int:
         """youzan: the partition used when a command names none — one this node leads."""
