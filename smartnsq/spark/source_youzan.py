@@ -10,6 +10,7 @@ the source of truth; ``commit`` only moves the private channel so lag shows in n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -129,6 +130,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.channel = opts.channel_for("")
         self._target: dict[int, int] | None = None
         self._latest: dict[int, int] | None = None
+        #: the driver's channel for finding the exact ends of limited batches
+        self._probe = self.channel[:58] + "_probe"
+        self._probed = False
 
     # -- driver ------------------------------------------------------------------------
 
@@ -220,7 +224,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             probes.append(RangeTask(
                 lookupd=self.opts.lookupd, topic=self.opts.topic, partition=p,
-                start=begin[p], end=latest[p], channel=self.channel[:58] + "_probe",
+                start=begin[p], end=latest[p], channel=self._probe,
                 ordered=snap.ordered, ext=snap.ext, leader=st.leader,
                 leader_http=st.leader_http, read_timeout=self.opts.read_timeout,
                 max_messages=share if by_rows else None,
@@ -230,6 +234,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return list(await asyncio.gather(*(find_boundary(t) for t in probes)))
 
         if probes:
+            self._probed = True
             for task, boundary in zip(probes, asyncio.run(probe_all()), strict=True):
                 out[task.partition] = boundary
         return out
@@ -270,7 +275,19 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                       f"virtual_queue:{off}")
 
     def stop(self) -> None:
-        return None
+        if self._probed:
+            try:
+                asyncio.run(self._drop_probe_channel())
+            except NSQError as exc:
+                log.warning("could not delete probe channel %s: %s", self._probe, exc)
+
+    async def _drop_probe_channel(self) -> None:
+        snap = await snapshot(self.opts)
+        async with NsqdHttp() as http:
+            for p, st in sorted(snap.partitions.items()):
+                # a partition never probed has no such channel
+                with contextlib.suppress(NSQError):
+                    await http.delete_channel(st.leader_http, self.opts.topic, p, self._probe)
 
 
 class YouzanBatchReader(DataSourceReader):
