@@ -26,6 +26,20 @@ The embedded youzan cluster runs in a child process (its CPU and memory are not 
 ``--real`` targets a real youzan cluster started with ``../shared/realnsq/start-youzan.sh 3``
 under the same $REALNSQ_YOUZAN_BASE and $REALNSQ_STATE (see chaos_targets.py).
 
+What the real cluster (youzan 0.3.7-HA.1.13.0, 3 nodes, loopback) did under these faults,
+which shapes the real schedule and explains its failed publishes:
+
+* an nsqd started again ~2 s after a SIGKILL logged ``checkAndFixLocalLogQueueEnd ... reset
+  local queue backend failed: invalid offset`` in a loop and the partitions it had led stayed
+  unwritable (the ordered topic had no writable partition for minutes): real kills keep the
+  node down 40–60 s, past lookupd's fail-over;
+* after a leader's SIGKILL, lookupd lists its partitions (and those whose ISR lost the node) as
+  not writable for ~40 s before a replica takes over; publishes to them fail once the publish
+  timeout (10 s) passes — expected, and counted by reason;
+* on a replica-1 partition a SIGKILL loses the acknowledged messages nsqd had not flushed
+  (15–30 at 250 msg/s), which is the server's durability, not the client's: the plain topic
+  there has one partition with two replicas (``--plain``).
+
 Usage: python benchmarks/chaos.py [--minutes 10] [--rate 5000] [--seed 1] [--real]
 """
 
