@@ -106,3 +106,17 @@ def test_data_loss_fails_or_resumes(tc: ThreadedCluster) -> None:
     plan = tolerant.partitions(beyond, end)
     # partition 0 starts over at the retained start instead of failing
     assert (plan[0].task.partition, plan[0].task.start) == (0, 0)
+
+
+def test_stop_removes_the_probe_channel(tc: ThreadedCluster) -> None:
+    publish(tc, 0, 30)
+    r = reader(tc, startingOffsets="earliest", maxMessagesPerTrigger="5")
+    r.latestOffset(r.initialOffset(), ReadMaxRows(5))
+
+    def channels() -> set[str]:
+        return {name for node in tc.cluster.nodes
+                for name in node.store.partition(TOPIC, 0).channels}
+
+    assert r._probe in channels()
+    r.stop()
+    assert r._probe not in channels()
