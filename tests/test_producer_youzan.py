@@ -233,6 +233,31 @@ async def test_leaderless_partition_waits_with_coalesced_refreshes() -> None:
     assert sorted(stored(cluster, "lm", 0)[1:]) == bodies
 
 
+async def test_http_producer_waits_for_a_moved_leader_too() -> None:
+    async with DevCluster(nodes=3, flavour="youzan", leader_move_seconds=0.5) as cluster:
+        cluster.create_topic("hm", partition_num=2, replica=2, ordered=True, channels=("c",))
+        async with HttpProducer(lookupd=cluster.lookupd_http_addresses,
+                                config=FAST.replace(max_attempts=1)) as p:
+            await p.publish("hm", b"warm", partition=0)
+            old = cluster.leader("hm", 0)
+            assert old is not None
+            new = next(i for i in range(3) if i != old)
+            async with aiohttp.ClientSession() as admin, admin.post(
+                    f"http://{cluster.lookupd_http_addresses[0]}/topic/partition/move",
+                    params={"topic": "hm", "partition": "0", "move_leader": "true",
+                            "move_from": cluster.nodes[old].info.distributed_id,
+                            "move_to": cluster.nodes[new].info.distributed_id}) as r:
+                assert r.status == 200, await r.text()
+            await asyncio.gather(*(p.publish("hm", b"h-%d" % i, partition=0, timeout=10)
+                                   for i in range(20)))
+            assert cluster.leader("hm", 0) == new
+            # writes off for good: the wait ends at the timeout with the reason
+            cluster.set_writable("hm", 0, False)
+            with pytest.raises(PublishTimeoutError, match="has no writable leader"):
+                await p.publish("hm", b"never", partition=0, timeout=0.5)
+    assert sorted(stored(cluster, "hm", 0)[1:]) == sorted(b"h-%d" % i for i in range(20))
+
+
 async def test_not_writable_partition_waits_for_its_leader_until_the_timeout(
         cluster: DevCluster) -> None:
     cluster.create_topic("nw", partition_num=3, replica=1, channels=("c",))

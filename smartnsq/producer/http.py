@@ -349,7 +349,8 @@ class HttpProducer:
         loop = asyncio.get_running_loop()
         if self._session is None:
             await self.start()
-        attempt = 0
+        attempt = 0  # every send
+        counted = 0  # failed sends that max_attempts bounds
         waits = 0
         last: BaseException | None = None
         avoid_parts: set[int] = set()
@@ -386,18 +387,34 @@ class HttpProducer:
                     continue
             node, p = self._target(route, topic, partition, avoid_parts, avoid_nodes,
                                          loop.time())
+            if node is None and route is not None:
+                # no leader in the lookup (a leader move, writes switched off): wait for one,
+                # bounded by the deadline only, as the TCP producer (retry.py)
+                waits += 1
+                missing: BaseException = NoLeaderError(
+                    f"partition {partition} of topic {topic!r} has no writable leader")
+                missing.__cause__ = last
+                if loop.time() >= deadline:
+                    raise PublishTimeoutError(
+                        f"publish to topic {topic!r} not acknowledged in time ({attempt} "
+                        f"attempt(s)): {missing}") from missing
+                await asyncio.sleep(min(retry_delay(waits), max(0, deadline - loop.time())))
+                if self._routes is not None:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            await self._routes.refresh(topic, route)
+                    except (LookupFailedError, TimeoutError):
+                        pass
+                continue
             attempt += 1
             if node is None:
-                missing: BaseException = (NoLeaderError(
-                    f"partition {partition} of topic {topic!r} has no writable leader")
-                    if route is not None else NSQConnectionError("no nsqd reachable"))
+                missing = NSQConnectionError("no nsqd reachable")
                 missing.__cause__ = last
-                if attempt >= self.config.max_attempts or loop.time() >= deadline:
+                counted += 1
+                if counted >= self.config.max_attempts or loop.time() >= deadline:
                     raise PublishError(f"publish to topic {topic!r} failed after {attempt} "
                                        f"attempt(s): {missing}") from missing
                 await asyncio.sleep(min(retry_delay(attempt), max(0, deadline - loop.time())))
-                if self._routes is not None and route is not None:
-                    await self._routes.refresh(topic, route)
                 continue
             try:
                 if route is None and (youzan_only or partition is not None or stock_only):
@@ -426,7 +443,9 @@ class HttpProducer:
                 action = classify(exc)
                 if isinstance(exc, UnsupportedFeatureError | ConfigError):
                     raise
-                if action is Action.RAISE or attempt >= self.config.max_attempts or \
+                if action is not Action.REFRESH:
+                    counted += 1  # a leader-type refusal stored nothing: bounded by time only
+                if action is Action.RAISE or counted >= self.config.max_attempts or \
                         loop.time() >= deadline:
                     cls = PublishTimeoutError if loop.time() >= deadline else PublishError
                     raise cls(f"publish to topic {topic!r} failed after {attempt} attempt(s): "
@@ -444,7 +463,7 @@ class HttpProducer:
                         assert self._routes is not None
                         self._routes.refresh_soon(topic, route)
                     else:
-                        await asyncio.sleep(min(retry_delay(attempt),
+                        await asyncio.sleep(min(retry_delay(max(attempt, waits)),
                                                 max(0, deadline - loop.time())))
                         assert self._routes is not None
                         try:
