@@ -65,6 +65,11 @@ async def consume(address: str, topic: str, channel: str, expect: int, *,
     done = asyncio.get_running_loop().create_future()
 
     def on_message(conn: Connection, msg: RawMessage) -> None:
+        # a channel's first SUB_ORDERED reader gets its first message twice (an untracked
+        # read-ahead copy, then the tracked one), as real youzan nsqd does: keep it once
+        if mode == "ordered" and got and got[-1].id == msg.id and got[-1].attempts == msg.attempts:
+            conn.fin(msg.id)
+            return
         got.append(msg)
         conn.fin(msg.id)
         if len(got) >= expect and not done.done():
