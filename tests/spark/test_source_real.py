@@ -116,15 +116,27 @@ def test_spark_batch_and_stream_on_real_cluster(spark: Any, tmp_path: Path) -> N
     got = sorted(bytes(r.body) for r in df.select("body").collect())
     assert got == sorted([f"a{i}".encode() for i in range(100, 200)] +
                          [f"b{i}".encode() for i in range(100)])
-    q = (spark.readStream.format("nsq").options(**o, startingOffsets="earliest",
-                                                maxMessagesPerTrigger="150").load()
-         .select("body").writeStream.format("parquet")
-         .option("path", str(tmp_path / "data"))
-         .option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
+
+    def stream(available_now: bool) -> Any:
+        w = (spark.readStream.format("nsq").options(**o, startingOffsets="earliest",
+                                                    maxMessagesPerTrigger="150").load()
+             .select("body").writeStream.format("parquet")
+             .option("path", str(tmp_path / "data"))
+             .option("checkpointLocation", str(tmp_path / "ckpt")))
+        return (w.trigger(availableNow=True) if available_now
+                else w.trigger(processingTime="0 seconds")).start()
+
+    # stopped after its first batch, then restarted from the checkpoint: exactly once
+    q1 = stream(False)
+    deadline = time.monotonic() + 120
+    while not q1.recentProgress or q1.recentProgress[-1]["numInputRows"] == 0:
+        assert q1.exception() is None and time.monotonic() < deadline
+        q1.awaitTermination(0.5)
+    q1.stop()
+    q = stream(True)
     assert q.awaitTermination(180)
     assert q.exception() is None
     rows = [bytes(r.body) for r in spark.read.parquet(str(tmp_path / "data")).collect()]
     assert sorted(rows) == sorted([f"a{i}".encode() for i in range(300)] +
                                   [f"b{i}".encode() for i in range(100)])
-    assert max(int(p["numInputRows"]) for p in q.recentProgress) <= 150
+    assert max(int(p["numInputRows"]) for p in q1.recentProgress + q.recentProgress) <= 150
