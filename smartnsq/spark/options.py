@@ -36,9 +36,8 @@ SOURCE_OPTION_NAMES: tuple[str, ...] = (
     "messageTimeoutSeconds",
 )
 _CANONICAL = {n.lower(): n for n in SOURCE_OPTION_NAMES}
-#: options that belong to the sink (same ``format("nsq")``); the source ignores them
-_SINK_ONLY = frozenset({"tracededupe", "traceidfrom", "partitioncolumn", "maxbatchsize",
-                        "deterministictraceids", "shardkeycolumn"})
+#: keys Spark itself may put into a read's option map; they mean nothing to NSQ
+_SPARK_INTERNAL = frozenset({"path"})
 
 Starting = Literal["earliest", "latest"] | dict[int, int]
 
@@ -152,7 +151,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     raw: dict[str, str] = {}
     for key, value in options.items():
         low = key.lower()
-        if low in _SINK_ONLY or low == "path":
+        if low in _SPARK_INTERNAL:
             continue
         name = _CANONICAL.get(low)
         if name is None:

@@ -103,9 +103,9 @@ def test_ending_offsets_refuse_earliest_marker() -> None:
         parse(streaming=False, endingOffsets="earliest")
 
 
-def test_sink_options_are_left_to_the_sink() -> None:
-    # the same format("nsq") options may carry sink settings; the source ignores those
-    assert parse(shardKeyColumn="k").topic == "orders"  # type: ignore[attr-defined]
+def test_spark_path_key_is_ignored() -> None:
+    # load(path) puts "path" into the option map; a source without paths ignores it
+    assert parse(path="x").topic == "orders"  # type: ignore[attr-defined]
 
 
 # --- offsets ------------------------------------------------------------------------------
