@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 #: messages asked for at once on a non-ordered partition (each is FINed on arrival)
 _RDY = 500
 #: failed positioning / connection attempts in a row before the read gives up
-_MAX_RETRIES = 8
+_MAX_RETRIES = 15
 #: deliveries beyond the expected offset tolerated in one session before positioning again
 _MAX_STRAYS = 2 * _RDY
 
