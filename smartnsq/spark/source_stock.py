@@ -161,6 +161,10 @@ class StockStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             self._consumer = _DriverConsumer(self.opts, self.channel, in_flight)
         msgs = self._collect(self._consumer, first=self._reads == 0)
         self._reads += 1
+        failed = self._consumer.consumer.error
+        if failed is not None and not msgs:
+            # a configuration error stopped the consumer: fail the query, do not idle
+            raise failed
         if not msgs:
             if self._available_now:
                 self._drained = True
