@@ -14,7 +14,6 @@ import pytest
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer, Sub
 from smartnsq.consumer.discovery import Endpoint
-from smartnsq.flow import RdyController
 from smartnsq.message import Message
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.trace import TraceSwitch
@@ -58,21 +57,20 @@ class Rig:
         self.consumer = Consumer("t", "c", handler, nsqd_tcp_addresses=["127.0.0.1:1"],
                                  config=self.config, **self.extra)
         c = self.consumer
-        c._loop = asyncio.get_running_loop()
-        c._flow = RdyController(self.config)
-        self.sub = Sub(c, Endpoint("127.0.0.1:1", "127.0.0.1", 1))
+        c._bind_loop(asyncio.get_running_loop())
+        self.sub = c._subscriptions.new_sub(Endpoint("127.0.0.1:1", "127.0.0.1", 1))
         self.conn = FakeConn()
         self.sub.conn = self.conn  # type: ignore[assignment]
         self.sub.registered = True
         c._subs.add(self.sub)
-        c._exec(c._flow.add_connection(self.sub, 2500, c._loop.time()))
+        c._driver.added(self.sub, 2500)
 
     extra: dict[str, Any] = {}
 
     def deliver(self, n: int, attempts: int = 1, start: int = 0) -> None:
         for i in range(start, start + n):
             raw = RawMessage(1, attempts, b"%016x" % i, b"body-%d" % i)
-            self.consumer._on_message(self.sub, None, raw)  # type: ignore[arg-type]
+            self.consumer._dispatch.on_message(self.sub, None, raw)  # type: ignore[arg-type]
 
     def sent(self, kind: str) -> list[Any]:
         return [v for k, v in self.conn.sent if k == kind]

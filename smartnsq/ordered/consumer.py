@@ -26,7 +26,9 @@ from collections.abc import Collection, Sequence
 
 from smartnsq import trace as _trace
 from smartnsq.config import ConsumerConfig
-from smartnsq.consumer.consumer import Consumer, Handler, StartAt, Sub
+from smartnsq.consumer.consumer import Consumer, Handler, StartAt
+from smartnsq.consumer.policy import DeliveryPolicy, PolicyHost
+from smartnsq.consumer.sub import Sub
 from smartnsq.errors import ConfigError, OrderViolationError
 from smartnsq.lookup import Lookup
 from smartnsq.message import Message
@@ -41,13 +43,11 @@ from smartnsq.ordered.policy import (
     decide,
 )
 
-__all__ = ["OrderedConsumer"]
+__all__ = ["OrderedConsumer", "OrderedPolicy"]
 
 log = logging.getLogger("smartnsq.ordered")
 
 _PENDING = 0  # Message._state values (smartnsq.message)
-_FINISHED = 1
-_REQUEUED = 2
 
 
 class OrderedConsumer(Consumer):
@@ -64,8 +64,6 @@ class OrderedConsumer(Consumer):
     ``start_at`` positions the channel once per partition (``POST /channel/setoffset`` on the
     leader before the first RDY; SUB_ADVANCED cannot be used on ordered subscriptions).
     """
-
-    _ordered = True
 
     def __init__(
         self,
@@ -90,13 +88,53 @@ class OrderedConsumer(Consumer):
         if lookupd_http_addresses is None and lookup is None:
             raise ConfigError("OrderedConsumer needs lookupd_http_addresses or lookup= "
                               "(it subscribes per partition, and partition leaders move)")
-        super().__init__(topic, channel, handler,
-                         lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
-                         config=config, start_at=start_at, trace=trace,
-                         partitions=partitions)
+        made: list[OrderedPolicy] = []
+
+        def make_policy(config: ConsumerConfig) -> DeliveryPolicy:
+            made.append(OrderedPolicy(config, on_blocked, dead_letter, on_violation))
+            return made[0]
+
+        self._setup(topic, channel, handler, make_policy, nsqd_tcp_addresses=None,
+                    lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
+                    config=config, start_at=start_at, trace=trace, partitions=partitions)
+        self._ordered_policy = made[0]
+
+    @property
+    def skipped(self) -> int:
+        """Messages skipped because on_blocked or on_violation said so."""
+        return self._ordered_policy.skipped
+
+    def validator(self, partition: int) -> OffsetValidator:
+        return self._ordered_policy.validator(partition)
+
+    def position(self, partition: int) -> int | None:
+        """Disk-queue offset of the last message finished on ``partition`` (None before)."""
+        return self._ordered_policy.position(partition)
+
+    def positions(self) -> dict[int, int]:
+        """``{partition: offset of the last finished message}`` for every partition that
+        finished one."""
+        return self._ordered_policy.positions()
+
+
+class OrderedPolicy:
+    """The ordered consumer's :class:`~smartnsq.consumer.policy.DeliveryPolicy`: position
+    validation at admission, twin deliveries, in-place retries and the blocked-message
+    policy at failure."""
+
+    ordered = True
+    screens = True
+    #: the blocked-message policy decides instead
+    max_attempts = 0
+
+    def __init__(self, config: ConsumerConfig, on_blocked: OnBlocked | None,
+                 dead_letter: DeadLetterCallback | None,
+                 on_violation: OnViolation | None) -> None:
+        self._config = config
         self._on_blocked = on_blocked
         self._dead_letter = dead_letter
         self._on_violation = on_violation
+        self._host: PolicyHost | None = None
         self._validators: dict[int, OffsetValidator] = {}
         self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool]] = {}
         #: per partition, the last message handed over on the current connection
@@ -104,6 +142,14 @@ class OrderedConsumer(Consumer):
         #: a second copy of a pending message (see _twin), answered with the first
         self._twins: dict[Message, tuple[Sub, Message]] = {}
         self.skipped = 0
+
+    @property
+    def host(self) -> PolicyHost:
+        assert self._host is not None
+        return self._host
+
+    def attach(self, host: PolicyHost) -> None:
+        self._host = host
 
     # ------------------------------------------------------------------ positions
 
@@ -114,36 +160,34 @@ class OrderedConsumer(Consumer):
         return v
 
     def position(self, partition: int) -> int | None:
-        """Disk-queue offset of the last message finished on ``partition`` (None before)."""
         v = self._validators.get(partition)
         return v.position if v is not None else None
 
     def positions(self) -> dict[int, int]:
-        """``{partition: offset of the last finished message}`` for every partition that
-        finished one."""
         return {p: v.position for p, v in sorted(self._validators.items())
                 if v.position is not None}
 
-    def _on_subscribed(self, sub: Sub) -> None:
+    def on_subscribed(self, sub: Sub) -> None:
         if sub.partition is not None:
             self.validator(sub.partition).new_connection(seeked=sub.seeked)
             self._last.pop(sub.partition, None)
 
-    def _finish(self, sub: Sub, msg: Message) -> bool:
-        ok = super()._finish(sub, msg)
+    def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         if self._twins:
             self._answer_twin(msg, fin=True)
         raw = msg._raw
         # a FIN that could not be written does not move the position: the server redelivers
-        if ok and sub.partition is not None and raw.offset is not None \
+        if written and sub.partition is not None and raw.offset is not None \
                 and raw.raw_size is not None:
             self.validator(sub.partition).finished(
                 Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
-        return ok
 
     # ------------------------------------------------------------------ validation
 
-    def _admit(self, sub: Sub, msg: Message) -> bool:
+    def give_up(self, sub: Sub, msg: Message) -> None:
+        raise AssertionError("max_attempts does not apply to ordered consumption")
+
+    def admit(self, sub: Sub, msg: Message) -> bool:
         raw = msg._raw
         if sub.partition is None or raw.offset is None or raw.raw_size is None:
             return True  # not an ordered subscription (cannot happen: SUB_ORDERED only)
@@ -152,25 +196,24 @@ class OrderedConsumer(Consumer):
         if check.kind is CheckKind.REDELIVERY and check.previous is not None and \
                 check.previous.attempts == raw.attempts and self._twin(sub, msg):
             return False
+        host = self.host
         if check.accepted:
             self._last[sub.partition] = msg
             v.accept(check)
             if check.kind is CheckKind.GAP or check.kind is CheckKind.REWIND:
-                log.warning("topic %s: %s", self.topic, check.describe())
+                log.warning("topic %s: %s", host.topic, check.describe())
             return True
         # a violation: hold the message (it counts as in flight) until decided
-        self._outstanding += 1
-        sub.outstanding += 1
-        self._tracked.add(msg)
-        error = OrderViolationError(f"topic {self.topic!r} channel {self.channel!r} "
+        host.hold(sub, msg, track=True)
+        error = OrderViolationError(f"topic {host.topic!r} channel {host.channel!r} "
                                     f"{check.describe()}")
         log.error("%s", error)
         if self._on_violation is None:
             v.reject(check)
-            self._fatal(error)
+            host.fatal(error)
             msg.requeue(0, backoff=False)
         else:
-            self._spawn(self._violation(sub, msg, check, error))
+            host.spawn(self._violation(msg, check, error))
         return False
 
     def _twin(self, sub: Sub, msg: Message) -> bool:
@@ -185,13 +228,12 @@ class OrderedConsumer(Consumer):
                 first._raw.offset != msg._raw.offset:
             return False
         if first.finished:
-            self._drop_before_start(sub, msg)
+            self.host.drop(sub, msg)
             return True
         if first._state != _PENDING or first in self._twins:
             return False  # the first copy was requeued: this one is its retry
         # answered together with the first copy, so the in-flight counts stay right
-        self._outstanding += 1
-        sub.outstanding += 1
+        self.host.hold(sub, msg, track=False)
         self._twins[first] = (sub, msg)
         return True
 
@@ -201,18 +243,10 @@ class OrderedConsumer(Consumer):
             return
         sub, twin = entry
         log.debug("%s/%s partition %s: answering the second copy of message at offset %s",
-                  self.topic, self.channel, sub.partition, twin.offset)
-        self._dropped_before_start += 1
-        twin._state = _FINISHED if fin else _REQUEUED
-        if fin:
-            Consumer._finish(self, sub, twin)
-        else:
-            conn = sub.conn
-            if conn is not None:
-                conn.req(twin._raw.id, 0)
-            self._requeued(sub, twin, False)
+                  self.host.topic, self.host.channel, sub.partition, twin.offset)
+        self.host.answer_copy(sub, twin, fin=fin)
 
-    async def _violation(self, sub: Sub, msg: Message, check: Check,
+    async def _violation(self, msg: Message, check: Check,
                          error: OrderViolationError) -> None:
         assert self._on_violation is not None
         try:
@@ -226,33 +260,33 @@ class OrderedConsumer(Consumer):
         v = self.validator(check.partition)
         if action is ViolationAction.ACCEPT:
             v.accept(check)
-            self._tracked.discard(msg)
-            self._enqueue(msg)
+            self.host.deliver(msg)
         elif action is ViolationAction.SKIP:
             v.accept(check)
             msg.finish()
             self.skipped += 1
         else:
             v.reject(check)
-            self._fatal(error)
+            self.host.fatal(error)
             msg.requeue(0, backoff=False)
 
     # ------------------------------------------------------------------ failures
 
-    def _handler_failed(self, msg: Message, exc: BaseException) -> None:
+    def failed(self, msg: Message, exc: BaseException) -> None:
         if msg._state != _PENDING:
             return
+        host = self.host
         blocked = msg.attempts >= self._config.blocked_attempts
         log.warning("handler failed for message %s (attempt %d) on partition %s of %s/%s: "
-                    "%r%s", msg.id.hex(), msg.attempts, msg.partition, self.topic,
-                    self.channel, exc, "; the partition is blocked" if blocked else "",
+                    "%r%s", msg.id.hex(), msg.attempts, msg.partition, host.topic,
+                    host.channel, exc, "; the partition is blocked" if blocked else "",
                     exc_info=log.isEnabledFor(logging.DEBUG))
         if not msg._auto:
-            self._tracked.add(msg)
+            host.track(msg)
             return
         if blocked and self._on_blocked is not None:
-            self._tracked.add(msg)
-            self._spawn(self._blocked(msg))
+            host.track(msg)
+            host.spawn(self._blocked(msg))
             return
         msg.requeue()
 
@@ -269,8 +303,9 @@ class OrderedConsumer(Consumer):
             msg.requeue()
             return
         if action is BlockedAction.STOP:
-            self._fatal(BlockedMessageError(
-                f"on_blocked stopped the consumer of {self.topic}/{self.channel} at message "
+            host = self.host
+            self.host.fatal(BlockedMessageError(
+                f"on_blocked stopped the consumer of {host.topic}/{host.channel} at message "
                 f"{msg.id.hex()} (partition {msg.partition}, offset {msg.offset}) after "
                 f"{msg.attempts} attempts"))
             msg.requeue(0, backoff=False)
@@ -294,24 +329,24 @@ class OrderedConsumer(Consumer):
         msg.finish()
         self.skipped += 1
 
-    def _requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
         # a delayed REQ is ignored on ordered channels: wait here, then REQ <id> 0
         pause = self._config.ordered_retry_pause if delay is None else delay
         conn = sub.conn
         if conn is not None:
             # past the server's timeout the message is redelivered anyway (same id)
             pause = min(pause, 0.9 * conn.msg_timeout)
-        if pause <= 0 or self._stopping or self._loop is None:
+        host = self.host
+        loop = host.loop
+        if pause <= 0 or host.stopping or loop is None:
             return self._req_now(sub, msg, backoff)
-        self._tracked.add(msg)
-        handle = self._loop.call_later(pause, self._retry_due, msg)
+        host.track(msg)
+        handle = loop.call_later(pause, self._retry_due, msg)
         self._retries[msg] = (handle, sub, backoff)
         return True
 
     def _req_now(self, sub: Sub, msg: Message, backoff: bool) -> bool:
-        conn = sub.conn
-        ok = conn is not None and conn.req(msg._raw.id, 0)
-        self._requeued(sub, msg, backoff)
+        ok = self.host.req(sub, msg, 0, backoff)
         if self._twins:
             self._answer_twin(msg, fin=False)
         return ok
@@ -322,7 +357,7 @@ class OrderedConsumer(Consumer):
             _, sub, backoff = entry
             self._req_now(sub, msg, backoff)
 
-    def _before_drain(self) -> None:
+    def before_drain(self) -> None:
         # retries waiting for their pause go now: nobody is going to handle them here
         for msg, (handle, sub, _) in list(self._retries.items()):
             handle.cancel()

@@ -27,8 +27,9 @@ from typing import Any, Self
 
 from smartnsq._checks import check_count, check_optional_duration
 from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
-from smartnsq.consumer.consumer import GivingUpCallback, StartAt, _is_async_callable
+from smartnsq.consumer.consumer import GivingUpCallback, StartAt
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message

@@ -1,0 +1,63 @@
+"""Checks of the consumer's constructor arguments that need more than a config model:
+handler, partitions and start positions. Each bad value raises ConfigError naming it."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Collection, Mapping
+
+from smartnsq.consumer.discovery import Discovery
+from smartnsq.errors import ConfigError
+from smartnsq.protocol.commands import OffsetSpec
+
+__all__ = ["StartAt", "check_partitions", "check_start_at", "is_async_callable"]
+
+#: a start position for every partition, or per partition id
+StartAt = OffsetSpec | Mapping[int, OffsetSpec]
+
+
+def is_async_callable(fn: object) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return False
+    # an object whose __call__ is async
+    return any(inspect.iscoroutinefunction(k.__dict__.get("__call__"))
+               for k in type(fn).__mro__)
+
+
+def check_partitions(partitions: Collection[int] | None) -> frozenset[int] | None:
+    if partitions is None:
+        return None
+    if isinstance(partitions, str | bytes) or not isinstance(partitions, Collection):
+        raise ConfigError("partitions must be a collection of partition ids")
+    for p in partitions:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise ConfigError(f"partitions: a partition id must be an int >= 0, got {p!r}")
+    if not partitions:
+        raise ConfigError("partitions must not be empty (None subscribes to all)")
+    return frozenset(partitions)
+
+def check_start_at(start_at: StartAt | None,
+                    discovery: Discovery) -> dict[int, OffsetSpec] | OffsetSpec | None:
+    if start_at is None:
+        return None
+    if discovery.kind != "lookupd":
+        raise ConfigError("start_at needs lookupd_http_addresses or lookup= (positions "
+                          "are per partition, and seeking uses the leader's HTTP port)")
+    if isinstance(start_at, OffsetSpec):
+        return start_at
+    if not isinstance(start_at, Mapping):
+        raise ConfigError("start_at must be an OffsetSpec or a {partition: OffsetSpec} "
+                          "mapping")
+    out: dict[int, OffsetSpec] = {}
+    for p, spec in start_at.items():
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise ConfigError(f"start_at partition must be an int >= 0, got {p!r}")
+        if not isinstance(spec, OffsetSpec):
+            raise ConfigError(f"start_at[{p}] must be an OffsetSpec")
+        out[p] = spec
+    return out

@@ -1,0 +1,110 @@
+"""One subscription: a connection to one (nsqd, partition) endpoint and its counters.
+
+A :class:`Sub` is what a :class:`~smartnsq.message.Message` answers through
+(:class:`~smartnsq.message.MessageOwner`) and what the connection set runs
+(:class:`smartnsq.consumer.conns.Session`). It holds no logic of its own: answers go to the
+dispatcher (:class:`Answers`), retiring to the subscription set. The counters are written by
+the dispatcher (per message) and read by the flow-control driver (once per loop turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from smartnsq._checks import check_loop
+from smartnsq.conn import Connection
+from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
+from smartnsq.consumer.positions import StartGuard
+from smartnsq.errors import ServerError
+from smartnsq.message import Message
+
+__all__ = ["Answers", "Sub"]
+
+
+class Answers(Protocol):
+    """Where a subscription's messages are answered (the dispatcher)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    def finish(self, sub: Sub, msg: Message) -> bool: ...
+
+    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool: ...
+
+
+class Sub:
+    """One subscription: a connection to one endpoint, with its message counters."""
+
+    __slots__ = (
+        "_retire", "address", "answers", "channel", "closed", "conn", "dirty", "drained",
+        "endpoint", "error", "fin_pending", "finished", "given_up", "guard", "local_address",
+        "outstanding", "partition", "received", "recv_pending", "registered", "requeued",
+        "retiring", "seeked", "topic", "youzan",
+    )
+
+    def __init__(self, endpoint: Endpoint, topic: str, channel: str, answers: Answers,
+                 retire: Callable[[Sub], Awaitable[None]]) -> None:
+        self.endpoint = endpoint
+        self.answers = answers
+        self._retire = retire
+        self.conn: Connection | None = None
+        self.topic = topic
+        self.channel = channel
+        self.address = endpoint.address
+        self.partition: int | None = (
+            endpoint.partition if endpoint.partition != NO_PARTITION else None)
+        self.youzan = False
+        self.local_address: str | None = None
+        self.closed = False
+        self.retiring = False
+        self.registered = False
+        #: its start position was set explicitly (start_at)
+        self.seeked = False
+        #: keeps deliveries from before the start position away from the handler
+        self.guard: StartGuard | None = None
+        self.error: BaseException | None = None
+        self.received = 0
+        self.finished = 0
+        self.requeued = 0
+        self.given_up = 0
+        #: handed out and not answered yet
+        self.outstanding = 0
+        #: received / finished since the last flush: reported to the flow control and then
+        #: added to ``received`` / ``finished`` (one counter per message, see RdyDriver.flush)
+        self.recv_pending = 0
+        self.fin_pending = 0
+        self.dirty = False
+        #: set while retiring, once nothing is outstanding
+        self.drained: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<subscription {self.endpoint}>"
+
+    # -- MessageOwner (user calls: the dispatch path answers without them)
+    def finish(self, msg: Message) -> bool:
+        check_loop(self.answers.loop, "this message's consumer")
+        return self.answers.finish(self, msg)
+
+    def requeue(self, msg: Message, delay: float | None, backoff: bool) -> bool:
+        check_loop(self.answers.loop, "this message's consumer")
+        return self.answers.requeue(self, msg, delay, backoff)
+
+    def touch(self, msg: Message) -> bool:
+        check_loop(self.answers.loop, "this message's consumer")
+        conn = self.conn
+        return conn is not None and conn.touch(msg.id)
+
+    # -- Session
+    async def wait_closed(self) -> None:
+        if self.conn is not None:
+            await self.conn.wait_closed()
+
+    async def retire(self) -> None:
+        await self._retire(self)
+
+    @property
+    def stale_leader(self) -> bool:
+        err = self.error
+        return isinstance(err, ServerError) and err.refresh_lookup
