@@ -108,6 +108,9 @@ class _DriverConsumer:
 
         async def stop() -> None:
             self._toucher.cancel()
+            # RDY 0 first: a message handed back must go to another reader, not return here
+            self.consumer.set_max_in_flight(0)
+            await asyncio.sleep(0)
             while True:
                 try:
                     self._held.add(self.inbox.get_nowait())
