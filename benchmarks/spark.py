@@ -12,7 +12,7 @@ On local Spark (``local[2]``), 100-byte bodies, topics of 1 and 4 partitions:
   reads partition 0 only).
 
 Against a real youzan cluster with ``--lookupd HOST:PORT`` (e.g. ``../shared/realnsq``'s
-``start-youzan.sh``); without it an embedded youzan cluster (2 nodes) on a thread of this
+``start-youzan.sh 4``); without it an embedded youzan cluster (4 nodes) on a thread of this
 process (Spark's Python workers are other processes). Spark start-up and the DataFrame's
 generation are outside the timings, and every way runs once on a small topic first (Python
 worker start-up and imports cost seconds here). Prints one table.
@@ -150,10 +150,10 @@ def run(args: argparse.Namespace) -> list[Row]:
             target = YouzanCluster("real", args.lookupd, session)
             where = f"real youzan cluster (lookupd {args.lookupd})"
         else:
-            cluster = DevCluster(nodes=2, flavour="youzan")
+            cluster = DevCluster(nodes=4, flavour="youzan")
             bg.call(cluster.start())
             target = YouzanCluster("double", cluster.lookupd_http_addresses[0], session, cluster)
-            where = "embedded youzan cluster (2 nodes, on a thread of the driver process)"
+            where = "embedded youzan cluster (4 nodes, on a thread of the driver process)"
         print(f"target: {where}; {args.rows} rows of {BODY_SIZE}-byte bodies in 2 Spark "
               "partitions, local[2]", flush=True)
         n = args.rows
