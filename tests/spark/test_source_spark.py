@@ -176,8 +176,9 @@ def test_stream_survives_leader_move(spark: Any, youzan_cluster: ThreadedCluster
     first = [f"m{i}".encode() for i in range(300)]
     publish(tc, "sp_move", 0, first[:150])
     publish(tc, "sp_move", 1, first[150:])
-    q = start_stream(spark, opts(tc, "sp_move", startingOffsets="earliest"), tmp_path,
-                     available_now=False)
+    # split ranges too: every partition's range is read as two pieces on their own channels
+    q = start_stream(spark, opts(tc, "sp_move", startingOffsets="earliest", minPartitions=4),
+                     tmp_path, available_now=False)
     try:
         wait_rows(q, 300)
         before = tc.sync(tc.cluster.leader, "sp_move", 0)
@@ -190,6 +191,11 @@ def test_stream_survives_leader_move(spark: Any, youzan_cluster: ThreadedCluster
     finally:
         q.stop()
     assert Counter(bodies(spark, tmp_path)) == Counter(first + second)
+    # the pieces' channels are gone; only the query's own channel stays
+    left = {c for node in tc.cluster.nodes for p in (0, 1)
+            for c in node.store.partition("sp_move", p).channels}
+    assert left == {"app", parse(opts(tc, "sp_move", startingOffsets="earliest",
+                                      minPartitions=4)).channel_for("")}
 
 
 def test_fail_on_data_loss_both_ways(spark: Any, youzan_cluster: ThreadedCluster,
