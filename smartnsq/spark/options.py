@@ -80,13 +80,15 @@ class SourceOptions(BaseModel):
         return None if v is None else check_channel(v)
 
     def channel_for(self, purpose: str) -> str:
-        """The private channel: the ``channel`` option, else ``spark_<hash of the options>``
-        so that a restarted query finds its channel again while other queries get others."""
+        """The private channel: the ``channel`` option, else ``spark_<hash>`` of what
+        identifies the query's input (lookupds, topic, starting position), so that a query
+        restarted with other tuning options finds its channel again; two queries reading the
+        same topic from the same start should name their channels."""
         if self.channel is not None:
             base = self.channel
         else:
-            doc = json.dumps([self.topic, sorted(self.lookupd),
-                              self.model_dump(mode="json", exclude={"lookupd"})],
+            doc = json.dumps([self.topic, sorted(self.lookupd), self.starting,
+                              self.starting_timestamp, self.flavour],
                              sort_keys=True, default=str)
             base = "spark_" + hashlib.sha1(doc.encode()).hexdigest()[:12]
         name = base if not purpose else f"{base}_{purpose}"

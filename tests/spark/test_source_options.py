@@ -53,6 +53,10 @@ def test_channel_default_is_stable_and_private() -> None:
     assert a.channel_for("") == again.channel_for("")  # type: ignore[attr-defined]
     assert a.channel_for("").startswith("spark_")  # type: ignore[attr-defined]
     assert a.channel_for("") != other.channel_for("")  # type: ignore[attr-defined]
+    # tuning options do not move a query to another channel
+    tuned = parse(startingOffsets="earliest", maxMessagesPerTrigger="5")
+    assert tuned.channel_for("") == a.channel_for("")  # type: ignore[attr-defined]
+    assert parse().channel_for("") != a.channel_for("")  # type: ignore[attr-defined]
     named = parse(channel="mine")
     assert named.channel_for("") == "mine"  # type: ignore[attr-defined]
     assert named.channel_for("probe") == "mine_probe"  # type: ignore[attr-defined]
