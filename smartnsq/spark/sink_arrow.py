@@ -353,11 +353,12 @@ class BatchPlan:
             width = _PLAIN_FIELDS
         prefix = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(width), n, [None, pa.py_buffer(pre.tobytes())])
-        joined = pc.binary_join_element_wise(prefix.cast(pa.binary()), values, b"")
-        if joined.type != pa.binary():
-            joined = joined.cast(pa.binary())
-        offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32,
-                                count=n + 1, offset=joined.offset * 4).astype(np.int64)
+        # 64-bit offsets: a batch of large bodies may pass 2 GiB once joined
+        big = pa.large_binary()
+        joined = pc.binary_join_element_wise(prefix.cast(big), values.cast(big),
+                                             pa.scalar(b"", big))
+        offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=n + 1,
+                                offset=joined.offset * 8)
         data = joined.buffers()[2]
         units: list[Unit] = []
         limit = self.opts.maxBatchBytes - 4  # the body's own count field

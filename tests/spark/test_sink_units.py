@@ -164,6 +164,13 @@ def test_string_values_are_utf8_bodies() -> None:
     assert [b for _, b in decode_mpub(u.body, False)] == ["é".encode(), b"plain"]
 
 
+def test_large_binary_and_large_string_values() -> None:
+    for col in (pa.array([b"ab", b"c"], pa.large_binary()),
+                pa.array(["ab", "c"], pa.large_string())):
+        (u,) = BatchPlan(pa.record_batch({"value": col}), opts()).units({})
+        assert [b for *_, b in elements([u])] == [b"ab", b"c"]
+
+
 def test_bodies_split_at_max_batch_bytes_without_losing_a_row() -> None:
     values = [bytes([65 + i % 26]) * 100 for i in range(500)]
     batch = pa.record_batch({"value": pa.array(values, pa.binary())})
