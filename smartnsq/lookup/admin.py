@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import BaseModel
 
 from smartnsq.errors import ConfigError, LookupFailedError
+from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.envelope import LookupdError
+from smartnsq.lookup.health import HealthBook
 from smartnsq.lookup.models import ChannelsModel, LookupdInfo, NodeEntry, NodesModel, TopicsModel
 from smartnsq.lookup.parse import validate
 from smartnsq.protocol.validation import MAX_PARTITION, check_channel, check_topic
-
-if TYPE_CHECKING:
-    from smartnsq.lookup.lookup import Lookup
 
 log = logging.getLogger("smartnsq.lookup")
 
@@ -43,20 +44,36 @@ def _int_in(name: str, value: int, lo: int, hi: int) -> str:
     return str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class AdminSource:
+    """What the admin helpers take from the lookup component (built by ``Lookup.admin``), so
+    this module need not import it back."""
+
+    #: the started component's HTTP client (raises ClientClosedError once it is closed)
+    ready: Callable[[], Awaitable[LookupdClient]]
+    #: wait (bounded) for the first ``/listlookup`` pass
+    ensure_discovered: Callable[[], Awaitable[None]]
+    #: run ``/listlookup`` now
+    discover: Callable[[], Awaitable[tuple[str, ...]]]
+    #: the lookupd leader's base URL, or None
+    leader: Callable[[], str | None]
+    health: HealthBook
+
+
 class LookupAdmin:
     """Obtained as ``Lookup.admin``; shares its lookupds, health and leader."""
 
-    def __init__(self, lookup: Lookup) -> None:
-        self._lookup = lookup
+    def __init__(self, source: AdminSource) -> None:
+        self._source = source
 
     # -- reads -----------------------------------------------------------------------------
 
     async def _read_all(self, path: str, params: dict[str, str],
                         model: type[M]) -> list[tuple[str, M]]:
-        lk = self._lookup
-        client = await lk._ready()
-        await lk._ensure_discovered()
-        healthy, probes = lk._health.plan()
+        lk = self._source
+        client = await lk.ready()
+        await lk.ensure_discovered()
+        healthy, probes = lk.health.plan()
         targets = healthy + probes
 
         async def one(addr: str) -> M | LookupdError:
@@ -64,9 +81,9 @@ class LookupAdmin:
                 payload = await client.get(addr, path, params)
                 result = validate(model, payload, lookupd=addr, path=path)
             except LookupdError as exc:
-                lk._health.failure(addr, f"{path}: {exc.detail}")
+                lk.health.failure(addr, f"{path}: {exc.detail}")
                 return exc
-            lk._health.success(addr)
+            lk.health.success(addr)
             return result
 
         results = await asyncio.gather(*(one(a) for a in targets))
@@ -159,12 +176,12 @@ class LookupAdmin:
         return await self._write("/topic/delete", params)
 
     async def _write(self, path: str, params: dict[str, str]) -> tuple[str, ...]:
-        lk = self._lookup
-        client = await lk._ready()
-        await lk._ensure_discovered()
+        lk = self._source
+        client = await lk.ready()
+        await lk.ensure_discovered()
         attempt = 1
         while True:
-            leader = lk.leader
+            leader = lk.leader()
             if leader is None:
                 return await self._write_everywhere(path, params)
             try:
@@ -183,13 +200,13 @@ class LookupAdmin:
                      "moved" if moved else f"unreachable ({failed.detail})")
             attempt += 1
             await lk.discover()
-            if unreachable and lk.leader == leader:
+            if unreachable and lk.leader() == leader:
                 raise failed
 
     async def _write_everywhere(self, path: str, params: dict[str, str]) -> tuple[str, ...]:
-        lk = self._lookup
-        client = await lk._ready()
-        targets = lk._health.ordered()
+        lk = self._source
+        client = await lk.ready()
+        targets = lk.health.ordered()
 
         async def one(addr: str) -> LookupdError | None:
             try:

@@ -25,7 +25,7 @@ import aiohttp
 from smartnsq._checks import check_optional_duration
 from smartnsq.config import LookupConfig
 from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
-from smartnsq.lookup.admin import LookupAdmin
+from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
 from smartnsq.lookup.discovery import Discovery
@@ -210,7 +210,9 @@ class Lookup:
     def admin(self) -> LookupAdmin:
         """Read-only helpers and youzan topic administration (see ``admin.py``)."""
         if self._admin is None:
-            self._admin = LookupAdmin(self)
+            self._admin = LookupAdmin(AdminSource(
+                self._ready, self._ensure_discovered, self.discover, lambda: self.leader,
+                self._health))
         return self._admin
 
     # -- discovery -------------------------------------------------------------------------

@@ -1,147 +1,26 @@
-"""Sharded ordered publishing: one lane per (topic, shard rule, shard key).
+"""Sharded ordered publishing with a chosen shard rule: :class:`OrderedProducer`, a facade
+over :meth:`smartnsq.producer.Producer.publish_ordered`.
 
 ``publish_ordered(topic, shard_key, body)`` sends the message to partition
-``hash(shard_key) % meta.partition_num`` (see ``sharding.py``). Messages of one shard key are
-sent in call order, one at a time: the next is not sent before the previous one has been
-acknowledged or has definitively failed (retries included), so neither retries nor several
-connections can reorder a key. Different keys proceed in parallel. The partition is computed
-once per message, from the partition count of the topic's current lookup view, and the
-message is only ever sent to that partition's leader (PROTOCOL.md §7.2): if the partition has
-no leader after the bounded retries the publish raises instead of falling back to another
-partition. (If operators expand the topic, later messages of a key may map to a new
-partition; per-key order *across* that change then depends on the consumers.)
-
-A message whose call ``timeout`` has passed while it waited for its turn fails without being
-sent. A caller cancelled while waiting is left out; once its message is on the wire the lane
-still waits for the answer, so a cancelled message cannot be overtaken by the next one.
+``hash(shard_key) % meta.partition_num`` (see ``sharding.py``), in call order per shard key;
+the per-key lanes that keep that order are the producer's (:mod:`smartnsq.producer.lanes`).
 """
 
-# Per-call ``timeout`` arguments are the API (they bound the whole call, retries included);
-# asyncio.timeout() around the call could not keep a timed-out publish's FIFO slot.
+# Per-call ``timeout`` arguments are the API (they bound the whole call, retries included).
 # ruff: noqa: ASYNC109
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING
 
-from smartnsq.errors import ClientClosedError, ConfigError
-from smartnsq.ordered.sharding import ShardKey, ShardRule, key_bytes, shard_partition
-from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
+from smartnsq.errors import ConfigError
+from smartnsq.ordered.sharding import ShardKey, ShardRule, shard_partition
+from smartnsq.producer.types import PublishReceipt
 
 if TYPE_CHECKING:
     from smartnsq.producer.producer import Producer
 
-#: ``send(topic, shard_key, rule, body, trace_id, deadline)``: one publish with retries
-SendShard = Callable[[str, ShardKey, ShardRule, bytes, int | None, float],
-                     Awaitable[PublishReceipt | None]]
-
-
-class _Item:
-    __slots__ = ("body", "deadline", "fut", "trace_id")
-
-    def __init__(self, body: bytes, trace_id: int | None, deadline: float,
-                 fut: asyncio.Future[PublishReceipt | None]) -> None:
-        self.body = body
-        self.trace_id = trace_id
-        self.deadline = deadline
-        self.fut = fut
-
-
-class _Lane:
-    __slots__ = ("items", "key", "rule", "task", "topic")
-
-    def __init__(self, topic: str, key: ShardKey, rule: ShardRule) -> None:
-        self.topic = topic
-        self.key = key
-        self.rule = rule
-        self.items: deque[_Item] = deque()
-        self.task: asyncio.Task[None] | None = None
-
-
-def lane_key(topic: str, key: ShardKey, rule: ShardRule) -> Hashable:
-    # str and bytes keys with the same bytes hash alike, so they share a lane
-    if isinstance(key, str | bytes | bytearray | memoryview) and rule == "murmur3":
-        return (topic, rule, key_bytes(key))
-    return (topic, rule, key)
-
-
-class ShardLanes:
-    """The lanes of one producer (see the module docstring)."""
-
-    def __init__(self, send: SendShard) -> None:
-        self._send = send
-        self._lanes: dict[Hashable, _Lane] = {}
-        self._closed = False
-
-    @property
-    def active(self) -> int:
-        """Lanes with messages queued or in flight."""
-        return len(self._lanes)
-
-    def submit(self, topic: str, key: ShardKey, rule: ShardRule, body: bytes,
-               trace_id: int | None, deadline: float) -> asyncio.Future[PublishReceipt | None]:
-        if self._closed:
-            raise ClientClosedError("the producer is closed")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[PublishReceipt | None] = loop.create_future()
-        k = lane_key(topic, key, rule)
-        lane = self._lanes.get(k)
-        if lane is None:
-            lane = self._lanes[k] = _Lane(topic, key, rule)
-            lane.items.append(_Item(body, trace_id, deadline, fut))
-            lane.task = loop.create_task(self._work(k, lane))
-        else:
-            lane.items.append(_Item(body, trace_id, deadline, fut))
-        return fut
-
-    async def _work(self, k: Hashable, lane: _Lane) -> None:
-        loop = asyncio.get_running_loop()
-        items = lane.items
-        try:
-            while items:
-                item = items.popleft()
-                fut = item.fut
-                if fut.done():  # cancelled while waiting for its turn
-                    continue
-                if loop.time() >= item.deadline:
-                    fut.set_exception(PublishTimeoutError(
-                        f"ordered publish to topic {lane.topic!r} timed out waiting for the "
-                        f"previous message of its shard key"))
-                    continue
-                try:
-                    result = await self._send(lane.topic, lane.key, lane.rule, item.body,
-                                              item.trace_id, item.deadline)
-                except asyncio.CancelledError:
-                    fut.cancel()
-                    raise
-                except Exception as exc:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                else:
-                    if not fut.done():
-                        fut.set_result(result)
-        finally:
-            if self._lanes.get(k) is lane:
-                del self._lanes[k]
-            while items:
-                items.popleft().fut.cancel()
-
-    async def drain(self) -> None:
-        """Wait until every lane is empty."""
-        while self._lanes:
-            tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def abort(self) -> None:
-        """Stop every lane; callers still waiting get CancelledError."""
-        self._closed = True
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+__all__ = ["OrderedProducer"]
 
 
 class OrderedProducer:

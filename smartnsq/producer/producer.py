@@ -49,7 +49,6 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.lookup import Lookup
-from smartnsq.ordered.producer import ShardLanes
 from smartnsq.ordered.sharding import (
     ShardKey,
     ShardRule,
@@ -60,6 +59,7 @@ from smartnsq.ordered.sharding import (
 from smartnsq.producer.batcher import Batcher, split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
+from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.ops import (
     DPub,
     MPub,
@@ -392,7 +392,7 @@ class Producer:
                               trace_id: int | None = None, timeout: float | None = None,
                               rule: ShardRule | None = None) -> PublishReceipt | None:
         """Publish ``body`` to the partition of ``shard_key`` (youzan, lookupd mode), in
-        order with every other message of that key (see :mod:`smartnsq.ordered.producer`).
+        order with every other message of that key (see :mod:`smartnsq.producer.lanes`).
 
         ``rule`` (default ``config.shard_hash``): ``"murmur3"`` (youzan go-nsq) or
         ``"java"``. With tracing on for the topic the message goes out with PUB_TRACE and the
