@@ -33,7 +33,6 @@ from smartnsq.consumer.arguments import (
 )
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import (
-    NO_PARTITION,
     DirectDiscovery,
     Discovery,
     LookupDiscovery,
@@ -42,7 +41,7 @@ from smartnsq.consumer.discovery import (
 from smartnsq.consumer.dispatch import Dispatcher, Handler
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
 from smartnsq.consumer.rdy_driver import RdyDriver
-from smartnsq.consumer.stats import ConsumerStats, SubscriptionStats
+from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.subscriptions import SubscriptionSet
 from smartnsq.errors import (
@@ -53,7 +52,6 @@ from smartnsq.errors import (
     BadTopicError,
     ClientClosedError,
     ConfigError,
-    Flavour,
     InvalidError,
     NSQError,
     SubChannelNotRegisteredError,
@@ -278,9 +276,9 @@ class Consumer:
         self._closed_event = asyncio.Event()
         try:
             topology = await self._discovery.start(self._on_topology)
-            self._check_topology(topology)
+            self._subscriptions.check_topology(topology)
             self._conns.reconcile(topology)
-            await self._conns.wait_first_attempts(self._start_bound())
+            await self._conns.wait_first_attempts(self._subscriptions.start_bound())
             if self._error is not None:
                 raise self._error
         except BaseException as exc:
@@ -294,35 +292,11 @@ class Consumer:
         log.info("consumer of %s/%s started: %d subscription(s) (%s)", self.topic,
                  self.channel, len(self._subs), self._discovery.kind)
 
-    def _start_bound(self) -> float | None:
-        """How long start() waits for first attempts: all of them when they can all run at
-        once, else one connect's time (the rest queue for a slot in the background)."""
-        if len(self._conns) <= self._config.max_concurrent_connects:
-            return None
-        c = self._config.connection
-        return c.dial_timeout + 2 * c.handshake_timeout
-
-    def _check_topology(self, topology: Topology) -> None:
-        ordered = self._policy.ordered
-        if topology.flavour is Flavour.STOCK:
-            if ordered:
-                raise UnsupportedFeatureError(
-                    f"topic {self.topic!r}: ordered consumption (SUB_ORDERED) needs youzan "
-                    "nsqd; the lookupds are stock nsqlookupd")
-            if self._start_at is not None:
-                raise UnsupportedFeatureError(
-                    f"topic {self.topic!r}: start positions (SUB_ADVANCED) need youzan nsqd; "
-                    "the lookupds are stock nsqlookupd")
-        if topology.ordered and not ordered:
-            raise SubOrderIsMustError(
-                "this topic is configured only allow ordered sub: use smartnsq.ordered."
-                "OrderedConsumer", topic=self.topic, fatal=False)
-
     def _on_topology(self, topology: Topology) -> None:
         if self._stopping or self._closed:
             return
         try:
-            self._check_topology(topology)
+            self._subscriptions.check_topology(topology)
         except NSQError as exc:
             self._fatal(exc)
             return
@@ -474,24 +448,14 @@ class Consumer:
         flow = self._driver.flow
         if flow is not None and self._loop is not None and not self._closed:
             self._driver.flush()
-        subs = sorted(self._subs, key=lambda s: (
-            s.address, s.partition if s.partition is not None else NO_PARTITION))
-        per = tuple(
-            SubscriptionStats(
-                address=s.address, partition=s.partition,
-                connected=s.conn is not None and s.conn.is_connected,
-                rdy=s.conn.rdy if s.conn is not None else 0, in_flight=s.outstanding,
-                received=s.received, finished=s.finished, requeued=s.requeued,
-                given_up=s.given_up)
-            for s in subs)
-        gone = self._subscriptions.gone
+        per, totals = self._subscriptions.stats()
         return ConsumerStats(
             topic=self.topic,
             channel=self.channel,
-            received=gone[0] + sum(s.received for s in subs),
-            finished=gone[1] + sum(s.finished for s in subs),
-            requeued=gone[2] + sum(s.requeued for s in subs),
-            given_up=gone[3] + sum(s.given_up for s in subs),
+            received=totals[0],
+            finished=totals[1],
+            requeued=totals[2],
+            given_up=totals[3],
             in_flight=self._dispatch.outstanding,
             max_in_flight=self._max_in_flight,
             total_rdy=flow.total_rdy if flow is not None else 0,

@@ -16,11 +16,10 @@ Per-message path (kept flat on purpose; a consume+FIN loop spends most of its ti
    FIN/REQ writes of one loop iteration go out in one socket write.
 
 Without a handler, messages go to a buffer that ``async for`` reads (:meth:`next_message`).
-The dispatcher owns the queue, the workers, the outstanding count and the set of messages
-outstanding outside the queue (``tracked``: what stop() requeues). Callers: connections
-(``on_message``), messages (``finish``/``requeue`` through their
-:class:`~smartnsq.consumer.sub.Sub`), the policy (:class:`~smartnsq.consumer.policy.PolicyHost`)
-and the consumer's stop (``drain``, ``requeue_outstanding``, ``stop_workers``, ``close``).
+It owns the queue, the workers, the outstanding count and ``tracked`` (outstanding outside
+the queue: what stop() requeues). Callers: connections (``on_message``), messages (through
+their :class:`~smartnsq.consumer.sub.Sub`), the policy (its
+:class:`~smartnsq.consumer.policy.PolicyHost`) and the consumer's stop.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from smartnsq.conn import Connection
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
+from smartnsq.consumer.trace import log_consumed
 from smartnsq.message import Message
 from smartnsq.protocol.messages import RawMessage
 
@@ -66,6 +66,23 @@ class _Stall:
         self.batch = 0
         self.msg: Message | None = None
         self.stalled = False
+
+
+def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
+               spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+    """Run a user callback that may be sync or async; errors are logged."""
+    try:
+        result = cb(*args)
+    except Exception:
+        log.exception("%s failed", what)
+        return
+    if inspect.isawaitable(result):
+        async def run(aw: Awaitable[object]) -> None:
+            try:
+                await aw
+            except Exception:
+                log.exception("%s failed", what)
+        spawn(run(result))
 
 
 class Dispatcher:
@@ -118,7 +135,7 @@ class Dispatcher:
             self._mark(sub)
         msg = Message(raw, sub)
         if self._tracing:
-            self._trace_message(sub, msg)
+            log_consumed(self.topic, self.channel, sub, msg)
         guard = sub.guard
         if guard is not None and not guard.admit(msg):
             self.drop(sub, msg)
@@ -192,28 +209,6 @@ class Dispatcher:
                 conn.req(msg._raw.id, 0)
             self._requeued(sub, msg, False)
 
-    def _trace_message(self, sub: Sub, msg: Message) -> None:
-        raw = msg._raw
-        fields = {
-            "event": "consume",
-            "topic": self.topic,
-            "channel": self.channel,
-            "partition": sub.partition,
-            "nsqd": sub.address,
-            "local_address": sub.local_address,
-            "internal_id": raw.internal_id if sub.youzan else None,
-            "trace_id": raw.trace_id if sub.youzan else None,
-            "offset": raw.offset,
-            "raw_size": raw.raw_size,
-            "attempts": raw.attempts,
-            "message_id": raw.id.hex(),
-        }
-        _trace.trace_logger.info(
-            "consumed topic=%s channel=%s partition=%s nsqd=%s local=%s internal_id=%s "
-            "trace_id=%s offset=%s raw_size=%s attempts=%d", self.topic, self.channel,
-            sub.partition, sub.address, sub.local_address, fields["internal_id"],
-            fields["trace_id"], raw.offset, raw.raw_size, raw.attempts, extra=fields)
-
     # ------------------------------------------------------------------ background work
 
     def fatal(self, exc: BaseException) -> None:
@@ -226,18 +221,7 @@ class Dispatcher:
         task.add_done_callback(self._background.discard)
 
     def call_user(self, cb: Callable[..., object], *args: Any, what: str) -> None:
-        try:
-            result = cb(*args)
-        except Exception:
-            log.exception("%s failed", what)
-            return
-        if inspect.isawaitable(result):
-            async def run(aw: Awaitable[object]) -> None:
-                try:
-                    await aw
-                except Exception:
-                    log.exception("%s failed", what)
-            self.spawn(run(result))
+        _call_user(cb, args, what, self.spawn)
 
     # ------------------------------------------------------------------ answering
 

@@ -26,6 +26,7 @@ from smartnsq.consumer.dispatch import Dispatcher
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.positions import Positioner, StartGuard
 from smartnsq.consumer.rdy_driver import RdyDriver
+from smartnsq.consumer.stats import SubscriptionStats
 from smartnsq.consumer.sub import Sub
 from smartnsq.errors import (
     ClientClosedError,
@@ -33,6 +34,7 @@ from smartnsq.errors import (
     NSQConnectionError,
     NSQError,
     ServerError,
+    SubOrderIsMustError,
     UnsupportedFeatureError,
 )
 from smartnsq.protocol.commands import OffsetSpec
@@ -81,6 +83,52 @@ class SubscriptionSet:
 
     def new_sub(self, ep: Endpoint) -> Sub:
         return Sub(ep, self.topic, self.channel, self._dispatch, self._retire)
+
+    # ------------------------------------------------------------------ topology
+
+    def check_topology(self, topology: Topology) -> None:
+        """Raise the configuration error that subscribing to ``topology`` would meet."""
+        ordered = self._policy.ordered
+        if topology.flavour is Flavour.STOCK:
+            if ordered:
+                raise UnsupportedFeatureError(
+                    f"topic {self.topic!r}: ordered consumption (SUB_ORDERED) needs youzan "
+                    "nsqd; the lookupds are stock nsqlookupd")
+            if self._start_at is not None:
+                raise UnsupportedFeatureError(
+                    f"topic {self.topic!r}: start positions (SUB_ADVANCED) need youzan nsqd; "
+                    "the lookupds are stock nsqlookupd")
+        if topology.ordered and not ordered:
+            raise SubOrderIsMustError(
+                "this topic is configured only allow ordered sub: use smartnsq.ordered."
+                "OrderedConsumer", topic=self.topic, fatal=False)
+
+    def start_bound(self) -> float | None:
+        """How long start() waits for first attempts: all of them when they can all run at
+        once, else one connect's time (the rest queue for a slot in the background)."""
+        if len(self.conns) <= self._config.max_concurrent_connects:
+            return None
+        c = self._config.connection
+        return c.dial_timeout + 2 * c.handshake_timeout
+
+    def stats(self) -> tuple[tuple[SubscriptionStats, ...], tuple[int, int, int, int]]:
+        """Per registered subscription, and totals (received, finished, requeued, given up)
+        including the subscriptions that are gone."""
+        subs = sorted(self.subs, key=lambda s: (
+            s.address, s.partition if s.partition is not None else NO_PARTITION))
+        per = tuple(
+            SubscriptionStats(
+                address=s.address, partition=s.partition,
+                connected=s.conn is not None and s.conn.is_connected,
+                rdy=s.conn.rdy if s.conn is not None else 0, in_flight=s.outstanding,
+                received=s.received, finished=s.finished, requeued=s.requeued,
+                given_up=s.given_up)
+            for s in subs)
+        gone = self.gone
+        return per, (gone[0] + sum(s.received for s in subs),
+                     gone[1] + sum(s.finished for s in subs),
+                     gone[2] + sum(s.requeued for s in subs),
+                     gone[3] + sum(s.given_up for s in subs))
 
     # ------------------------------------------------------------------ opening
 

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -69,6 +69,26 @@ class _TopicState:
     subscribers: list[Subscription] = field(default_factory=list)
 
 
+def _seed_urls(addresses: Sequence[str]) -> tuple[str, ...]:
+    """The configured lookupds as base URLs, without duplicates, in order."""
+    seeds: list[str] = []
+    for a in addresses:
+        url = parse_http_address(a)
+        if url not in seeds:
+            seeds.append(url)
+    return tuple(seeds)
+
+
+def _health_book(config: LookupConfig, seeds: tuple[str, ...],
+                 clock: Callable[[], float]) -> HealthBook:
+    health = HealthBook(failure_threshold=config.failure_threshold,
+                        retry_min=config.demoted_retry_min,
+                        retry_max=config.demoted_retry_max, clock=clock)
+    for s in seeds:
+        health.add(s, seed=True)
+    return health
+
+
 class Lookup:
     """Discovers lookupds, keeps merged topic views fresh and tells subscribers what changed.
 
@@ -82,25 +102,13 @@ class Lookup:
                  rng: random.Random | None = None) -> None:
         if not isinstance(config, LookupConfig):
             raise ConfigError(f"Lookup needs a LookupConfig, got {type(config).__name__}")
-        seeds: list[str] = []
-        for a in config.addresses:
-            url = parse_http_address(a)
-            if url not in seeds:
-                seeds.append(url)
         self._config = config
-        self._seeds = tuple(seeds)
+        self._seeds = _seed_urls(config.addresses)
         self._clock = clock
         self._rng = rng or random.Random()
         self._session = session
         self._own_session = session is None
-        self._health = HealthBook(
-            failure_threshold=config.failure_threshold,
-            retry_min=config.demoted_retry_min,
-            retry_max=config.demoted_retry_max,
-            clock=clock,
-        )
-        for s in self._seeds:
-            self._health.add(s, seed=True)
+        self._health = _health_book(config, self._seeds, clock)
         self._client: LookupdClient | None = None
         self._discovery: Discovery | None = None
         self._discover_once: Coalescer[tuple[str, ...]] | None = None
