@@ -18,12 +18,12 @@ from aiohttp import web
 
 from smartnsq.devcluster.nsqd.delivery import Channel
 from smartnsq.devcluster.nsqd.parse import GoNumError, go_parse_uint, parse_consume_offset
+from smartnsq.devcluster.nsqd.view import NodeView
 from smartnsq.protocol.messages import EXT_VERSION_JSON
 from smartnsq.protocol.validation import valid_name
 
 if TYPE_CHECKING:
     from smartnsq.devcluster.meta import TopicMeta
-    from smartnsq.devcluster.nsqd.node import NsqdNode
     from smartnsq.devcluster.nsqd.store import PartitionLog
 
 V1_ACCEPT = "application/vnd.nsq; version=1.0"
@@ -76,7 +76,7 @@ def _legacy_error(err: HTTPError) -> web.Response:
     return web.Response(status=500, text=_dumps(doc), content_type="application/json")
 
 
-def make_app(node: NsqdNode) -> web.Application:
+def make_app(node: NodeView) -> web.Application:
     youzan = node.flavour == "youzan"
     api = _Api(node)
 
@@ -132,7 +132,7 @@ def make_app(node: NsqdNode) -> web.Application:
 
 
 class _Api:
-    def __init__(self, node: NsqdNode) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
         self.youzan = node.flavour == "youzan"
 

@@ -288,10 +288,10 @@ class NsqdNode:
 
     # --- used by the connections and the HTTP handlers -----------------------------------
 
-    def _register(self, conn: ClientConnection) -> None:
+    def register_client(self, conn: ClientConnection) -> None:
         self._clients.append(conn)
 
-    def _unregister(self, conn: ClientConnection) -> None:
+    def unregister_client(self, conn: ClientConnection) -> None:
         if conn in self._clients:
             self._clients.remove(conn)
 
