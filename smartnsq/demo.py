@@ -14,7 +14,10 @@ When every acknowledged message has been handled, the demo checks that
   every partition is the last record of that partition;
 
 and prints a summary (addresses, counts per partition, leader moves, redeliveries,
-throughput). The exit code is 0 only when every check holds.
+throughput). Then, on the same cluster, the Spark stage (:mod:`smartnsq.demo_spark`, skipped
+with ``--no-spark`` or without Java/pyspark) streams the topic through Spark with a checkpoint,
+stopped and restarted, and checks every message is counted exactly once. The exit code is 0
+only when every check holds.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
@@ -271,12 +274,15 @@ def _producer_config() -> ProducerConfig:
 
 async def run_demo(messages: int = DEFAULT_MESSAGES, keys: int = DEFAULT_KEYS,
                    seed: int = DEFAULT_SEED, *, time_limit: float = DEFAULT_TIMEOUT,
-                   report: Report | None = None) -> DemoSummary:
+                   report: Report | None = None,
+                   then: Callable[[DevCluster, DemoSummary], Awaitable[None]] | None = None
+                   ) -> DemoSummary:
     """Run the demonstration and return what it saw (see the module docstring).
 
     ``report`` receives progress lines as they happen (``main`` prints them).
     ``time_limit`` (seconds) bounds publishing and consuming together; when it runs out
-    the summary says so and counts what is missing.
+    the summary says so and counts what is missing. ``then`` is awaited with the cluster and
+    the summary before the cluster stops (the Spark stage runs there).
     """
     if messages < 1 or keys < 1:
         raise ValueError("messages and keys must be at least 1")
@@ -404,26 +410,29 @@ async def run_demo(messages: int = DEFAULT_MESSAGES, keys: int = DEFAULT_KEYS,
         lookupds = tuple(cluster.lookupd_http_addresses)
         nsqds = tuple((n.node_id, n.tcp_address) for n in nodes)
 
-    consumed = sum(1 for i, n in enumerate(tally.acked) for s in range(n) if tally.seen[i][s])
-    distinct = sum(sum(flags) for flags in tally.seen)
-    summary = DemoSummary(
-        lookupd_http_addresses=lookupds, nsqds=nsqds, topic=TOPIC,
-        channel=CHANNEL, partition_num=PARTITIONS, replicas=REPLICAS, keys=keys, seed=seed,
-        messages=messages, published=acked_total, stored=sum(p.stored for p in partitions),
-        consumed=consumed, deliveries=tally.deliveries,
-        redeliveries=tally.deliveries - tally.unexpected - distinct,
-        redelivered_attempts=tally.redelivered_attempts, missing=tally.missing(),
-        out_of_order_keys=tuple(tally.out_of_order()), misplaced=tally.misplaced,
-        unexpected=tally.unexpected, gaps=sum(p.gaps for p in partitions),
-        violations=sum(p.violations for p in partitions), requeued=stats.requeued,
-        producer_refreshes=refreshes,
-        partitions=tuple(partitions), leader_moves=tuple(moves),
-        publish_errors=tuple(publish_errors), consumer_error=consumer_error,
-        timed_out=timed_out, publish_seconds=pub_ended - pub_started,
-        consume_seconds=(tally.last_new - tally.first_delivery
-                         if tally.first_delivery is not None else 0.0),
-        elapsed=time.perf_counter() - started)
-    return _with_failures(summary)
+        consumed = sum(1 for i, n in enumerate(tally.acked) for s in range(n)
+                       if tally.seen[i][s])
+        distinct = sum(sum(flags) for flags in tally.seen)
+        summary = _with_failures(DemoSummary(
+            lookupd_http_addresses=lookupds, nsqds=nsqds, topic=TOPIC,
+            channel=CHANNEL, partition_num=PARTITIONS, replicas=REPLICAS, keys=keys, seed=seed,
+            messages=messages, published=acked_total, stored=sum(p.stored for p in partitions),
+            consumed=consumed, deliveries=tally.deliveries,
+            redeliveries=tally.deliveries - tally.unexpected - distinct,
+            redelivered_attempts=tally.redelivered_attempts, missing=tally.missing(),
+            out_of_order_keys=tuple(tally.out_of_order()), misplaced=tally.misplaced,
+            unexpected=tally.unexpected, gaps=sum(p.gaps for p in partitions),
+            violations=sum(p.violations for p in partitions), requeued=stats.requeued,
+            producer_refreshes=refreshes,
+            partitions=tuple(partitions), leader_moves=tuple(moves),
+            publish_errors=tuple(publish_errors), consumer_error=consumer_error,
+            timed_out=timed_out, publish_seconds=pub_ended - pub_started,
+            consume_seconds=(tally.last_new - tally.first_delivery
+                             if tally.first_delivery is not None else 0.0),
+            elapsed=time.perf_counter() - started))
+        if then is not None:
+            await then(cluster, summary)
+    return summary
 
 
 def _with_failures(s: DemoSummary) -> DemoSummary:
@@ -542,6 +551,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                              f"(default {DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("--asyncio", action="store_true",
                         help="use the standard asyncio event loop even if uvloop is installed")
+    parser.add_argument("--no-spark", action="store_true",
+                        help="skip the Spark stage (smartnsq.demo_spark) after the ordered demo")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.keys < 1:
         parser.error("--messages and --keys must be at least 1")
@@ -573,10 +584,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner = uvloop.run
     say(f"smartnsq demo: {args.messages:,} ordered messages over {args.keys:,} shard keys on "
         f"an embedded {NODES}-node youzan cluster ({loop_name} event loop, seed {args.seed})")
+    # the Spark stage runs on the same cluster, after the ordered demo's summary
+    from smartnsq import demo_spark
+
+    skip = "--no-spark was given" if args.no_spark else demo_spark.spark_missing_reason()
+    stages: list[demo_spark.SparkStageSummary] = []
+
+    async def spark_stage(cluster: DevCluster, summary: DemoSummary) -> None:
+        say(render(summary))
+        stages.append(await demo_spark.run_stage(cluster, TOPIC, report=say))
+        say(demo_spark.render(stages[-1]))
+
     summary = runner(run_demo(args.messages, args.keys, args.seed, time_limit=args.timeout,
-                              report=say))
-    say(render(summary))
-    return 0 if summary.ok else 1
+                              report=say, then=None if skip else spark_stage))
+    if skip:
+        say(render(summary))
+        say(f"spark stage skipped: {skip}")
+    return 0 if summary.ok and all(st.ok for st in stages) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,509 @@
+"""The demo's Spark stage: a checkpointed Structured Streaming query over the ordered topic.
+
+After the ordered demo (:mod:`smartnsq.demo`), on the same embedded youzan cluster, a query
+reads the ordered topic through the ``nsq`` source (``maxMessagesPerTrigger`` cuts it into
+several micro-batches), counts the messages of every shard key in each micro-batch, and writes
+each batch's counts
+
+* to Parquet, one directory per batch id written with ``mode("overwrite")``, and
+* through the ``nsq`` sink to a second (ordered, sharded by key) topic, with deterministic
+  trace ids ``batch_id << 40 | task << 24 | row``.
+
+The query is stopped after a few micro-batches and restarted from its checkpoint
+(``availableNow``), then the stage checks that the Parquet output counts every stored input
+message exactly once per key, that a key's sequence numbers move forward from batch to batch,
+and that the second topic holds the same counts once duplicates are dropped.
+
+How exactly-once comes about: the youzan source is replayable, and Spark writes a batch's
+offset range to the checkpoint before running it, so a batch interrupted by the stop is run
+again after the restart with the same batch id over the same messages. The Parquet write of a
+batch replaces its own directory, so running it twice leaves one copy. The NSQ sink is
+at-least-once (a replayed batch publishes again); its rows are sorted by key in one task, so a
+replay carries the same trace ids and a reader drops repeats by trace id.
+
+Spark blocks the calling thread while its Python workers (separate processes) read from the
+cluster over loopback, so :func:`run_stage` runs every Spark call in a worker thread and the
+cluster keeps serving on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import math
+import re
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smartnsq.devcluster import DevCluster
+from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
+
+__all__ = ["BatchFigures", "SparkStageSummary", "render", "run_stage", "spark_missing_reason",
+           "start_session"]
+
+OUT_TOPIC = "demo_key_counts"
+OUT_PARTITIONS = 2
+OUT_CHANNEL = "key_counts"
+#: micro-batches the first run of the query completes before it is stopped in the next one
+STOP_AFTER = 2
+#: the first run's input is cut into about this many micro-batches
+BATCHES = 5
+#: bound on each run of the query (seconds)
+QUERY_TIMEOUT = 180.0
+#: trace ids: batch id in the high bits (the sink's deterministic layout)
+_BATCH_SHIFT = 40
+
+Report = Callable[[str], None]
+
+
+def spark_missing_reason() -> str | None:
+    """Why the Spark stage cannot run here (no Java, no pyspark/pyarrow), or None."""
+    for module in ("pyspark", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            return (f"{module} is not installed (the spark extra: "
+                    "`.venv/bin/pip install -e '.[spark]'`, which `make demo` does)")
+    return java_missing_reason()
+
+
+def start_session() -> Any:
+    """A local SparkSession (``local[2]``, loopback only, no UI) with ``nsq`` registered."""
+    prepare_spark_environment()
+    from pyspark.sql import SparkSession
+
+    from smartnsq.spark import register
+
+    session = (SparkSession.builder.master("local[2]").appName("smartnsq-demo")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFigures:
+    """One completed micro-batch (a replayed batch appears once per run of it)."""
+
+    run: int
+    batch_id: int
+    #: input messages (sum of the batch's per-key counts)
+    messages: int
+    #: output rows (keys seen in the batch)
+    keys: int
+    seconds: float
+    #: False for the batch the first run was stopped in (Spark never committed it)
+    committed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SparkStageSummary:
+    topic: str
+    out_topic: str
+    #: input records in the topic (what must be counted exactly once)
+    stored: int
+    #: distinct ``key:seq`` bodies among them (a publish retried after a leader move may be
+    #: stored twice; each stored record is an input message all the same)
+    distinct: int
+    keys: int
+    max_per_trigger: int
+    batches: tuple[BatchFigures, ...]
+    #: batch ids of the first run that ran again after the restart
+    replayed: tuple[int, ...]
+    #: the restarted run's first batch id (> 0: it resumed from the checkpoint)
+    resumed_at: int | None
+    parquet_rows: int
+    parquet_messages: int
+    #: records in the output topic, and those that repeat a (batch, key) already seen
+    out_records: int
+    out_duplicates: int
+    spark_start_seconds: float
+    first_run_seconds: float
+    second_run_seconds: float
+    check_seconds: float
+    elapsed: float
+    error: str | None = None
+    failures: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def query_seconds(self) -> float:
+        return self.first_run_seconds + self.second_run_seconds
+
+    @property
+    def rate(self) -> float:
+        return self.parquet_messages / self.query_seconds if self.query_seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------- Spark side
+
+
+@dataclass(slots=True)
+class _QueryOutcome:
+    batches: list[BatchFigures] = field(default_factory=list)
+    first_run_seconds: float = 0.0
+    second_run_seconds: float = 0.0
+    check_seconds: float = 0.0
+    #: from the Parquet output: per key, total count and the (batch, min_seq, max_seq) ranges
+    totals: dict[str, int] = field(default_factory=dict)
+    ranges: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    parquet_rows: int = 0
+    error: str | None = None
+
+
+class _PlannedStop(Exception):
+    """The first run's stop in the middle of a micro-batch."""
+
+
+_PLANNED = "planned stop of the demo's first run"
+
+
+def _short_error(exc: BaseException) -> str:
+    """Spark's error text nests the Python traceback: keep its first line and the last
+    ``SomeError: why`` line (the root cause)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    head = lines[0][:200] if lines else ""
+    causes = [ln for ln in lines if _CAUSE.match(ln)]
+    text = f"{type(exc).__name__}: {head}"
+    if causes and causes[-1] not in head:
+        text += f" ... {causes[-1][:300]}"
+    return text
+
+
+_CAUSE = re.compile(r"^[\w.]+(Error|Exception): ")
+
+
+def _query_error(q: Any) -> str | None:
+    exc = q.exception()
+    return None if exc is None else _short_error(exc)
+
+
+def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str,
+                 workdir: Path, max_per_trigger: int, stop_after: int,
+                 say: Report) -> _QueryOutcome:
+    """The two runs of the query and the read-back of its Parquet output (blocking)."""
+    from pyspark.sql import functions as F
+
+    outcome = _QueryOutcome()
+    lock = threading.Lock()
+    run = [1]
+    lookupd = ",".join(lookupds)
+    parquet = workdir / "key_counts"
+
+    def write_batch(batch_df: Any, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        # one task, keys sorted: a replay of the batch yields the same rows in the same
+        # order, so the sink's deterministic trace ids repeat exactly
+        counts = (batch_df.groupBy("shard_key")
+                  .agg(F.count(F.lit(1)).alias("count"), F.min("seq").alias("min_seq"),
+                       F.max("seq").alias("max_seq"))
+                  .repartition(1).sortWithinPartitions("shard_key").persist())
+        try:
+            # overwrite the batch's own directory: a replayed batch replaces its first copy
+            counts.write.mode("overwrite").parquet(str(parquet / f"batch={batch_id}"))
+            (counts.select(
+                "shard_key",
+                F.to_json(F.struct(F.lit(batch_id).alias("batch"),
+                                   F.col("shard_key").alias("key"), "count", "min_seq",
+                                   "max_seq")).alias("value"))
+             .write.format("nsq").mode("append").option("lookupd", lookupd)
+             .option("topic", out_topic).option("deterministicTraceIds", "true")
+             .option("traceBatchId", str(batch_id)).save())
+            rows = counts.select("count").collect()
+        finally:
+            counts.unpersist()
+        stopping = run[0] == 1 and batch_id == stop_after
+        fig = BatchFigures(run[0], batch_id, sum(int(r[0]) for r in rows), len(rows),
+                           time.perf_counter() - t0, committed=not stopping)
+        with lock:
+            outcome.batches.append(fig)
+        say(f"  spark run {fig.run} batch {batch_id}: {fig.messages:,} messages -> "
+            f"{fig.keys} key counts ({fig.seconds:.2f} s)"
+            + (": outputs written, stopping the query before Spark commits it"
+               if stopping else ""))
+        if stopping:
+            raise _PlannedStop(f"{_PLANNED} in batch {batch_id}")
+
+    def start(available_now: bool) -> Any:
+        source = (spark.readStream.format("nsq").option("lookupd", lookupd)
+                  .option("topic", topic).option("startingOffsets", "earliest")
+                  .option("maxMessagesPerTrigger", str(max_per_trigger)).load())
+        parsed = source.select(
+            F.substring_index(F.col("body").cast("string"), ":", 1).alias("shard_key"),
+            F.substring_index(F.col("body").cast("string"), ":", -1).cast("long").alias("seq"))
+        writer = (parsed.writeStream.foreachBatch(write_batch)
+                  .option("checkpointLocation", str(workdir / "checkpoint")))
+        writer = (writer.trigger(availableNow=True) if available_now
+                  else writer.trigger(processingTime="0 seconds"))
+        return writer.start()
+
+    # first run: batches 0 .. stop_after-1 complete; batch stop_after writes both outputs
+    # and then fails, as a driver killed at that point would leave it (offsets logged, the
+    # batch not committed); Spark logs that failure at ERROR, so its log is off meanwhile
+    t0 = time.perf_counter()
+    spark.sparkContext.setLogLevel("OFF")
+    q = start(available_now=False)
+    try:
+        if not q.awaitTermination(QUERY_TIMEOUT):
+            outcome.error = f"the first run did not reach batch {stop_after} in " \
+                            f"{QUERY_TIMEOUT:g} s"
+        else:
+            failure = q.exception()
+            if failure is None:
+                outcome.error = "the first run ended without its planned stop"
+            elif _PLANNED not in str(failure):
+                outcome.error = _short_error(failure)
+    except Exception as exc:  # awaitTermination raises the query's failure
+        if _PLANNED not in str(exc):
+            outcome.error = _short_error(exc)
+    finally:
+        q.stop()
+        spark.sparkContext.setLogLevel("ERROR")
+        outcome.first_run_seconds = time.perf_counter() - t0
+    if outcome.error is not None:
+        return outcome
+    say(f"spark: query stopped in batch {stop_after} ({outcome.first_run_seconds:.2f} s); "
+        "restarting it from the checkpoint")
+
+    t0 = time.perf_counter()
+    run[0] = 2
+    q = start(available_now=True)
+    try:
+        if not q.awaitTermination(QUERY_TIMEOUT):
+            outcome.error = f"the restarted run did not finish within {QUERY_TIMEOUT:g} s"
+        else:
+            outcome.error = _query_error(q)
+    except Exception as exc:
+        outcome.error = _short_error(exc)
+    finally:
+        q.stop()
+        outcome.second_run_seconds = time.perf_counter() - t0
+    if outcome.error is not None:
+        return outcome
+
+    t0 = time.perf_counter()
+    rows = spark.read.parquet(str(parquet)).select(
+        "batch", "shard_key", "count", "min_seq", "max_seq").collect()
+    outcome.parquet_rows = len(rows)
+    for r in rows:
+        key = str(r["shard_key"])
+        outcome.totals[key] = outcome.totals.get(key, 0) + int(r["count"])
+        outcome.ranges.setdefault(key, []).append(
+            (int(r["batch"]), int(r["min_seq"]), int(r["max_seq"])))
+    outcome.check_seconds = time.perf_counter() - t0
+    return outcome
+
+
+# ---------------------------------------------------------------------------- the stage
+
+
+def _stored_bodies(cluster: DevCluster, topic: str) -> list[bytes]:
+    meta = cluster.meta.topics[topic]
+    return [rec.body for p in meta.partitions for rec in cluster.store.partition(topic, p).records]
+
+
+async def run_stage(cluster: DevCluster, topic: str, *, spark: Any = None,
+                    workdir: Path | None = None, max_per_trigger: int | None = None,
+                    stop_after: int = STOP_AFTER, report: Report | None = None
+                    ) -> SparkStageSummary:
+    """Run the Spark stage over ``topic`` (bodies ``key:seq``) of a running youzan cluster.
+
+    ``spark`` is an existing SparkSession with ``nsq`` registered (else one is started and
+    stopped here); ``workdir`` holds the checkpoint and the Parquet output (else a temporary
+    directory). ``max_per_trigger`` defaults to the stored messages over :data:`BATCHES`.
+    Must be awaited on the cluster's event loop.
+    """
+    if stop_after < 1:
+        raise ValueError(f"stop_after must be at least 1, not {stop_after}")
+    if max_per_trigger is not None and max_per_trigger < 1:
+        raise ValueError(f"max_per_trigger must be at least 1, not {max_per_trigger}")
+    if topic not in cluster.meta.topics:
+        raise ValueError(f"topic {topic!r} does not exist on the cluster")
+    say: Report = report if report is not None else (lambda _line: None)
+    started = time.perf_counter()
+    bodies = _stored_bodies(cluster, topic)
+    if not bodies:
+        raise ValueError(f"topic {topic!r} holds no messages")
+    # what the query must count, straight from the cluster's store
+    expected = Counter(b.decode("utf-8", "replace").partition(":")[0] for b in bodies)
+    limit = max_per_trigger or max(1, math.ceil(len(bodies) / BATCHES))
+    if limit * stop_after >= len(bodies):
+        raise ValueError(f"max_per_trigger {limit} leaves no batch {stop_after} to stop in: "
+                         f"{len(bodies)} messages need max_per_trigger * stop_after below them")
+    # a youzan topic is writable once it has a channel
+    cluster.create_topic(OUT_TOPIC, partition_num=OUT_PARTITIONS, replica=1, ordered=True,
+                         channels=(OUT_CHANNEL,))
+    # py4j logs a failing foreachBatch's whole traceback; the summary names the error
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="smartnsq-demo-spark-")))
+        spark_start = 0.0
+        if spark is None:
+            say("spark: starting a local session (local[2])")
+            t0 = time.perf_counter()
+            spark = await asyncio.to_thread(start_session)
+            spark_start = time.perf_counter() - t0
+            stack.callback(spark.stop)
+        say(f"spark: streaming {len(bodies):,} messages of {topic} through the nsq source "
+            f"(maxMessagesPerTrigger {limit:,}), counting per shard key into Parquet and "
+            f"topic {OUT_TOPIC}; the first run stops in batch {stop_after}")
+        try:
+            outcome = await asyncio.to_thread(
+                _run_queries, spark, cluster.lookupd_http_addresses, topic, OUT_TOPIC,
+                workdir, limit, stop_after, say)
+        except Exception as exc:  # a Spark failure is a failed check, not a traceback
+            outcome = _QueryOutcome(error=_short_error(exc))
+
+    out_records = _stored_bodies(cluster, OUT_TOPIC)
+    out_traces = [rec.trace_id for p in cluster.meta.topics[OUT_TOPIC].partitions
+                  for rec in cluster.store.partition(OUT_TOPIC, p).records]
+    return _summarise(topic, bodies, expected, limit, stop_after, outcome, out_records,
+                      out_traces, spark_start, time.perf_counter() - started)
+
+
+def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], limit: int,
+               stop_at: int, o: _QueryOutcome, out_bodies: list[bytes], out_traces: list[int],
+               spark_start: float, elapsed: float) -> SparkStageSummary:
+    problems: list[str] = []
+    if o.error is not None:
+        problems.append(f"the query failed: {o.error}")
+    first = [b.batch_id for b in o.batches if b.run == 1]
+    second = [b.batch_id for b in o.batches if b.run == 2]
+    replayed = tuple(sorted(set(first) & set(second)))
+    if o.error is None:
+        if first != list(range(stop_at + 1)):
+            problems.append(f"the first run ran batches {first}, planned 0..{stop_at}")
+        if replayed != (stop_at,):
+            problems.append(f"the restart replayed batch(es) {list(replayed)}; the one "
+                            f"stopped in was {stop_at}")
+        again = [(b.messages, b.keys) for b in o.batches if b.batch_id == stop_at]
+        if len(set(again)) > 1:
+            problems.append(f"batch {stop_at} replayed over other messages: {again}")
+    # batches by id (a replayed batch once): their inputs must add up to the topic
+    by_id = {b.batch_id: b for b in o.batches}
+    over = [b.batch_id for b in o.batches if b.messages > limit]
+    if over:
+        problems.append(f"micro-batch(es) {over} took more than {limit:,} messages")
+    if o.error is None:
+        if not second or min(second) != stop_at:
+            problems.append(f"the restarted query ran batches {second}: it should resume "
+                            f"from the checkpoint at batch {stop_at}")
+        if sum(b.messages for b in by_id.values()) != len(bodies):
+            problems.append(f"the micro-batches took {sum(b.messages for b in by_id.values()):,}"
+                            f" messages, the topic holds {len(bodies):,}")
+        wrong = sorted(k for k in expected.keys() | o.totals.keys()
+                       if o.totals.get(k, 0) != expected.get(k, 0))
+        if wrong:
+            k = wrong[0]
+            problems.append(f"Parquet counts differ from the topic for {len(wrong)} key(s), "
+                            f"first {k}: {o.totals.get(k, 0)} counted, {expected.get(k, 0)} "
+                            "stored")
+        backwards = [k for k, rs in o.ranges.items()
+                     if any(b[1] < a[2] for a, b in zip(sorted(rs), sorted(rs)[1:],
+                                                        strict=False))]
+        if backwards:
+            problems.append(f"{len(backwards)} key(s) went back in sequence from one batch to "
+                            f"the next, first {backwards[0]}")
+    # the second topic: drop repeats of a trace id (a replayed batch republishes its rows
+    # with the same ids), then the same (batch, key) rows and totals as Parquet
+    by_trace: dict[int, tuple[int, str, int]] = {}
+    duplicates = bad_traces = 0
+    for body, trace in zip(out_bodies, out_traces, strict=True):
+        row = json.loads(body)
+        content = (int(row["batch"]), str(row["key"]), int(row["count"]))
+        if trace >> _BATCH_SHIFT != content[0]:
+            bad_traces += 1
+        if trace in by_trace:
+            duplicates += 1
+            if by_trace[trace] != content:
+                problems.append(f"topic {OUT_TOPIC}: trace id {trace} carried "
+                                f"{by_trace[trace]} and then {content}")
+        by_trace[trace] = content
+    if o.error is None:
+        out_totals: Counter[str] = Counter()
+        for _, key, n in by_trace.values():
+            out_totals[key] += n
+        if dict(out_totals) != dict(expected):
+            problems.append(f"topic {OUT_TOPIC}: counts per key (after dropping "
+                            f"{duplicates} repeat(s)) differ from the topic")
+        distinct_rows = {(b, k) for b, k, _ in by_trace.values()}
+        if len(distinct_rows) != len(by_trace) or len(by_trace) != o.parquet_rows:
+            problems.append(f"topic {OUT_TOPIC} holds {len(by_trace)} distinct trace ids for "
+                            f"{len(distinct_rows)} (batch, key) rows, Parquet {o.parquet_rows}")
+    if bad_traces:
+        problems.append(f"topic {OUT_TOPIC}: {bad_traces} trace id(s) name another batch")
+    return SparkStageSummary(
+        topic=topic, out_topic=OUT_TOPIC, stored=len(bodies), distinct=len(set(bodies)),
+        keys=len(expected), max_per_trigger=limit, batches=tuple(o.batches), replayed=replayed,
+        resumed_at=min(second) if second else None, parquet_rows=o.parquet_rows,
+        parquet_messages=sum(o.totals.values()), out_records=len(out_bodies),
+        out_duplicates=duplicates, spark_start_seconds=spark_start,
+        first_run_seconds=o.first_run_seconds, second_run_seconds=o.second_run_seconds,
+        check_seconds=o.check_seconds, elapsed=elapsed, error=o.error,
+        failures=tuple(problems))
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def render(s: SparkStageSummary) -> str:
+    """The human summary of the Spark stage."""
+    first = [b for b in s.batches if b.run == 1]
+    second = [b for b in s.batches if b.run == 2]
+    stopped = [b.batch_id for b in first if not b.committed]
+    replayed = ", ".join(map(str, s.replayed)) or "none"
+    lines = [
+        "",
+        "spark stage",
+        f"  input          {s.topic}: {s.stored:,} messages ({s.distinct:,} distinct bodies) "
+        f"over {s.keys:,} shard keys",
+        f"  query          nsq source, maxMessagesPerTrigger {s.max_per_trigger:,}; "
+        "foreachBatch: count per key -> Parquet (overwrite per batch id) + nsq sink "
+        f"({s.out_topic})",
+        f"  first run      micro-batches {[b.batch_id for b in first]}, stopped in batch "
+        f"{stopped[0] if stopped else '-'} after its outputs were written and before Spark "
+        f"committed it ({s.first_run_seconds:.2f} s)",
+        f"  restart        from the checkpoint at batch {s.resumed_at}: micro-batches "
+        f"{[b.batch_id for b in second]} ({s.second_run_seconds:.2f} s); replayed: {replayed}",
+        "  batch          run  messages  keys  seconds",
+    ]
+    lines += [f"  {b.batch_id:>9}  {b.run:>4}  {b.messages:>8,}  {b.keys:>4}  {b.seconds:>7.2f}"
+              + ("  (stopped here)" if not b.committed else "") for b in s.batches]
+    lines += [
+        f"  parquet        {s.parquet_rows:,} rows counting {s.parquet_messages:,} messages "
+        "(the replayed batch overwrote its own directory)",
+        f"  output topic   {s.out_topic}: {s.out_records:,} records; {s.out_duplicates:,} "
+        "republished by the replay, dropped by trace id",
+        f"  throughput     {s.parquet_messages:,} messages in {s.query_seconds:.2f} s of "
+        f"query: {s.rate:,.0f} msg/s (Spark start {s.spark_start_seconds:.2f} s, "
+        f"read-back {s.check_seconds:.2f} s)",
+        f"  elapsed        {s.elapsed:.2f} s",
+    ]
+    if s.ok:
+        lines.append("result: OK, every message counted exactly once per key "
+                     "(Parquet and the second topic)")
+    else:
+        lines.append("result: FAILED")
+        lines += [f"  - {problem}" for problem in s.failures]
+    return "\n".join(lines)
