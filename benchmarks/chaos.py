@@ -488,6 +488,8 @@ class SoakResult:
     faults_refused: int
     failures: list[str] = field(default_factory=list)
     missing_examples: list[str] = field(default_factory=list)
+    #: failed publishes per second of the run
+    fail_times: Counter[int] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -550,6 +552,8 @@ class Soak:
         self.schedule = make_schedule(cfg)
         self.events: list[tuple[float, str]] = []
         self.fail_reasons: Counter[str] = Counter()
+        #: failed publishes per second of the run (to attribute them to fault windows)
+        self.fail_times: Counter[int] = Counter()
         self.latency = Histogram()
         self.window = Histogram()
         self.failing: dict[str, float] = {}
@@ -631,6 +635,7 @@ class Soak:
         except Exception as exc:
             self.ordered.fail(key, seq)
             self.fail_reasons[f"ordered: {short_reason(exc)}"] += 1
+            self.fail_times[int(self.now())] += 1
         else:
             end = loop.time()
             self.latency.add(end - start)
@@ -655,6 +660,7 @@ class Soak:
             sent = getattr(exc, "sent", 0)
             kind = "plain PUB" if len(items) == 1 else "plain MPUB"
             self.fail_reasons[f"{kind}: {short_reason(exc)}"] += len(items) - sent
+            self.fail_times[int(self.now())] += len(items) - sent
             for k, s in items[sent:]:
                 self.plain.fail(k, s)
         else:
@@ -948,7 +954,8 @@ class Soak:
             server_note=server_note, faults_refused=self.faults_refused,
             rss_peak_after_warm=rss_peak_after_warm,
             missing_examples=[f"{lg.name} {e}" for lg in (self.ordered, self.plain)
-                              for e in lg.missing_examples(self.t0)])
+                              for e in lg.missing_examples(self.t0)],
+            fail_times=self.fail_times)
         result.rss_peak = max(result.rss_peak, rss_peak_after_warm, result.rss_end)
         return result
 
@@ -994,6 +1001,30 @@ def judge(r: SoakResult) -> SoakResult:
 
 # ---------------------------------------------------------------------------- output
 
+#: a fault's window for failed publishes: its duration plus the publish timeout and a margin
+#: (a publish that started during the fault fails up to that long after it)
+WINDOW_TAIL = 12.0
+
+
+def failures_by_fault(r: SoakResult) -> tuple[dict[str, tuple[int, int]], int]:
+    """({fault kind: (faults, failed publishes in their windows)}, failures outside any
+    window). A second inside several windows counts for the latest fault started."""
+    by_kind: dict[str, tuple[int, int]] = {}
+    for f in r.schedule:
+        n, failed = by_kind.get(f.kind, (0, 0))
+        by_kind[f.kind] = (n + 1, failed)
+    outside = 0
+    for second, count in r.fail_times.items():
+        covering = [f for f in r.schedule if f.at - 1 <= second <= f.at + f.duration + WINDOW_TAIL]
+        if not covering:
+            outside += count
+            continue
+        kind = max(covering, key=lambda f: f.at).kind
+        n, failed = by_kind[kind]
+        by_kind[kind] = (n, failed + count)
+    return by_kind, outside
+
+
 
 def render(r: SoakResult) -> str:
     lat = r.latency
@@ -1018,6 +1049,14 @@ def render(r: SoakResult) -> str:
         L.append("  failed publishes, by reason:")
         for reason, n in r.fail_reasons.most_common(8):
             L.append(f"    {n:>8,} x {reason}")
+    if r.schedule:
+        by_kind, outside = failures_by_fault(r)
+        L.append(f"  failed publishes by fault window (start .. end + {WINDOW_TAIL:g} s):")
+        for kind in FAULT_KINDS:
+            if kind in by_kind:
+                n, failed = by_kind[kind]
+                L.append(f"    {kind:<18} {n:>3} fault(s) {failed:>10,} failed")
+        L.append(f"    {'outside any window':<28} {outside:>10,} failed")
     L += [
         f"  publish latency p50 {lat.quantile(0.5) * 1e3:.1f} ms, p99 "
         f"{lat.quantile(0.99) * 1e3:.1f} ms, max {lat.max * 1e3:.0f} ms ({lat.count:,} calls)",

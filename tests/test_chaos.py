@@ -53,6 +53,7 @@ async def test_short_soak_every_fault_nothing_lost_nothing_reordered() -> None:
     # the clients were closed: every task of the run ended
     assert result.tasks_end == result.tasks_start, report
     assert "result: OK" in report
+    assert "failed publishes by fault window" in report
     assert any(line.startswith("fault schedule (seed 3") for line in lines)
     assert any(line.startswith("t+") and "acked" in line for line in lines), lines
 
@@ -105,6 +106,23 @@ def test_ledger_counts_loss_duplicates_and_reorderings() -> None:
     for body in (b"junk", b"0:99", b"7:0", b"0:-1", b"0:1:2"):
         lg.consume(body)
     assert lg.unexpected == 5
+
+
+def test_failures_are_attributed_to_the_latest_covering_fault() -> None:
+    from collections import Counter
+
+    sched = [chaos.Fault(10.0, "leader_move", 0.0), chaos.Fault(15.0, "node_kill", 5.0)]
+    r = chaos.SoakResult(
+        cfg=SHORT, target="embedded", schedule=sched, events=[], ledgers=[], scheduled=0,
+        issued=0, behind=0, fail_reasons=Counter(), latency=Histogram(), lag_peak=0,
+        lag_peak_age=0.0, rss_start=0, rss_warm=0, rss_peak=0, rss_end=0, fds_start=0,
+        fds_end=0, tasks_start=0, tasks_end=0, consumer_errors=[], load_seconds=0.0,
+        drain_seconds=0.0, drained=True, server_note="", faults_refused=0,
+        fail_times=Counter({3: 7, 12: 2, 16: 5, 40: 1}))
+    by_kind, outside = chaos.failures_by_fault(r)
+    # second 16 is inside both windows: the node kill, started later, takes it
+    assert by_kind == {"leader_move": (1, 2), "node_kill": (1, 5)}
+    assert outside == 8
 
 
 def test_histogram_quantiles() -> None:
