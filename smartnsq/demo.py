@@ -588,19 +588,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     from smartnsq import demo_spark
 
     skip = "--no-spark was given" if args.no_spark else demo_spark.spark_missing_reason()
-    stages: list[demo_spark.SparkStageSummary] = []
+    stages: list[bool] = []
+    rendered: list[DemoSummary] = []
 
     async def spark_stage(cluster: DevCluster, summary: DemoSummary) -> None:
         say(render(summary))
-        stages.append(await demo_spark.run_stage(cluster, TOPIC, report=say))
-        say(demo_spark.render(stages[-1]))
+        rendered.append(summary)
+        try:
+            stage = await demo_spark.run_stage(cluster, TOPIC, report=say)
+        except ValueError as exc:  # e.g. nothing was published
+            say(f"spark stage: FAILED, not run: {exc}")
+            stages.append(False)
+            return
+        say(demo_spark.render(stage))
+        stages.append(stage.ok)
 
     summary = runner(run_demo(args.messages, args.keys, args.seed, time_limit=args.timeout,
                               report=say, then=None if skip else spark_stage))
-    if skip:
+    if not rendered:
         say(render(summary))
+    if skip:
         say(f"spark stage skipped: {skip}")
-    return 0 if summary.ok and all(st.ok for st in stages) else 1
+    return 0 if summary.ok and all(stages) else 1
 
 
 if __name__ == "__main__":

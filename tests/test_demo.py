@@ -54,7 +54,9 @@ async def test_small_run_holds_every_check() -> None:
 
 def test_command_line_run() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "smartnsq.demo", "--messages", "500", "--keys", "20"],
+        # the Spark stage has its own test (tests/spark/test_demo_spark.py)
+        [sys.executable, "-m", "smartnsq.demo", "--messages", "500", "--keys", "20",
+         "--no-spark"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -62,7 +64,7 @@ def test_command_line_run() -> None:
                      "published 500 messages", "messages       published 500 of 500",
                      "consumed 500", "order held     yes", "offsets        gaps 0, violations 0",
                      "every message on shard_partition(key, 4): yes", "throughput     publish",
-                     "result: OK"):
+                     "result: OK", "spark stage skipped: --no-spark was given"):
         assert expected in out, out
 
 
