@@ -1,5 +1,6 @@
 """The shape of the package (issue 12): the import graph of ``smartnsq/`` has no cycles, and
-outside the embedded test double no module is over 500 lines and no class over 400.
+outside the embedded test double (and the demo scripts) no module is over 500 lines and no
+class over 400.
 
 Every import statement counts, also those under ``TYPE_CHECKING`` and inside functions: each
 is an arrow a reader has to follow. ``from a.b import c`` points at the module ``a.b.c`` when
@@ -17,10 +18,14 @@ ROOT = Path(__file__).resolve().parents[1] / "smartnsq"
 
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 400
-#: modules outside scope of issue 12's split, with the reason they may exceed the limits
+#: module prefixes the size limits do not apply to, and why
+EXEMPT: dict[str, str] = {
+    "smartnsq.devcluster": "the embedded test double (issue 12 asks only for its cycles)",
+    "smartnsq.demo": "demo scripts (make demo, the Spark demo): self-contained, not library code",
+}
+#: modules over the limits that issue 12 (items 1-4) did not split, with the reason
 KNOWN_LARGE: dict[str, str] = {
     "smartnsq.producer.producer": "the producer's split is not part of issue 12 items 1-4",
-    "smartnsq.demo": "a self-contained demo script (make demo), not library code",
 }
 
 
@@ -114,7 +119,7 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def in_scope(name: str) -> bool:
-    return not name.startswith("smartnsq.devcluster")
+    return not any(name.startswith(prefix) for prefix in EXEMPT)
 
 
 def test_the_graph_sees_the_package() -> None:
