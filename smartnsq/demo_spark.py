@@ -1,25 +1,21 @@
 """The demo's Spark stage: a checkpointed Structured Streaming query over the ordered topic.
 
 After the ordered demo (:mod:`smartnsq.demo`), on the same embedded youzan cluster, a query
-reads the ordered topic through the ``nsq`` source (``maxMessagesPerTrigger`` cuts it into
-several micro-batches), counts the messages of every shard key in each micro-batch, and writes
-each batch's counts
+reads the ordered topic through the ``nsq`` source in several micro-batches
+(``maxMessagesPerTrigger``), counts each batch's messages per shard key, and writes the counts
+to Parquet (one directory per batch id, ``mode("overwrite")``) and through the ``nsq`` sink to
+a second topic (sharded by key, deterministic trace ids ``batch << 40 | task << 24 | row``).
+The first run is stopped inside a batch, after that batch wrote both outputs and before Spark
+committed it; the restart from the checkpoint (``availableNow``) runs it again and finishes.
+The stage then checks that Parquet counts every stored message exactly once per key, that a
+key's sequence numbers move forward from batch to batch, and that the second topic holds the
+same counts once repeats are dropped.
 
-* to Parquet, one directory per batch id written with ``mode("overwrite")``, and
-* through the ``nsq`` sink to a second (ordered, sharded by key) topic, with deterministic
-  trace ids ``batch_id << 40 | task << 24 | row``.
-
-The query is stopped after a few micro-batches and restarted from its checkpoint
-(``availableNow``), then the stage checks that the Parquet output counts every stored input
-message exactly once per key, that a key's sequence numbers move forward from batch to batch,
-and that the second topic holds the same counts once duplicates are dropped.
-
-How exactly-once comes about: the youzan source is replayable, and Spark writes a batch's
-offset range to the checkpoint before running it, so a batch interrupted by the stop is run
-again after the restart with the same batch id over the same messages. The Parquet write of a
-batch replaces its own directory, so running it twice leaves one copy. The NSQ sink is
-at-least-once (a replayed batch publishes again); its rows are sorted by key in one task, so a
-replay carries the same trace ids and a reader drops repeats by trace id.
+How exactly-once comes about: the youzan source is replayable, and Spark logs a batch's offset
+range in the checkpoint before running it, so the interrupted batch is run again with the same
+batch id over the same messages. Its Parquet write replaces its own directory, so one copy
+stays. The NSQ sink is at-least-once (the replay publishes again); the rows are sorted by key
+in one task, so the replay carries the same trace ids and a reader drops repeats by trace id.
 
 Spark calls block while Spark's Python workers (other processes) read from the cluster, so
 :func:`run_stage` makes them in a worker thread and the cluster keeps serving on its loop.
@@ -134,6 +130,8 @@ class SparkStageSummary:
     first_run_seconds: float
     second_run_seconds: float
     check_seconds: float
+    #: seconds Spark reported per phase over both runs (latestOffset, addBatch, ...)
+    phases: tuple[tuple[str, float], ...]
     elapsed: float
     failures: tuple[str, ...] = field(default=())
 
@@ -142,12 +140,9 @@ class SparkStageSummary:
         return not self.failures
 
     @property
-    def query_seconds(self) -> float:
-        return self.first_run_seconds + self.second_run_seconds
-
-    @property
     def rate(self) -> float:
-        return self.parquet_messages / self.query_seconds if self.query_seconds > 0 else 0.0
+        seconds = self.first_run_seconds + self.second_run_seconds
+        return self.parquet_messages / seconds if seconds > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------- Spark side
@@ -163,6 +158,8 @@ class _QueryOutcome:
     totals: dict[str, int] = field(default_factory=dict)
     ranges: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
     parquet_rows: int = 0
+    #: Spark's own per-phase times (durationMs of every progress report), milliseconds
+    phases: Counter[str] = field(default_factory=Counter)
     error: str | None = None
 
 
@@ -188,9 +185,23 @@ def _short_error(exc: BaseException) -> str:
 _CAUSE = re.compile(r"^[\w.]+(Error|Exception): ")
 
 
-def _query_error(q: Any) -> str | None:
-    exc = q.exception()
-    return None if exc is None else _short_error(exc)
+def _add_phases(outcome: _QueryOutcome, q: Any) -> None:
+    for progress in q.recentProgress:
+        outcome.phases.update(progress["durationMs"])
+
+
+def _await(q: Any, what: str, *, planned: bool) -> str | None:
+    """Wait (bounded) for a run of the query to end; its error, or None. A ``planned`` run
+    must end with the planned stop, which is no error."""
+    try:
+        if not q.awaitTermination(QUERY_TIMEOUT):
+            return f"{what} did not end within {QUERY_TIMEOUT:g} s"
+        failure = q.exception()
+    except Exception as exc:  # awaitTermination raises the query's failure
+        failure = exc
+    if failure is None:
+        return f"{what} ended without its planned stop" if planned else None
+    return None if planned and _PLANNED in str(failure) else _short_error(failure)
 
 
 def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str,
@@ -259,22 +270,12 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
     spark.sparkContext.setLogLevel("OFF")
     q = start(available_now=False)
     try:
-        if not q.awaitTermination(QUERY_TIMEOUT):
-            outcome.error = f"the first run did not reach batch {stop_after} in " \
-                            f"{QUERY_TIMEOUT:g} s"
-        else:
-            failure = q.exception()
-            if failure is None:
-                outcome.error = "the first run ended without its planned stop"
-            elif _PLANNED not in str(failure):
-                outcome.error = _short_error(failure)
-    except Exception as exc:  # awaitTermination raises the query's failure
-        if _PLANNED not in str(exc):
-            outcome.error = _short_error(exc)
+        outcome.error = _await(q, "the first run", planned=True)
     finally:
         q.stop()
         spark.sparkContext.setLogLevel("ERROR")
         outcome.first_run_seconds = time.perf_counter() - t0
+        _add_phases(outcome, q)
     if outcome.error is not None:
         return outcome
     say(f"spark: query stopped in batch {stop_after} ({outcome.first_run_seconds:.2f} s); "
@@ -284,15 +285,11 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
     run[0] = 2
     q = start(available_now=True)
     try:
-        if not q.awaitTermination(QUERY_TIMEOUT):
-            outcome.error = f"the restarted run did not finish within {QUERY_TIMEOUT:g} s"
-        else:
-            outcome.error = _query_error(q)
-    except Exception as exc:
-        outcome.error = _short_error(exc)
+        outcome.error = _await(q, "the restarted run", planned=False)
     finally:
         q.stop()
         outcome.second_run_seconds = time.perf_counter() - t0
+        _add_phases(outcome, q)
     if outcome.error is not None:
         return outcome
 
@@ -387,6 +384,9 @@ def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], lim
     first = [b.batch_id for b in o.batches if b.run == 1]
     second = [b.batch_id for b in o.batches if b.run == 2]
     replayed = tuple(sorted(set(first) & set(second)))
+    over = [b.batch_id for b in o.batches if b.messages > limit]
+    if over:
+        problems.append(f"micro-batch(es) {over} took more than {limit:,} messages")
     if o.error is None:
         if first != list(range(stop_at + 1)):
             problems.append(f"the first run ran batches {first}, planned 0..{stop_at}")
@@ -396,10 +396,6 @@ def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], lim
         again = [(b.messages, b.keys) for b in o.batches if b.batch_id == stop_at]
         if len(set(again)) > 1:
             problems.append(f"batch {stop_at} replayed over other messages: {again}")
-    over = [b.batch_id for b in o.batches if b.messages > limit]
-    if over:
-        problems.append(f"micro-batch(es) {over} took more than {limit:,} messages")
-    if o.error is None:
         if not second or min(second) != stop_at:
             problems.append(f"the restarted query ran batches {second}: it should resume "
                             f"from the checkpoint at batch {stop_at}")
@@ -432,7 +428,7 @@ def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], lim
                                 f"{by_trace[trace]} and then {content}")
         by_trace[trace] = content
     if o.error is None:
-        out_totals: Counter[str] = Counter()
+        out_totals = Counter[str]()
         for _, key, n in by_trace.values():
             out_totals[key] += n
         if dict(out_totals) != dict(expected):
@@ -451,7 +447,8 @@ def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], lim
         parquet_messages=sum(o.totals.values()), out_records=len(out_bodies),
         out_duplicates=duplicates, spark_start_seconds=spark_start,
         first_run_seconds=o.first_run_seconds, second_run_seconds=o.second_run_seconds,
-        check_seconds=o.check_seconds, elapsed=elapsed, failures=tuple(problems))
+        check_seconds=o.check_seconds, elapsed=elapsed, failures=tuple(problems),
+        phases=tuple((k, v / 1000) for k, v in o.phases.most_common() if v >= 100))
 
 
 # ---------------------------------------------------------------------------- output
@@ -485,9 +482,12 @@ def render(s: SparkStageSummary) -> str:
         "(the replayed batch overwrote its own directory)",
         f"  output topic   {s.out_topic}: {s.out_records:,} records; {s.out_duplicates:,} "
         "republished by the replay, dropped by trace id",
-        f"  throughput     {s.parquet_messages:,} messages in {s.query_seconds:.2f} s of "
-        f"query: {s.rate:,.0f} msg/s (Spark start {s.spark_start_seconds:.2f} s, "
+        f"  throughput     {s.parquet_messages:,} messages in "
+        f"{s.first_run_seconds + s.second_run_seconds:.2f} s of query (both runs): "
+        f"{s.rate:,.0f} msg/s (Spark start "
+        f"{f'{s.spark_start_seconds:.2f} s' if s.spark_start_seconds else 'not here'}, "
         f"read-back {s.check_seconds:.2f} s)",
+        "  spark phases   " + (", ".join(f"{k} {v:.2f} s" for k, v in s.phases) or "-"),
         f"  elapsed        {s.elapsed:.2f} s",
     ]
     if s.ok:
