@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
+from smartnsq.spark.sink_options import SinkOptions
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptionError", "SourceOptions", "parse_source_options"]
 
@@ -38,6 +39,21 @@ SOURCE_OPTION_NAMES: tuple[str, ...] = (
 _CANONICAL = {n.lower(): n for n in SOURCE_OPTION_NAMES}
 #: keys Spark itself may put into a read's option map; they mean nothing to NSQ
 _SPARK_INTERNAL = frozenset({"path"})
+
+
+def _sink_only_names() -> dict[str, str]:
+    """Lower-cased → documented name of every option only the sink knows, taken from the
+    sink's own model (field names and aliases), so the two lists cannot drift apart."""
+    names: dict[str, str] = {}
+    for field_name, info in SinkOptions.model_fields.items():
+        for name in (field_name, info.alias):
+            if name and name.lower() not in _CANONICAL:
+                names[name.lower()] = name
+    return names
+
+
+#: a read never receives write options: one of these on a read is a mistake worth naming
+_SINK_ONLY = _sink_only_names()
 
 Starting = Literal["earliest", "latest"] | dict[int, int]
 
@@ -156,6 +172,11 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         if low in _SPARK_INTERNAL:
             continue
         name = _CANONICAL.get(low)
+        if name is None and low in _SINK_ONLY:
+            raise SourceOptionError(
+                f"option {_SINK_ONLY[low]}={value!r} belongs to the nsq sink "
+                "(df.write / writeStream), not to a read; known source options: "
+                f"{', '.join(SOURCE_OPTION_NAMES)}")
         if name is None:
             raise SourceOptionError(
                 f"unknown option {key!r}={value!r} for the nsq source; known options: "

@@ -17,7 +17,8 @@ from smartnsq.spark.offsets import (
     split_budget,
     split_range,
 )
-from smartnsq.spark.options import SourceOptionError, parse_source_options
+from smartnsq.spark.options import SOURCE_OPTION_NAMES, SourceOptionError, parse_source_options
+from smartnsq.spark.sink_options import SinkOptions
 
 BASE = {"lookupd": "127.0.0.1:4161", "topic": "orders"}
 
@@ -105,6 +106,25 @@ def test_ending_offsets_refuse_earliest_marker() -> None:
         parse(streaming=False, endingOffsets='{"0": -2}')
     with pytest.raises(SourceOptionError, match="option endingOffsets='earliest'"):
         parse(streaming=False, endingOffsets="earliest")
+
+
+@pytest.mark.parametrize("name", sorted(SinkOptions.model_fields))
+def test_sink_options_on_a_read_are_named_as_sink_options(name: str) -> None:
+    # the list comes from the sink's model: every sink field is either also a source option
+    # (lookupd, topic) or refused on a read with a message that says it is the sink's
+    if name.lower() in {n.lower() for n in SOURCE_OPTION_NAMES}:
+        assert parse(**{name: BASE.get(name, "orders")}) is not None
+        return
+    with pytest.raises(SourceOptionError, match=f"option {name}='v' belongs to the nsq sink"):
+        parse(**{name: "v"})
+
+
+def test_sink_only_list_is_derived_from_the_sink_model() -> None:
+    from smartnsq.spark.options import _SINK_ONLY
+
+    assert set(_SINK_ONLY.values()) == (set(SinkOptions.model_fields)
+                                       - set(SOURCE_OPTION_NAMES))
+    assert "maxattempts" in _SINK_ONLY and "lookupd" not in _SINK_ONLY
 
 
 def test_spark_path_key_is_ignored() -> None:
