@@ -303,7 +303,8 @@ class Dispatcher:
         queue = self.queue
         popleft = queue.popleft
         handler = self._handler
-        finish = self.finish
+        # without a policy hook on FIN, skip finish()'s extra call
+        finish = self._fin if self._finished is None else self.finish
         failed = self._policy.failed
         tracked = self.tracked
         assert handler is not None and self.loop is not None
