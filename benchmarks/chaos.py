@@ -340,6 +340,9 @@ class Ledger:
     rewinds: int = 0
     #: publishes that failed but whose message was stored and consumed anyway
     failed_but_stored: int = 0
+    #: ... of which arrived after a higher seq of their key (ordered: an unacknowledged
+    #: message stored behind its successors, e.g. a timed-out PUB answered late)
+    failed_late: int = 0
     unexpected: int = 0
     reorder_examples: list[str] = field(default_factory=list)
 
@@ -380,6 +383,8 @@ class Ledger:
             # the publish reported failure but the message was stored (e.g. a timeout)
             b.failed.discard(seq)
             self.failed_but_stored += 1
+            if seq < b.hi:
+                self.failed_late += 1
             self.consumed += 1
             b.hi = max(b.hi, seq)
             return
@@ -1039,7 +1044,10 @@ def render(r: SoakResult) -> str:
     for lg in r.ledgers:
         published = sum(b.next_seq for b in lg.books)
         L.append(f"  {lg.name:<14} published {published:,}, acknowledged {lg.acked:,}, failed "
-                 f"{lg.failed:,} (stored anyway {lg.failed_but_stored:,}), consumed "
+                 f"{lg.failed:,} (stored anyway {lg.failed_but_stored:,}"
+                 + (f", {lg.failed_late:,} of them after a later seq of their key"
+                    if lg.ordered else "")
+                 + f"), consumed "
                  f"{lg.consumed:,}, duplicates {lg.duplicates:,} (replays below the key's "
                  f"highest {lg.rewinds:,})")
         L.append(f"  {'':<14} ACKNOWLEDGED BUT NEVER CONSUMED {lg.missing():,}"

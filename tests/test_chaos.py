@@ -98,10 +98,16 @@ def test_ledger_counts_loss_duplicates_and_reorderings() -> None:
     lg.ack(0, 4, now=200.0)
     assert lg.missing() == 1
     # a failed publish whose message was stored anyway
-    lg.books[1].next_seq = 2
+    lg.books[1].next_seq = 3
     lg.fail(1, 0)
     lg.consume(b"1:0")
-    assert lg.failed_but_stored == 1 and lg.duplicates == 2
+    assert lg.failed_but_stored == 1 and lg.duplicates == 2 and lg.failed_late == 0
+    # ... and one stored behind its key's successor: not a reordering of acknowledged ones
+    lg.fail(1, 1)
+    lg.ack(1, 2, now=300.0)
+    lg.consume(b"1:2")
+    lg.consume(b"1:1")
+    assert (lg.failed_but_stored, lg.failed_late, lg.reorders) == (2, 1, 1)
     # bodies that no publisher sent
     for body in (b"junk", b"0:99", b"7:0", b"0:-1", b"0:1:2"):
         lg.consume(body)
