@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _RDY = 500
 #: failed positioning / connection attempts in a row before the read gives up
 _MAX_RETRIES = 15
-#: deliveries beyond the expected offset tolerated in one session before positioning again
+#: deliveries beyond the expected offset tolerated in a row before positioning again
 _MAX_STRAYS = 2 * _RDY
 
 
@@ -95,6 +95,8 @@ class RangeFetcher:
         self.leader = task.leader
         self._full = False
         self._strays = 0
+        #: why the session must position again, set by _take after it kept what it took
+        self._stalled: str | None = None
         self._config = connection_config or ConnectionConfig(
             extend_support=task.ext, client_id="smartnsq-spark", read_timeout=60.0)
         self._http_timeout = http_timeout
@@ -136,7 +138,7 @@ class RangeFetcher:
                                 f"{self.next_offset} (range {t.start}-{t.end}) made no progress "
                                 f"in {failures} attempts; last: {exc}") from exc
                         self.repositions += 1
-                        log.info("%s partition %d at %d: %s; positioning again", t.topic,
+                        log.warning("%s partition %d at %d: %s; positioning again", t.topic,
                                  t.partition, self.next_offset, exc)
                         await asyncio.sleep(min(0.1 * 2 ** failures, 2.0))
                     except ServerError as exc:
@@ -206,6 +208,11 @@ class RangeFetcher:
                 chunk = self._take(inbox, conn.fin, give_back)
                 if chunk:
                     yield chunk
+                if self._stalled is not None:
+                    # raised only after the rows taken before it went out: they are FINed
+                    # and next_offset is past them, so nothing reads them again
+                    reason, self._stalled = self._stalled, None
+                    raise _Reposition(reason)
         finally:
             await _close(conn, inbox)
 
@@ -217,7 +224,9 @@ class RangeFetcher:
             m = inbox.popleft()
             off, size = m.offset, m.raw_size
             if off is None or size is None:
-                raise _Reposition("a message frame without its position (not SUB_ADVANCED?)")
+                inbox.appendleft(m)
+                self._stalled = "a message frame without its position (not SUB_ADVANCED?)"
+                break
             if off < self.next_offset:
                 fin(m.id)
                 self.dropped += 1
@@ -228,9 +237,12 @@ class RangeFetcher:
                 (give_back or fin)(m.id)
                 self._strays += 1
                 if self._strays > _MAX_STRAYS:
+                    # the rest stays unfinished (closing requeues it); what ``out`` holds is
+                    # already FINed and counted, so it must still be returned
                     inbox.clear()
-                    raise _Reposition(f"expected offset {self.next_offset}, got {off} and "
-                                      f"{self._strays - 1} more beyond it")
+                    self._stalled = (f"expected offset {self.next_offset}, got {off} and "
+                                     f"{self._strays - 1} more beyond it")
+                    break
                 continue
             if (t.max_bytes is not None and self.messages
                     and self.bytes + size > t.max_bytes):
@@ -239,6 +251,8 @@ class RangeFetcher:
                 break
             fin(m.id)
             self.next_offset = off + size
+            # strays count "in a row": progress means the position did take
+            self._strays = 0
             if off >= t.accept_from:
                 out.append(m)
                 self.messages += 1
