@@ -46,7 +46,6 @@ __all__ = ["BatchFigures", "SparkStageSummary", "render", "run_stage", "spark_mi
            "start_session"]
 
 OUT_TOPIC = "demo_key_counts"
-OUT_PARTITIONS = 2
 OUT_CHANNEL = "key_counts"
 #: micro-batches the first run of the query completes before it is stopped in the next one
 STOP_AFTER = 2
@@ -88,9 +87,6 @@ def start_session() -> Any:
     return session
 
 
-# ---------------------------------------------------------------------------- results
-
-
 @dataclass(frozen=True, slots=True)
 class BatchFigures:
     """One completed micro-batch (a replayed batch appears once per run of it)."""
@@ -119,7 +115,6 @@ class SparkStageSummary:
     batches: tuple[BatchFigures, ...]
     #: batch ids of the first run that ran again after the restart
     replayed: tuple[int, ...]
-    #: the restarted run's first batch id
     resumed_at: int | None
     parquet_rows: int
     parquet_messages: int
@@ -138,6 +133,13 @@ class SparkStageSummary:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def steady_rate(self) -> float:
+        """Messages per second of the batches after the first (which starts Spark's workers)."""
+        later = [b for b in self.batches if (b.run, b.batch_id) != (1, 0)]
+        seconds = sum(b.seconds for b in later)
+        return sum(b.messages for b in later) / seconds if seconds > 0 else 0.0
 
     @property
     def rate(self) -> float:
@@ -267,8 +269,8 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
     # and then fails, as a driver killed at that point would leave it (offsets logged, the
     # batch not committed); Spark logs that failure at ERROR, so its log is off meanwhile
     t0 = time.perf_counter()
-    spark.sparkContext.setLogLevel("OFF")
     q = start(available_now=False)
+    spark.sparkContext.setLogLevel("OFF")
     try:
         outcome.error = _await(q, "the first run", planned=True)
     finally:
@@ -343,7 +345,7 @@ async def run_stage(cluster: DevCluster, topic: str, *, spark: Any = None,
         raise ValueError(f"max_per_trigger {limit} leaves no batch {stop_after} to stop in: "
                          f"{len(bodies)} messages need max_per_trigger * stop_after below them")
     # a youzan topic is writable once it has a channel
-    cluster.create_topic(OUT_TOPIC, partition_num=OUT_PARTITIONS, replica=1, ordered=True,
+    cluster.create_topic(OUT_TOPIC, partition_num=2, replica=1, ordered=True,
                          channels=(OUT_CHANNEL,))
     # py4j logs a failing foreachBatch's whole traceback; the summary names the error
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
@@ -353,20 +355,21 @@ async def run_stage(cluster: DevCluster, topic: str, *, spark: Any = None,
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
                 prefix="smartnsq-demo-spark-")))
         spark_start = 0.0
-        if spark is None:
-            say("spark: starting a local session (local[2])")
-            t0 = time.perf_counter()
-            spark = await asyncio.to_thread(start_session)
-            spark_start = time.perf_counter() - t0
-            stack.push_async_callback(asyncio.to_thread, spark.stop)
-        say(f"spark: streaming {len(bodies):,} messages of {topic} through the nsq source "
-            f"(maxMessagesPerTrigger {limit:,}), counting per shard key into Parquet and "
-            f"topic {OUT_TOPIC}; the first run stops in batch {stop_after}")
+        # a Spark failure (even at start) is a failed check, not a traceback
         try:
+            if spark is None:
+                say("spark: starting a local session (local[2])")
+                t0 = time.perf_counter()
+                spark = await asyncio.to_thread(start_session)
+                spark_start = time.perf_counter() - t0
+                stack.push_async_callback(asyncio.to_thread, spark.stop)
+            say(f"spark: streaming {len(bodies):,} messages of {topic} through the nsq source "
+                f"(maxMessagesPerTrigger {limit:,}), counting per shard key into Parquet and "
+                f"topic {OUT_TOPIC}; the first run stops in batch {stop_after}")
             outcome = await asyncio.to_thread(
                 _run_queries, spark, cluster.lookupd_http_addresses, topic, OUT_TOPIC,
                 workdir, limit, stop_after, say)
-        except Exception as exc:  # a Spark failure is a failed check, not a traceback
+        except Exception as exc:
             outcome = _QueryOutcome(error=_short_error(exc))
 
     out = _stored(cluster, OUT_TOPIC)
@@ -451,9 +454,6 @@ def _summarise(topic: str, bodies: list[bytes], expected: Mapping[str, int], lim
         phases=tuple((k, v / 1000) for k, v in o.phases.most_common() if v >= 100))
 
 
-# ---------------------------------------------------------------------------- output
-
-
 def render(s: SparkStageSummary) -> str:
     """The human summary of the Spark stage."""
     first = [b for b in s.batches if b.run == 1]
@@ -484,7 +484,7 @@ def render(s: SparkStageSummary) -> str:
         "republished by the replay, dropped by trace id",
         f"  throughput     {s.parquet_messages:,} messages in "
         f"{s.first_run_seconds + s.second_run_seconds:.2f} s of query (both runs): "
-        f"{s.rate:,.0f} msg/s (Spark start "
+        f"{s.rate:,.0f} msg/s; after the first batch {s.steady_rate:,.0f} msg/s (Spark start "
         f"{f'{s.spark_start_seconds:.2f} s' if s.spark_start_seconds else 'not here'}, "
         f"read-back {s.check_seconds:.2f} s)",
         "  spark phases   " + (", ".join(f"{k} {v:.2f} s" for k, v in s.phases) or "-"),

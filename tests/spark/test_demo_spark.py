@@ -157,3 +157,45 @@ def test_missing_pyspark_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert demo_spark.spark_missing_reason() == (
         "pyspark is not installed (the spark extra: `.venv/bin/pip install -e '.[spark]'`, "
         "which `make demo` does)")
+
+
+def test_a_spark_failure_is_a_failed_check_not_a_traceback(
+        youzan_cluster: ThreadedCluster) -> None:
+    tc = youzan_cluster
+    if TOPIC not in tc.cluster.meta.topics:
+        tc.sync(tc.cluster.create_topic, TOPIC, partition_num=2, ordered=True,
+                channels=["app"])
+        publish_keys(tc, TOPIC)
+    if demo_spark.OUT_TOPIC in tc.cluster.meta.topics:
+        tc.sync(tc.cluster.delete_topic, demo_spark.OUT_TOPIC)
+    try:
+        # not a SparkSession: the first Spark call fails inside the stage
+        s = tc.call(demo_spark.run_stage(tc.cluster, TOPIC, spark=object(), stop_after=1))
+    finally:
+        tc.sync(tc.cluster.delete_topic, demo_spark.OUT_TOPIC)
+    assert s.failures == ("the query failed: AttributeError: 'object' object has no "
+                          "attribute 'readStream'",)
+    assert demo_spark.render(s).splitlines()[-2:] == ["result: FAILED", f"  - {s.failures[0]}"]
+
+
+def test_the_demo_runs_the_stage_on_its_cluster_and_fails_with_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[int] = []
+
+    async def fake_stage(cluster: Any, topic: str, *, report: Any) -> Any:
+        # called while the demo's cluster still serves, with the ordered topic's records
+        seen.append(sum(len(cluster.store.partition(topic, p).records) for p in range(4)))
+        report("spark: (fake stage)")
+        return demo_spark._summarise(topic, [b"a:0"], Counter({"a": 1}), 1, 1,
+                                     demo_spark._QueryOutcome(error="Boom: no"), [], [],
+                                     0.0, 0.1)
+
+    monkeypatch.setattr(demo_spark, "spark_missing_reason", lambda: None)
+    monkeypatch.setattr(demo_spark, "run_stage", fake_stage)
+    assert demo.main(["--messages", "40", "--keys", "4", "--asyncio"]) == 1
+    out = capsys.readouterr().out
+    assert seen == [40]
+    # the ordered summary first, then the stage's lines and its summary
+    assert out.index("result: OK, every check held") < out.index("spark: (fake stage)") \
+        < out.index("spark stage\n")
+    assert out.rstrip().endswith("result: FAILED\n  - the query failed: Boom: no")
