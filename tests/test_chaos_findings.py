@@ -2,30 +2,26 @@
 
 A test here is marked ``xfail(strict=True)`` with the reason while the defect is open, so the
 suite stays green and the test starts failing (XPASS) the day the fix lands: then drop the
-mark.
+mark. Fixed: drop_conns (a publish waits for its pool's redial to a live leader instead of
+spending max_attempts on the pool's backoff refusals; tests below bound the fix).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
-from smartnsq.producer import Producer
+from smartnsq.errors import NoLeaderError, NSQConnectionError, PublishError
+from smartnsq.producer import Producer, PublishTimeoutError
+from tests.lookup_fakes import TopicSpec, youzan_cluster
 
 TOPIC = "finding_drop"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chaos soak, drop_conns fault (seeds 11 and 12, 2000 msg/s): when nsqd aborts the "
-    "producer's connections, the publishes in flight fail over, the pool is marked down with "
-    "a reconnect backoff, and each retry to that (healthy, still leading) partition gets "
-    "'nsqd ... is down (next attempt in ...)' from the pool at once; max_attempts (3) is "
-    "spent within ~0.2 s and the publish fails with PublishError although the node is back "
-    "within the backoff and publish_timeout (10 s) had hardly begun. Waiting for the pool's "
-    "next dial (bounded by the deadline) instead of counting an attempt would let it succeed"))
 async def test_ordered_publishes_survive_a_dropped_connection_to_a_healthy_leader() -> None:
     async with DevCluster(nodes=1, flavour="youzan") as cluster:
         cluster.create_topic(TOPIC, partition_num=1, replica=1, ordered=True,
@@ -71,3 +67,82 @@ async def test_ordered_publishes_survive_a_dropped_connection_to_a_healthy_leade
                 stop.set()
                 await asyncio.gather(*tasks)
         assert not failed, f"{len(failed)} publishes failed, first: {failed[0]!r}"
+
+
+# --- the fix's bounds: only our own reconnect waits; a node that is really down still fails
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that was just released: connections to it are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def test_a_stopped_leader_not_listed_elsewhere_fails_within_the_timeout() -> None:
+    async with DevCluster(nodes=1, flavour="youzan") as cluster:
+        cluster.create_topic(TOPIC, partition_num=1, replica=1, ordered=True,
+                             channels=("c",))
+        address = cluster.nsqd_tcp_addresses[0]
+        config = ProducerConfig(publish_timeout=10.0, reconnect_min=0.2, reconnect_max=0.5)
+        async with Producer(lookupd=cluster.lookupd_http_addresses, config=config) as producer:
+            await producer.publish_ordered(TOPIC, "k", b"warm")
+            # the only replica stops: no other node can lead the partition
+            await cluster.stop_node(0)
+            async with asyncio.timeout(20):
+                with pytest.raises(PublishTimeoutError) as info:
+                    await producer.publish_ordered(TOPIC, "k", b"lost", timeout=1.5)
+    text = str(info.value)
+    assert f"topic {TOPIC!r} partition 0" in text and "no writable leader" in text
+    # the last failure names the nsqd and what happened to it
+    assert address in text
+    assert isinstance(info.value.__cause__, NoLeaderError)
+    assert isinstance(info.value.__cause__.__cause__, NSQConnectionError)
+
+
+async def test_a_listed_leader_refusing_connections_still_spends_max_attempts() -> None:
+    port = _closed_port()
+    address = f"127.0.0.1:{port}"
+    (lookupd,) = await youzan_cluster(1)
+    try:
+        lookupd.topics[TOPIC] = TopicSpec(partitions={0: port}, channels=["c"])
+        config = ProducerConfig(publish_timeout=30.0, max_attempts=3, reconnect_min=0.05,
+                                reconnect_max=0.2)
+        async with Producer(lookupd=[lookupd.url], config=config) as producer:
+            async with asyncio.timeout(20):
+                with pytest.raises(PublishError) as info:
+                    await producer.publish_ordered(TOPIC, "k", b"x")
+            pool = producer.pools[address]
+            # every refused dial counted; the backoff waits between them did not
+            assert pool.dials == 3 and pool.dial_failures == 3
+    finally:
+        await lookupd.stop()
+    err = info.value
+    assert not isinstance(err, PublishTimeoutError), "failed on attempts, not the deadline"
+    assert "failed after" in str(err) and address in str(err)
+    assert isinstance(err.__cause__, NSQConnectionError)
+    assert address in str(err.__cause__)
+
+
+async def test_reconnect_outlasting_the_deadline_names_the_nsqd_and_why() -> None:
+    async with DevCluster(nodes=1, flavour="youzan") as cluster:
+        cluster.create_topic(TOPIC, partition_num=1, replica=1, ordered=True,
+                             channels=("c",))
+        address = cluster.nsqd_tcp_addresses[0]
+        # a reconnect backoff far beyond the publish's timeout; one connection, so no second
+        # one dialled in the background after the drop can carry the publish
+        config = ProducerConfig(publish_timeout=10.0, reconnect_min=30.0, reconnect_max=60.0,
+                                connections_per_nsqd=1)
+        async with Producer(lookupd=cluster.lookupd_http_addresses, config=config) as producer:
+            await producer.publish(TOPIC, b"warm", partition=0)
+            assert cluster.drop_client(0) >= 1
+            # whether the publish finds the pool already down or fails on the dying
+            # connection first, it then waits for the redial until its deadline
+            async with asyncio.timeout(10):
+                with pytest.raises(PublishTimeoutError) as info:
+                    await producer.publish(TOPIC, b"late", partition=0, timeout=0.5)
+    text = str(info.value)
+    assert f"waiting to reconnect to nsqd {address}" in text and "last error" in text
+    assert isinstance(info.value.__cause__, NSQConnectionError)
+    assert address in str(info.value.__cause__)

@@ -82,6 +82,8 @@ class NodePool:
         #: learnt from the first IDENTIFY answer
         self.flavour = Flavour.UNKNOWN
         self.dials = 0
+        #: dials that failed, ever (a waiting publisher counts the ones it saw happen)
+        self.dial_failures = 0
 
     def __repr__(self) -> str:
         return (f"<NodePool {self.address} up={len(self._up)}/{self._size} "
@@ -183,6 +185,7 @@ class NodePool:
             raise
         except Exception as exc:
             self._dialing = None
+            self.dial_failures += 1
             self._mark_down(exc)
             fut.set_exception(exc)
             return

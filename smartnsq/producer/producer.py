@@ -28,6 +28,7 @@ I/O; youzan-only features against stock nsqd (and DPUB against youzan) raise
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Coroutine, Mapping, Sequence
@@ -590,7 +591,7 @@ class Producer:
                             "nsqd")
                     remaining = deadline - loop.time()
                     if remaining <= 0:
-                        raise PublishTimeoutError(f"{op.what} to topic {op.topic!r} timed out")
+                        raise self._late_connection(op, pool.address, op.partition, None)
                     return await op.send(conn, op.partition, remaining)
                 except asyncio.CancelledError:
                     raise
@@ -729,29 +730,44 @@ class Producer:
                     # move (seconds on real clusters) or writes switched off. Waiting for a
                     # leader burns no attempts: only the deadline bounds it (PROTOCOL.md §13.1).
                     missing = NoLeaderError(
-                        f"partition {partition} of topic {topic!r} has no writable leader"
-                        if partition is not None else
-                        f"topic {topic!r} has no writable partition left")
+                        (f"partition {partition} of topic {topic!r} has no writable leader"
+                         if partition is not None else
+                         f"topic {topic!r} has no writable partition left")
+                        + (f" (last error: {last_exc})" if last_exc is not None else ""))
                     missing.__cause__ = last_exc
                     if loop.time() >= deadline:
                         raise self._failure(op, attempt, missing, deadline) from missing
                     await self._sleep(retry_delay(waits), deadline)
                     route = await self._refreshed(topic, route, deadline)
                     continue
+                pool = self._pools.get(address)
+                if pool is None:
+                    pool = self._new_pool(address, auto_reconnect=False)
+                if not pool.available(loop.time()):
+                    # Our connection to the leader the lookup names is in its reconnect backoff
+                    # (it dropped, or a dial failed). That refusal is ours, not the node's: wait
+                    # for the redial, bounded by the deadline, instead of spending an attempt
+                    # (the chaos soak's drop_conns finding). A dial that fails meanwhile counts.
+                    seen = pool.dial_failures
+                    await self._wait_reconnect(op, pool, partition, deadline, last_exc)
+                    if pool.dial_failures > seen and not pool.is_up:
+                        counted += 1
+                        last_exc = pool.last_error or last_exc
+                        if counted >= max_attempts and last_exc is not None:
+                            raise self._failure(op, attempt, last_exc, deadline) from last_exc
+                    last_target = None  # the wait was the pause before the same target
+                    continue
                 if last_target is not None and last_target == (address, partition):
                     # the same target again (e.g. lookupd still names the old leader)
                     await self._sleep(retry_delay(max(attempt, waits)), deadline)
                 attempt += 1
-                pool = self._pools.get(address)
-                if pool is None:
-                    pool = self._new_pool(address, auto_reconnect=False)
                 try:
                     conn = pool.pick()
                     if conn is None:
                         conn = await pool.get()
                     remaining = deadline - loop.time()
                     if remaining <= 0:
-                        raise PublishTimeoutError(f"{op.what} to topic {topic!r} timed out")
+                        raise self._late_connection(op, address, partition, last_exc)
                     return await op.send(conn, partition, remaining)
                 except asyncio.CancelledError:
                     raise
@@ -796,6 +812,37 @@ class Producer:
                     route = await self._refreshed(topic, route, deadline)
         finally:
             self._done()
+
+    async def _wait_reconnect(self, op: Op, pool: NodePool, partition: int | None,
+                              deadline: float, last: BaseException | None) -> None:
+        """Wait until ``pool`` is connected again (woken at once when it comes up) or its
+        backoff ends, whichever is first; raise PublishTimeoutError naming the nsqd and why it
+        is down when the deadline comes first."""
+        loop = asyncio.get_running_loop()
+        until = min(deadline, pool.retry_at)
+        if loop.time() < until:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await pool.wait_up()
+        if not pool.is_up and loop.time() >= deadline:
+            cause = pool.last_error or last
+            where = f"topic {op.topic!r}" + (
+                f" partition {partition}" if partition is not None else "")
+            err = PublishTimeoutError(
+                f"{op.what} to {where} timed out waiting to reconnect to nsqd {pool.address}"
+                + (f"; last error: {cause}" if cause is not None else ""))
+            raise err from cause
+
+    def _late_connection(self, op: Op, address: str, partition: int | None,
+                         last: BaseException | None) -> PublishTimeoutError:
+        """The deadline passed while the connection to ``address`` was being made."""
+        where = f"topic {op.topic!r}" + (f" partition {partition}" if partition is not None
+                                          else "")
+        err = PublishTimeoutError(
+            f"{op.what} to {where} timed out: the connection to nsqd {address} came up too "
+            "late" + (f" (last error: {last})" if last is not None else ""))
+        err.__cause__ = last
+        return err
 
     async def _refreshed(self, topic: str, route: TopicRoute, deadline: float) -> TopicRoute:
         """A route newer than ``route`` (one coalesced refresh), or ``route`` if the lookup
