@@ -587,7 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the Spark stage runs on the same cluster, after the ordered demo's summary
     from smartnsq import demo_spark
 
-    skip = "--no-spark was given" if args.no_spark else demo_spark.spark_missing_reason()
+    skip = ("--no-spark was given" if args.no_spark else
+            "it needs --messages of 3 or more (it stops in the third micro-batch)"
+            if args.messages < 3 else demo_spark.spark_missing_reason())
     stages: list[bool] = []
     rendered: list[DemoSummary] = []
 

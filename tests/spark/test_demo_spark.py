@@ -135,15 +135,18 @@ def test_short_error_keeps_the_root_cause() -> None:
         "smartnsq.errors.ConfigError: column shard_key needs")
 
 
-@pytest.mark.parametrize(("argv", "reason"), [
-    (["--no-spark"], "--no-spark was given"),
-    ([], "Spark needs a Java 17 or 21 runtime and none was found"),
+@pytest.mark.parametrize(("argv", "missing", "reason"), [
+    (["--messages", "40", "--no-spark"], None, "--no-spark was given"),
+    (["--messages", "40"], "no Java here", "no Java here"),
+    # Spark is there, but two messages cannot be cut into three micro-batches
+    (["--messages", "2"], None, "it needs --messages of 3 or more (it stops in the third "
+                                "micro-batch)"),
 ])
 def test_the_demo_skips_the_stage_in_one_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-        argv: list[str], reason: str) -> None:
-    monkeypatch.setattr(demo_spark, "spark_missing_reason", lambda: reason)
-    assert demo.main(["--messages", "40", "--keys", "4", "--asyncio", *argv]) == 0
+        argv: list[str], missing: str | None, reason: str) -> None:
+    monkeypatch.setattr(demo_spark, "spark_missing_reason", lambda: missing)
+    assert demo.main(["--keys", "2", "--asyncio", *argv]) == 0
     out = capsys.readouterr().out
     assert "result: OK, every check held" in out
     assert out.rstrip().endswith(f"spark stage skipped: {reason}")
