@@ -146,3 +146,36 @@ async def test_reconnect_outlasting_the_deadline_names_the_nsqd_and_why() -> Non
     assert f"waiting to reconnect to nsqd {address}" in text and "last error" in text
     assert isinstance(info.value.__cause__, NSQConnectionError)
     assert address in str(info.value.__cause__)
+
+
+async def test_direct_publishes_survive_a_dropped_connection_to_a_healthy_nsqd() -> None:
+    """The same finding with nsqd addresses given directly (the pool redials by itself)."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        # a reconnect backoff of 1 s: far inside the publish timeout, longer than the retries;
+        # one connection, so no second one dialled after the warm-up carries the publishes
+        config = ProducerConfig(publish_timeout=10.0, reconnect_min=1.0, reconnect_max=2.0,
+                                connections_per_nsqd=1)
+        async with Producer(cluster.nsqd_tcp_addresses, config=config) as producer:
+            await producer.publish(TOPIC, b"warm")
+            assert cluster.drop_client(0) >= 1
+            async with asyncio.timeout(30):
+                results = await asyncio.gather(
+                    *(producer.publish(TOPIC, b"m%d" % i) for i in range(200)),
+                    return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, f"{len(failed)} publishes failed, first: {failed[0]!r}"
+
+
+async def test_direct_nsqd_refusing_connections_still_spends_max_attempts() -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    config = ProducerConfig(publish_timeout=30.0, max_attempts=3, reconnect_min=0.05,
+                            reconnect_max=0.2)
+    async with Producer([address], config=config) as producer:
+        async with asyncio.timeout(20):
+            with pytest.raises(PublishError) as info:
+                await producer.publish(TOPIC, b"x")
+        assert producer.pools[address].dial_failures >= 3
+    err = info.value
+    assert not isinstance(err, PublishTimeoutError), "failed on attempts, not the deadline"
+    assert "failed after 3 attempt(s)" in str(err) and address in str(err)
+    assert isinstance(err.__cause__, NSQConnectionError)

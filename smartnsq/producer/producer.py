@@ -11,7 +11,8 @@ Two ways to find nsqd:
   carry the topic. Leader-type errors drop the mapping and trigger one coalesced refresh.
 
 Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
-``max_attempts`` (waiting for a partition leader counts against the timeout only);
+``max_attempts`` (waiting for a partition leader, or for our own connection to a node to be
+redialled, counts against the timeout only);
 :mod:`smartnsq.producer.retry` holds the rule. A publish that could not be
 acknowledged raises :class:`PublishError` (``__cause__``: the error that finally failed it),
 or :class:`PublishTimeoutError` when its time ran out; one acknowledged with OK is done and
@@ -550,6 +551,9 @@ class Producer:
                     fallback = p
         return fallback
 
+    def _dial_failures(self) -> int:
+        return sum(p.dial_failures for p in self._direct)
+
     def _no_node_error(self) -> NSQError:
         reasons = "; ".join(f"{p.address}: {p.last_error}" for p in self._direct
                             if p.last_error is not None)
@@ -566,16 +570,25 @@ class Producer:
             attempt = 0
             avoid: set[str] | None = None
             last_pool: NodePool | None = None
+            seen = self._dial_failures()
+            waits = 0
             while True:
                 now = loop.time()
                 pool = self._pick_direct(avoid, now)
                 if pool is None:
-                    # every node is in backoff: wait for one to come back (bounded)
-                    attempt += 1
+                    # Every node is in its reconnect backoff and the pools redial by themselves.
+                    # That refusal is our own backoff, not an attempt (chaos finding
+                    # drop_conns): a redial that failed meanwhile is, and the deadline bounds
+                    # the wait; woken at once when a pool comes up.
                     exc: BaseException = self._no_node_error()
+                    failed = self._dial_failures()
+                    if failed > seen:
+                        attempt += 1
+                        seen = failed
                     if attempt >= max_attempts or now >= deadline:
                         raise self._failure(op, attempt, exc, deadline) from exc.__cause__
-                    await self._wait_for_node(min(deadline, now + retry_delay(attempt)))
+                    waits += 1
+                    await self._wait_for_node(min(deadline, now + retry_delay(waits)))
                     last_pool = None
                     continue
                 if pool is last_pool:
@@ -596,6 +609,7 @@ class Producer:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    seen = self._dial_failures()  # our own failed dial is counted here
                     action = classify(exc)
                     if action is Action.RAISE or attempt >= max_attempts or \
                             loop.time() >= deadline:

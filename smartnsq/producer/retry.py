@@ -22,6 +22,12 @@ neither is finding no leader for the partition in the lookup: both mean a leader
 write switch is under way (a move takes 4–7 s on a real cluster, PROTOCOL.md §13.1) and the
 refusal stored nothing, so the publish waits for a leader — refreshing the lookup with the
 backoff below, one refresh shared by every waiting publish — bounded only by its deadline.
+Nor is finding our own connection pool to a live node in its reconnect backoff (after a
+dropped connection or a failed dial): the refusal is ours, so the publish waits for the
+pool's redial (woken when a connection comes up), bounded by its deadline; each dial that
+fails meanwhile counts as an attempt, so a node that really is down still fails the publish
+after ``max_attempts`` refused dials, and a redial past the deadline raises
+``PublishTimeoutError`` naming the nsqd and its last error.
 Before retrying the *same* target (or looking again for a leader) the producer sleeps
 :func:`retry_delay` — go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
 capped at :data:`MAX_RETRY_DELAY`; a retry on a *different* target (another nsqd, another
