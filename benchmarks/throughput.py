@@ -1,9 +1,11 @@
-"""Side-by-side throughput: smartnsq, pynsq and gnsq against the same nsqd, 100-byte bodies.
+"""Side-by-side throughput: smartnsq, pynsq and gnsq against the same nsqd, 100-byte bodies,
+with a raw asyncio loop on the same wire as the ceiling row.
 
 For every scenario (PUB one-at-a-time, PUB with many in flight, auto-batched publish, MPUB
 x100 pipelined, consume + FIN with max_in_flight 2500) each client runs in its own process
-(peer_smartnsq.py, peer_pynsq.py, peer_gnsq.py) on a fresh topic, so its process CPU time is
-its own and asyncio, tornado and gevent never share a process. Printed per client: messages/s,
+(peer_smartnsq.py, peer_pynsq.py, peer_gnsq.py, peer_raw.py for the raw loop) on a fresh
+topic, so its process CPU time is its own and asyncio, tornado and gevent never share a
+process. Printed per client: messages/s,
 client CPU µs per message (process CPU time ÷ messages), the rate one core of client CPU would
 allow (10⁶ ÷ µs/msg: the figure that counts when the server is the bottleneck) and ratios to
 pynsq. Before a consume run the client's topic gets a channel and N messages (MPUB preload);
@@ -20,7 +22,7 @@ ceiling: the rate the embedded double reaches with a minimal raw client.
 
 Usage: python benchmarks/throughput.py [--nsqd HOST:PORT [--nsqd-http HOST:PORT]]
        [--lookupd HOST:PORT] [--count N] [--scale F] [--only NAME ...]
-       [--clients smartnsq pynsq gnsq] [--skip-youzan] [--loop uvloop|asyncio]
+       [--clients smartnsq pynsq gnsq raw] [--skip-youzan] [--loop uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import consumer_bench
 from _harness import BODY, Result, embedded_cluster, run_peer
 from peer_smartnsq import loop_name
 
-CLIENTS = ("smartnsq", "pynsq", "gnsq")
+#: "raw" is the ceiling row: a raw asyncio loop on the same wire (peer_raw.py), no client
+CLIENTS = ("smartnsq", "pynsq", "gnsq", "raw")
 PEER_SCRIPT = {c: f"peer_{c}.py" for c in CLIENTS}
 
 
@@ -158,7 +161,7 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
             topic = f"tp_{sc.key}_{client}_{run_id}"
             if sc.key == "consume_fin":
                 preload(nsqd, topic, n)
-            extra = ["--loop", args.loop] if client == "smartnsq" else []
+            extra = ["--loop", args.loop] if client in ("smartnsq", "raw") else []
             t0 = time.monotonic()
             got = run_peer(PEER_SCRIPT[client], sc.key, "--nsqd", nsqd, "--topic", topic,
                            "--count", str(n), *extra, timeout=peer_timeout(n))
@@ -220,6 +223,9 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
             label = ""
         marks.append(f"  {sc.label}: {sc.note}")
     print("-" * len(head))
+    print("raw = a raw asyncio loop on the same wire and event loop (benchmarks/peer_raw.py: "
+          "struct parsing, one write per read, no client library): the ceiling; the distance "
+          "to it is the client's own cost.")
     print("msg/s ×pynsq = rate ÷ pynsq's rate; CPU ×pynsq = pynsq's µs/msg ÷ this client's "
           "µs/msg (both: higher is better).\n1-core cap = 10⁶ ÷ µs/msg, the rate the client's "
           "CPU cost would allow on one core if the server kept up.")

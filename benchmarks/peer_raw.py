@@ -1,0 +1,193 @@
+"""The ceiling row of the throughput benchmark: a raw asyncio loop on the same wire, no client
+library. Run by throughput.py in its own process, like the peers.
+
+It speaks just enough NSQ for each scenario (magic, PUB / MPUB / SUB + RDY + FIN, NOP for
+heartbeats), parses frames with ``struct`` on one buffer, and writes everything a read
+produced in one ``transport.write``: the least CPU per message asyncio allows for the same
+bytes. The distance between a client's µs/msg and this row is the client's own cost (message
+objects, handler dispatch, RDY management, error handling), not the wire's or the loop's.
+
+Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|asyncio]
+  pub_sequential, pub_inflight (1000 PUBs in flight), mpub (50 MPUB x100 in flight),
+  consume_fin (SUB T/bench, RDY 2500, FIN each message; N messages must already wait)
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import struct
+import sys
+from collections.abc import Awaitable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import BODY, Meter, Result, peer_main
+from producer_bench import _run
+
+_HEAD = struct.Struct(">ii")
+_FRAME_RESPONSE, _FRAME_ERROR, _FRAME_MESSAGE = 0, 1, 2
+_HEARTBEAT = b"_heartbeat_"
+_TIMEOUT = 600.0
+
+
+class _Raw(asyncio.Protocol, abc.ABC):
+    """Frames in, commands out: ``frame`` appends the commands a frame calls for to ``out``,
+    and everything one read produced goes out in one write."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        out: list[bytes] = []
+        while end - pos >= 8:
+            size, ftype = _HEAD.unpack_from(buf, pos)
+            if end - pos < 4 + size:
+                break
+            self.frame(ftype, buf, pos + 8, pos + 4 + size, out)
+            pos += 4 + size
+        del buf[:pos]
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    @abc.abstractmethod
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        """Handle the frame at ``buf[start:stop]`` (its data, after size and type)."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc or ConnectionError("nsqd closed the connection"))
+
+
+class _Publisher(_Raw):
+    """Keeps ``window`` commands in flight until ``count`` have been answered OK."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.command = b""
+        self.left_to_send = self.left_to_answer = 0
+
+    def run(self, command: bytes, count: int, window: int) -> Awaitable[None]:
+        self.command = command
+        self.left_to_answer = count
+        n = min(window, count)
+        self.left_to_send = count - n
+        self.done = asyncio.get_running_loop().create_future()
+        assert self.transport is not None
+        self.transport.write(command * n)
+        return self.done
+
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        if ftype == _FRAME_RESPONSE:
+            if buf[start:stop] == _HEARTBEAT:
+                out.append(b"NOP\n")
+                return
+            self.left_to_answer -= 1
+            if self.left_to_send:
+                self.left_to_send -= 1
+                out.append(self.command)
+            elif not self.left_to_answer and not self.done.done():
+                self.done.set_result(None)
+        elif not self.done.done():
+            self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+
+class _Consumer(_Raw):
+    """FINs every message until ``count`` were received."""
+
+    def __init__(self, count: int, meter: Meter) -> None:
+        super().__init__()
+        self.left = count
+        self.meter = meter
+        self.first = True
+
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        if ftype == _FRAME_MESSAGE:
+            if self.first:
+                self.first = False
+                self.meter.start()
+            # message: timestamp (8), attempts (2), id (16), body
+            out.append(b"FIN " + bytes(buf[start + 10:start + 26]) + b"\n")
+            self.left -= 1
+            if not self.left and not self.done.done():
+                self.meter.stop()
+                self.done.set_result(None)
+        elif ftype == _FRAME_RESPONSE:
+            if buf[start:stop] == _HEARTBEAT:
+                out.append(b"NOP\n")
+        elif not self.done.done():
+            self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+
+async def _connect(addr: str, proto: _Raw) -> None:
+    host, _, port = addr.rpartition(":")
+    await asyncio.get_running_loop().create_connection(lambda: proto, host, int(port))
+    assert proto.transport is not None
+    proto.transport.write(b"  V2")
+
+
+async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
+    pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
+    if scenario == "mpub":
+        batch = 100
+        body = struct.pack(">i", batch) + (struct.pack(">i", len(BODY)) + BODY) * batch
+        command = b"MPUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(body)), body)
+        calls, window = count // batch, 50
+    else:
+        command, calls = pub, count
+        window = 1 if scenario == "pub_sequential" else 1000
+    proto = _Publisher()
+    await _connect(addr, proto)
+    # the topic exists and the connection is warm before the clock starts
+    await asyncio.wait_for(proto.run(pub, 1, 1), _TIMEOUT)
+    meter = Meter()
+    meter.start()
+    await asyncio.wait_for(proto.run(command, calls, window), _TIMEOUT)
+    meter.stop()
+    assert proto.transport is not None
+    proto.transport.close()
+    return Result("raw", scenario, count, meter.wall, meter.cpu)
+
+
+async def _consume(addr: str, topic: str, count: int) -> Result:
+    meter = Meter()
+    proto = _Consumer(count, meter)
+    await _connect(addr, proto)
+    assert proto.transport is not None
+    # SUB's OK comes back before any message: it is just another response frame here
+    proto.transport.write(b"SUB %s bench\nRDY 2500\n" % topic.encode())
+    await asyncio.wait_for(proto.done, _TIMEOUT)
+    await asyncio.sleep(0.2)  # let the last FINs go out
+    proto.transport.close()
+    return Result("raw", "consume_fin", count, meter.wall, meter.cpu)
+
+
+#: the event loop (same choice as smartnsq's row: uvloop when installed)
+LOOP = "uvloop"
+
+
+def publish(addr: str, topic: str, count: int, scenario: str) -> Result:
+    return _run(_publish(addr, topic, count, scenario), LOOP)
+
+
+def consume(addr: str, topic: str, count: int) -> Result:
+    return _run(_consume(addr, topic, count), LOOP)
+
+
+if __name__ == "__main__":
+    if "--loop" in sys.argv:
+        i = sys.argv.index("--loop")
+        LOOP = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+    peer_main(publish, consume)
