@@ -77,17 +77,34 @@ async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
     return Flavour.STOCK
 
 
+# A youzan topic created moments ago refuses channels with E_FAILED_ON_NOT_LEADER, even on its
+# leader, until lookupd's next topic check hands the leader its session (PROTOCOL.md §13.1).
+NEW_TOPIC_WAIT = 90.0
+
+
 async def _call_all(targets: list[Target], call: Callable[[NsqdAdmin, Target], Awaitable[str]],
-                    what: str) -> None:
-    """Run ``call`` on every target, print each answer; fail if any target failed."""
+                    what: str, *, wait_not_leader: float = 0.0) -> None:
+    """Run ``call`` on every target, print each answer; fail if any target failed.
+
+    With ``wait_not_leader`` a target answering E_FAILED_ON_NOT_LEADER is asked again, with
+    growing pauses, for at most that many seconds."""
+    loop = asyncio.get_running_loop()
 
     async def one(t: Target) -> tuple[Target, str, bool]:
+        deadline = loop.time() + wait_not_leader
+        pause = 0.1
         async with NsqdAdmin(t.http_address) as nsqd:
-            try:
-                return t, await call(nsqd, t), True
-            except NsqdHttpError as exc:
-                status = f"HTTP {exc.status}: " if exc.status is not None else ""
-                return t, f"{status}{exc.reason}", False
+            while True:
+                try:
+                    return t, await call(nsqd, t), True
+                except NsqdHttpError as exc:
+                    retry = (exc.status == 400 and "NOT_LEADER" in exc.reason.upper()
+                             and loop.time() + pause < deadline)
+                    if not retry:
+                        status = f"HTTP {exc.status}: " if exc.status is not None else ""
+                        return t, f"{status}{exc.reason}", False
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     results = await asyncio.gather(*(one(t) for t in targets))
     failed = 0
@@ -211,14 +228,16 @@ def _channel_command(action: str, doc: str) -> click.Command:
         targets = await _channel_targets(cluster, topic_name, channel_name, partitions,
                                          register=action == "create")
         await _call_all(targets, lambda n, t: n.channel(action, topic_name, channel_name,
-                                                        t.partition), f"channel {action}")
+                                                        t.partition), f"channel {action}",
+                        wait_not_leader=NEW_TOPIC_WAIT if action == "create" else 0.0)
 
     command.__doc__ = doc
     return click.command(action, epilog=CHANNEL_EPILOG)(command)
 
 
 for _action, _doc in (
-        ("create", "Create CHANNEL on TOPIC (youzan: on every partition's leader)."),
+        ("create", "Create CHANNEL on TOPIC (youzan: on every partition's leader, waiting up to "
+                    "90 s while a topic created moments ago is not usable yet)."),
         ("delete", "Delete CHANNEL of TOPIC."),
         ("empty", "Drop every message waiting in CHANNEL (youzan: move it to the end)."),
         ("pause", "Stop delivering CHANNEL's messages to its consumers."),
