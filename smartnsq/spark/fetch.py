@@ -138,8 +138,8 @@ class RangeFetcher:
                                 f"{self.next_offset} (range {t.start}-{t.end}) made no progress "
                                 f"in {failures} attempts; last: {exc}") from exc
                         self.repositions += 1
-                        log.warning("%s partition %d at %d: %s; positioning again", t.topic,
-                                 t.partition, self.next_offset, exc)
+                        log.warning("%s partition %d at %d: %s; positioning again",
+                                    t.topic, t.partition, self.next_offset, exc)
                         await asyncio.sleep(min(0.1 * 2 ** failures, 2.0))
                     except ServerError as exc:
                         if not exc.refresh_lookup:
