@@ -21,6 +21,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
 from smartnsq.protocol.messages import RawMessage, encode_message, youzan_id
 from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
 
@@ -386,3 +387,53 @@ async def test_cls_timeout() -> None:
             await conn.cls(timeout=0.1)
         assert conn.is_closing
         await conn.close()
+
+
+async def test_stock_fins_keep_their_order_among_other_commands() -> None:
+    """FINs are queued as ids and joined at flush: written in one loop turn together with
+    RDY/REQ/TOUCH, every command still reaches the server whole and in call order."""
+    ids = [b"%016x" % i for i in range(6)]
+    seen: list[tuple[bytes, list[bytes]]] = []
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        # all messages and a heartbeat in one write: one read, decoded in order
+        p.send_raw(b"".join([
+            *(encode_frame(FRAME_MESSAGE, encode_message(1, 1, i, b"b")) for i in ids[:3]),
+            encode_frame(FRAME_RESPONSE, b"_heartbeat_"),
+            *(encode_frame(FRAME_MESSAGE, encode_message(1, 1, i, b"b")) for i in ids[3:]),
+        ]))
+        for _ in range(9):
+            cmd = await p.read_command()
+            seen.append((cmd.name, cmd.params))
+        await finish_cls(p)
+
+    inbox = Inbox()
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox)
+        await conn.connect()
+        await conn.subscribe("t", "c")
+        conn.send_rdy(6)
+        msgs = await inbox.wait(6)
+        assert [m.id for m in msgs] == ids
+        # one loop turn: FIN, FIN, RDY, FIN, REQ, TOUCH, FIN, FIN
+        assert conn.fin(ids[0]) and conn.fin(ids[1])
+        assert conn.send_rdy(2)
+        assert conn.fin(ids[2]) and conn.req(ids[3], 10) and conn.touch(ids[4])
+        assert conn.fin(ids[4]) and conn.fin(ids[5])
+        with pytest.raises(ConfigError, match="must be 16 bytes, got 3"):
+            conn.fin(b"abc")
+        with pytest.raises(ConfigError, match=r"16 bytes, got 16 \(bytearray\)"):
+            conn.fin(bytearray(16))  # type: ignore[arg-type]
+        assert conn.in_flight == 0
+        await conn.close()
+    # the NOP answering the heartbeat went out first, from the receive path
+    assert seen == [
+        (b"NOP", []),
+        (b"FIN", [ids[0]]), (b"FIN", [ids[1]]), (b"RDY", [b"2"]), (b"FIN", [ids[2]]),
+        (b"REQ", [ids[3], b"10"]), (b"TOUCH", [ids[4]]), (b"FIN", [ids[4]]),
+        (b"FIN", [ids[5]]),
+    ]

@@ -20,6 +20,7 @@ from smartnsq.protocol import (
     FrameDecoder,
     encode_frame,
 )
+from smartnsq.protocol.messages import RawMessage, decode_message, encode_message
 from tests.captures import capture, capture_frame
 
 
@@ -164,3 +165,70 @@ def test_arbitrary_bytes_give_frames_or_protocol_error_with_bounded_memory(
             i += 1
     except ProtocolError:
         pass
+
+
+def _stock_expected(frames: list[tuple[int, bytes]]) -> list[Frame | RawMessage]:
+    """What feed_stock() returns for ``frames``: stock messages decoded, the rest as frames
+    (including message frames too short to decode, for decode_message to reject)."""
+    return [decode_message(d) if t == FRAME_MESSAGE and len(d) >= 26 else Frame(t, d)
+            for t, d in frames]
+
+
+_stock_frames = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
+                  st.binary(max_size=40)),
+        st.builds(lambda ts, att, mid, body: (FRAME_MESSAGE, encode_message(ts, att, mid,
+                                                                            body)),
+                  st.integers(min_value=-2**63, max_value=2**63 - 1),
+                  st.integers(min_value=0, max_value=65535),
+                  st.binary(min_size=16, max_size=16), st.binary(max_size=300)),
+    ),
+    max_size=20,
+)
+
+
+@given(_stock_frames,
+       st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_feed_stock_decodes_messages_in_order_under_any_chunking(
+        frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    out: list[Frame | RawMessage] = []
+    pos = 0
+    i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        out += dec.feed_stock(stream[pos:pos + n])
+        pos += n
+        i += 1
+    assert out == _stock_expected(frames)
+    assert dec.buffered == 0
+
+
+def test_feed_stock_message_fields_and_short_message_frame() -> None:
+    mid = b"0123456789abcdef"
+    good = encode_frame(FRAME_MESSAGE, encode_message(1_700_000_000_000_000_000, 3, mid,
+                                                      b"body"))
+    short = encode_frame(FRAME_MESSAGE, b"x" * 25)
+    ok = encode_frame(FRAME_RESPONSE, OK)
+    out = FrameDecoder().feed_stock(bytearray(ok + good + short))
+    assert out[0] == Frame(FRAME_RESPONSE, OK)
+    assert out[1] == RawMessage(1_700_000_000_000_000_000, 3, mid, b"body")
+    assert out[2] == Frame(FRAME_MESSAGE, b"x" * 25)
+    with pytest.raises(ProtocolError, match="shorter than 26"):
+        decode_message(b"x" * 25)
+
+
+@pytest.mark.parametrize(("header", "match"), [
+    (struct.pack(">ii", 3, FRAME_MESSAGE), "invalid frame size 3"),
+    (struct.pack(">ii", 300, FRAME_MESSAGE), "exceeds the maximum of 256"),
+    (struct.pack(">ii", 40, 7), "unknown frame type 7"),
+])
+def test_feed_stock_rejects_bad_headers(header: bytes, match: str) -> None:
+    dec = FrameDecoder(max_size=256)
+    # a good message first: the bad header is found mid-buffer, not only at its start
+    good = encode_frame(FRAME_MESSAGE, encode_message(1, 1, b"0123456789abcdef", b"x"))
+    with pytest.raises(ProtocolError, match=match):
+        dec.feed_stock(good + header)

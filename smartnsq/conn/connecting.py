@@ -46,6 +46,7 @@ class ConnectSequence:
         _loop: asyncio.AbstractEventLoop | None
         _wire: Wire | None
         _write: Callable[[bytes], None]
+        _fin_id: Callable[[bytes], None]
         _closed_fut: asyncio.Future[None] | None
         _fifo: ResponseQueue
         _hs: Handshake | None
@@ -95,6 +96,7 @@ class ConnectSequence:
         self._state = State.CONNECTING
         wire = self._wire = Wire(loop, self._on_data, self._on_fault, self._on_lost)
         self._write = wire.write
+        self._fin_id = wire.fin
         try:
             try:
                 async with asyncio.timeout(cfg.dial_timeout):

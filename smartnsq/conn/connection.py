@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from smartnsq._checks import check_duration
@@ -55,6 +55,7 @@ from smartnsq.protocol.frames import (
     FRAME_MESSAGE,
     FRAME_RESPONSE,
     HEARTBEAT,
+    Frame,
     FrameDecoder,
 )
 from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout, RawMessage, decode_message
@@ -137,6 +138,8 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         self._waiters = self._fifo.slots
         #: the wire's write, bound once: it is called for every command
         self._write: Callable[[bytes], None] = _ignore_write
+        #: the wire's fin (FIN by message id), bound once: a consumer calls it per message
+        self._fin_id: Callable[[bytes], None] = _ignore_write
 
         self._exc: NSQError | None = None
         self._user_closed = False
@@ -307,51 +310,61 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
+        layout = self._layout
+        frames: Sequence[Frame | RawMessage]
         try:
-            frames = self._frames.feed(data)
+            # stock layout: the decoder decodes message frames itself (the per-message path)
+            if layout.ext or layout.position:
+                frames = self._frames.feed(data)
+            else:
+                frames = self._frames.feed_stock(data)
         except ProtocolError as exc:
             self._fail(exc)
             return
         self._frames_in += len(frames)
         on_message = self.on_message
-        layout = self._layout
         n_messages = 0
-        for ftype, payload in frames:
-            if ftype == FRAME_MESSAGE:
+        for frame in frames:
+            if isinstance(frame, RawMessage):
+                msg = frame
+            else:
+                ftype, payload = frame
+                if ftype == FRAME_RESPONSE:
+                    if payload == HEARTBEAT:
+                        self._write(_NOP)
+                        continue
+                    self._on_response(payload)
+                    if self._exc is not None:
+                        break
+                    continue
+                if ftype != FRAME_MESSAGE:
+                    self._on_error_frame(payload)
+                    if self._exc is not None:
+                        break
+                    continue
                 try:
                     msg = decode_message(payload, layout)
                 except ProtocolError as exc:
                     self._fail(exc)
                     return
-                n_messages += 1
-                if on_message is None:
-                    self._fail(ProtocolError(
-                        f"nsqd {self.address} delivered a message on a connection without "
-                        "a subscriber"))
-                    return
-                # counted per message so a server ignoring RDY is stopped at once, before
-                # it can fill the consumer's memory
-                self._in_flight += 1
-                if self._in_flight > self._rdy_max and not self._may_exceed_rdy():
-                    self._fail(self._rdy_violation())
-                    return
-                if self._in_flight == 1:
-                    self._busy_since = self._loop.time()  # type: ignore[union-attr]
-                try:
-                    on_message(self, msg)
-                except Exception:
-                    logger.exception("on_message callback failed (nsqd %s)", self.address)
-            elif ftype == FRAME_RESPONSE:
-                if payload == HEARTBEAT:
-                    self._write(_NOP)
-                    continue
-                self._on_response(payload)
-                if self._exc is not None:
-                    break
-            else:
-                self._on_error_frame(payload)
-                if self._exc is not None:
-                    break
+            n_messages += 1
+            if on_message is None:
+                self._fail(ProtocolError(
+                    f"nsqd {self.address} delivered a message on a connection without "
+                    "a subscriber"))
+                return
+            # counted per message so a server ignoring RDY is stopped at once, before
+            # it can fill the consumer's memory
+            in_flight = self._in_flight = self._in_flight + 1
+            if in_flight > self._rdy_max and not self._may_exceed_rdy():
+                self._fail(self._rdy_violation())
+                return
+            if in_flight == 1:
+                self._busy_since = self._loop.time()  # type: ignore[union-attr]
+            try:
+                on_message(self, msg)
+            except Exception:
+                logger.exception("on_message callback failed (nsqd %s)", self.address)
         if n_messages:
             self._messages_in += n_messages
     def _on_response(self, payload: bytes) -> None:

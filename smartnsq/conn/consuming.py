@@ -69,6 +69,7 @@ class SubscribeCommands:
         _max_rdy: int
         _can_write: bool
         _write: Callable[[bytes], None]
+        _fin_id: Callable[[bytes], None]
         _waiters: deque[Waiter]
         _requests: int
         _subscribed: bool
@@ -159,7 +160,9 @@ class SubscribeCommands:
         """FIN (fire-and-forget). False if the connection can no longer write."""
         if not self._can_write:
             return False
-        self._write(commands.fin(msg_id))
+        if len(msg_id) != 16 or type(msg_id) is not bytes:
+            commands.fin(msg_id)  # raises the ConfigError that says what is wrong with it
+        self._fin_id(msg_id)
         if self._in_flight:
             self._in_flight -= 1
             if not self._in_flight:

@@ -4,7 +4,9 @@ back-pressure and the read timeout.
 :class:`Wire` is the ``asyncio.Protocol``. It knows nothing about NSQ frames: it hands the
 (decompressed) byte stream to its owner and writes the bytes it is given. Writes made in the
 same event-loop iteration are joined and sent with one ``transport.write`` (one compression
-call, one syscall), which is what makes many small commands (PUB, FIN, RDY) cheap.
+call, one syscall), which is what makes many small commands (PUB, FIN, RDY) cheap. FINs are
+queued as bare message ids and become commands in one ``join`` per run of FINs, in order with
+the other writes (a consumer sends one per message).
 """
 
 # the timeouts here bound one step and raise smartnsq errors instead of TimeoutError
@@ -77,6 +79,8 @@ class Wire(asyncio.Protocol):
         self._encoder: StreamEncoder | None = None
         self._decoder: StreamDecoder | None = None
         self._wbuf: list[bytes] = []
+        #: ids of FINs queued after the last entry of ``_wbuf`` (see fin())
+        self._fins: list[bytes] = []
         self._flush_scheduled = False
         self._lost = False
         self._tls = False
@@ -124,6 +128,7 @@ class Wire(asyncio.Protocol):
             return
         self._lost = True
         self._wbuf.clear()
+        self._fins.clear()
         self._cancel_read_timer()
         self._wake_drainers()
         self._on_lost(exc)
@@ -139,13 +144,31 @@ class Wire(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; everything queued in this loop iteration goes out in one write."""
+        if self._fins:
+            self._spill_fins()
         self._wbuf.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def fin(self, msg_id: bytes) -> None:
+        """Queue ``FIN msg_id`` (a valid 16-byte id: the caller checked it), in order with
+        :meth:`write`. Cheaper per message than formatting each command."""
+        self._fins.append(msg_id)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def _spill_fins(self) -> None:
+        fins = self._fins
+        # "FIN a\nFIN b\n" without one bytes object per command; flush() joins the pieces
+        self._wbuf += (b"FIN ", b"\nFIN ".join(fins), b"\n")
+        fins.clear()
+
     def flush(self) -> None:
         self._flush_scheduled = False
+        if self._fins:
+            self._spill_fins()
         buf = self._wbuf
         if not buf:
             return
@@ -252,6 +275,7 @@ class Wire(asyncio.Protocol):
     def abort(self) -> None:
         """Drop what is queued and close the socket now."""
         self._wbuf.clear()
+        self._fins.clear()
         self._cancel_read_timer()
         if self._transport is not None and not self._lost:
             self._transport.abort()

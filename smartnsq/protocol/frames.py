@@ -12,6 +12,7 @@ from functools import partial
 from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
+from smartnsq.protocol.messages import MIN_MESSAGE_SIZE, RawMessage, unpack_message_head
 
 MAGIC_V2 = b"  V2"
 
@@ -40,6 +41,9 @@ class Frame(NamedTuple):
 # Building a NamedTuple through its Python-level __new__ costs ~0.15 µs per frame on the
 # consume hot path; tuple.__new__ bound with partial constructs the same object in C.
 _new_frame = partial(tuple.__new__, Frame)
+
+#: smallest stock message frame (size field included): header + timestamp + attempts + id
+_MIN_STOCK_MESSAGE = 8 + MIN_MESSAGE_SIZE
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
@@ -80,6 +84,21 @@ class FrameDecoder:
         self._need = 8
         return rest
 
+    def _join(self, data: bytes | bytearray | memoryview) -> bytes | None:
+        """The unparsed bytes with ``data`` appended; None while not enough for ``_need``."""
+        if type(data) is not bytes:
+            data = bytes(data)
+        pending = self._pending
+        if not pending:
+            return data
+        pending.append(data)
+        self._pending_len += len(data)
+        if self._pending_len < self._need:
+            return None
+        buf = b"".join(pending)
+        pending.clear()
+        return buf
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes; return the frames completed by them (possibly none).
 
@@ -87,18 +106,9 @@ class FrameDecoder:
         the header alone, before the frame body is accumulated) or an unknown frame type.
         After an error the decoder is unusable: the stream has lost its framing.
         """
-        if type(data) is not bytes:
-            data = bytes(data)
-        pending = self._pending
-        if pending:
-            pending.append(data)
-            self._pending_len += len(data)
-            if self._pending_len < self._need:
-                return []
-            buf = b"".join(pending)
-            pending.clear()
-        else:
-            buf = data
+        buf = self._join(data)
+        if buf is None:
+            return []
         frames: list[Frame] = []
         append = frames.append
         pos = 0
@@ -115,11 +125,50 @@ class FrameDecoder:
                 break
             append(_new_frame((ftype, buf[pos + 8:stop])))
             pos = stop
+        self._keep(buf, pos, need)
+        return frames
+
+    def feed_stock(self, data: bytes | bytearray | memoryview) -> list[Frame | RawMessage]:
+        """:meth:`feed` for a connection whose message frames have the stock layout
+        (PROTOCOL.md §1.4): message frames come back decoded, as :class:`RawMessage`, in
+        order with the other frames. The consumer's receive path: it saves a frame tuple,
+        a copy of the payload and a call per message. A message frame too short to decode
+        comes back as a frame, for ``decode_message`` to reject."""
+        buf = self._join(data)
+        if buf is None:
+            return []
+        frames: list[Frame | RawMessage] = []
+        append = frames.append
+        pos = 0
+        end = len(buf)
+        max_size = self._max_size
+        need = 8
+        while end - pos >= 8:
+            size, ftype = _unpack_header(buf, pos)
+            if size < 4 or size > max_size or ftype not in FRAME_TYPES:
+                self._check_header(buf[pos:pos + 8])
+            stop = pos + 4 + size
+            if stop > end:
+                need = 4 + size
+                break
+            if ftype == FRAME_MESSAGE and stop - pos >= _MIN_STOCK_MESSAGE:
+                timestamp, attempts = unpack_message_head(buf, pos + 8)
+                # all eight fields positionally: the dataclass's defaults cost more
+                append(RawMessage(timestamp, attempts, buf[pos + 18:pos + 34],
+                                  buf[pos + 34:stop], None, None, None, None))
+            else:
+                append(_new_frame((ftype, buf[pos + 8:stop])))
+            pos = stop
+        self._keep(buf, pos, need)
+        return frames
+
+    def _keep(self, buf: bytes, pos: int, need: int) -> None:
+        """Keep the unparsed tail ``buf[pos:]``, ``need`` bytes being the next step."""
+        end = len(buf)
         if pos < end:
-            pending.append(buf[pos:] if pos else buf)
+            self._pending.append(buf[pos:] if pos else buf)
         self._pending_len = end - pos
         self._need = need
-        return frames
 
     def _check_header(self, header: bytes) -> None:
         size, ftype = _unpack_header(header, 0)
