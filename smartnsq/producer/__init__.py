@@ -10,10 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from smartnsq.producer.encoded import encode_batch
     from smartnsq.producer.http import HttpProducer
     from smartnsq.producer.producer import Producer
     from smartnsq.producer.trace import TraceSwitch
-    from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
+    from smartnsq.producer.types import PublishReceipt, PublishTimeoutError, SentBatch
 
 # loaded on first use: smartnsq.ordered imports the small modules of this package, and the
 # producer imports smartnsq.ordered, so the package itself must not import eagerly
@@ -22,6 +23,8 @@ _LAZY = {
     "Producer": "smartnsq.producer.producer",
     "PublishReceipt": "smartnsq.producer.types",
     "PublishTimeoutError": "smartnsq.producer.types",
+    "SentBatch": "smartnsq.producer.types",
+    "encode_batch": "smartnsq.producer.encoded",
     "TraceSwitch": "smartnsq.producer.trace",
 }
 
@@ -33,4 +36,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["HttpProducer", "Producer", "PublishReceipt", "PublishTimeoutError", "TraceSwitch"]
+__all__ = ["HttpProducer", "Producer", "PublishReceipt", "PublishTimeoutError", "SentBatch",
+           "TraceSwitch", "encode_batch"]

@@ -41,6 +41,19 @@ class PublishReceipt:
                    resp.raw_size, count)
 
 
+@dataclass(frozen=True, slots=True)
+class SentBatch:
+    """What :meth:`Producer.publish_encoded` / :meth:`Producer.publish_ext_batch` sent."""
+
+    topic: str
+    #: the partition that stored the batch (None: stock or non-partitioned nsqd)
+    partition: int | None
+    #: messages in the batch
+    count: int
+    #: where it was stored, for MPUB_TRACE (and an MPUB sent traced); else None
+    receipt: PublishReceipt | None = None
+
+
 class PublishTimeoutError(PublishError, NSQTimeoutError):
     """The publish was not acknowledged within the call's timeout. It may still have been
     stored (the answer was late); ``__cause__`` holds the last attempt's error."""

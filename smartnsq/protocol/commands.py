@@ -231,6 +231,15 @@ def mpub_trace(topic: str, partition: int, items: Sequence[tuple[int, bytes]]) -
     return _line(b"MPUB_TRACE", topic, partition) + b"".join(parts)
 
 
+def mpub_encoded(topic: str, body: bytes | bytearray | memoryview, partition: int | None = None,
+                 *, traced: bool = False) -> bytes:
+    """MPUB (``traced``: MPUB_TRACE, which needs ``partition``) whose body the caller encoded:
+    ``[count]([size][data])*``, each MPUB_TRACE ``data`` starting with its 8-byte trace id.
+    The body is not walked here (the producer checks its frame; nsqd checks the elements)."""
+    return _line(b"MPUB_TRACE" if traced else b"MPUB", topic, partition) + \
+        _pack_u32(len(body)) + body
+
+
 def encode_ext_header(header: Mapping[str, Any] | bytes | None) -> bytes:
     """JSON header bytes for PUB_EXT/MPUB_EXT; reserved ``##`` values must be strings."""
     if header is None:

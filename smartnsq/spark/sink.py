@@ -17,9 +17,6 @@ producer's own retry loop (leader changes, refreshes, ``maxAttempts``, ``publish
 A publish that fails for good fails the task with the producer's error: nothing is dropped.
 """
 
-# Per-call ``timeout`` arguments follow the connection API (the producer bounds each MPUB).
-# ruff: noqa: ASYNC109
-
 from __future__ import annotations
 
 import asyncio
@@ -35,16 +32,12 @@ from pyspark.sql.datasource import (
 )
 
 from smartnsq.config import ProducerConfig
-from smartnsq.conn import Connection
-from smartnsq.errors import CommandKind, ConfigError, ProtocolError
+from smartnsq.errors import ConfigError
 from smartnsq.producer import Producer
-from smartnsq.producer.ops import Op
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.protocol.responses import decode_trace_response
 from smartnsq.spark.sink_arrow import (
     BatchPlan,
     DeferredRows,
-    EncodedBatch,
     ExtBatch,
     Unit,
     check_schema,
@@ -98,68 +91,6 @@ def summarize(messages: list[NsqCommitMessage | None]) -> dict[PartitionKey, int
             for k, v in m.counts.items():
                 total[k] = total.get(k, 0) + v
     return total
-
-
-# ---------------------------------------------------------------------------- ops
-
-class _EncodedMPub(Op):
-    """An MPUB (MPUB_TRACE) whose body was built from Arrow buffers, sent through the
-    producer's retry loop; ``sent_to`` is the partition of the last attempt."""
-
-    __slots__ = ("sent_to", "unit")
-    what = "MPUB"
-
-    def __init__(self, unit: EncodedBatch) -> None:
-        super().__init__(unit.topic, unit.partition)
-        self.unit = unit
-        self.sent_to: int | None = None
-
-    async def send(self, conn: Connection, partition: int | None,
-                   timeout: float) -> PublishReceipt | None:
-        self.sent_to = partition
-        body = self.unit.body
-        topic = self.topic.encode()
-        if self.unit.traced:
-            p = self._youzan_partition(conn, partition)
-            line = b"MPUB_TRACE %s %d\n" % (topic, p)
-        elif partition is None:
-            line = b"MPUB %s\n" % topic
-        else:
-            line = b"MPUB %s %d\n" % (topic, partition)
-        command = line + len(body).to_bytes(4, "big") + body
-        data = await conn.request(command, CommandKind.PUBLISH, timeout, topic=self.topic,
-                                  partition=partition)
-        if self.unit.traced:
-            assert partition is not None
-            return self._receipt(decode_trace_response(data), conn, partition, self.unit.count)
-        if data != b"OK":
-            raise ProtocolError(f"MPUB to {conn.address} answered {data[:32]!r}, expected OK")
-        return None
-
-
-class _EncodedMPubTrace(_EncodedMPub):
-    __slots__ = ()
-    what = "MPUB_TRACE"
-    youzan_only = True
-
-
-class _MPubExtRows(Op):
-    """MPUB_EXT with one JSON header per message."""
-
-    __slots__ = ("sent_to", "unit")
-    what = "MPUB_EXT"
-    youzan_only = True
-
-    def __init__(self, unit: ExtBatch) -> None:
-        super().__init__(unit.topic, unit.partition)
-        self.unit = unit
-        self.sent_to: int | None = None
-
-    async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
-        p = self._youzan_partition(conn, partition)
-        self.sent_to = p
-        items: list[tuple[bytes | None, bytes]] = list(self.unit.items)
-        await conn.publish_many_ext(self.topic, p, items, timeout)
 
 
 # ---------------------------------------------------------------------------- one task
@@ -226,7 +157,6 @@ class _TaskPublisher:
 
     async def _publish(self, unit: Unit) -> None:
         p = self.producer
-        deadline = asyncio.get_running_loop().time() + self.opts.publishTimeout
         if isinstance(unit, DeferredRows):
             rows = unit.rows
             for i in range(0, len(rows), _DPUB_WINDOW):
@@ -236,17 +166,16 @@ class _TaskPublisher:
                     for body, delay in rows[i:i + _DPUB_WINDOW]))
             self.message.add((unit.topic, None), len(rows), None)
             return
-        op: _EncodedMPub | _MPubExtRows
+        # through the producer's own retry loop (routing, leader changes, attempts,
+        # deadline); publish_encoded takes the Arrow-built body as is (no object per row)
+        timeout = self.opts.publishTimeout
         if isinstance(unit, ExtBatch):
-            op = _MPubExtRows(unit)
-        elif unit.traced:
-            op = _EncodedMPubTrace(unit)
+            sent = await p.publish_ext_batch(unit.topic, unit.items, partition=unit.partition,
+                                             timeout=timeout)
         else:
-            op = _EncodedMPub(unit)
-        # the producer's own retry loop (routing, leader changes, attempts, deadline): the
-        # public publish_many would need one bytes object per row, which this path avoids
-        receipt = await p._execute(op, deadline)
-        self.message.add((unit.topic, op.sent_to), unit.count, receipt)
+            sent = await p.publish_encoded(unit.topic, unit.body, partition=unit.partition,
+                                           traced=unit.traced, timeout=timeout)
+        self.message.add((unit.topic, sent.partition), unit.count, sent.receipt)
 
     def check(self) -> None:
         if self.error is not None:

@@ -1,0 +1,64 @@
+"""The exceptions that end a publish, and the bounded pause between attempts: what the retry
+loops of :mod:`smartnsq.producer.execute` raise when :mod:`smartnsq.producer.retry` says stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from smartnsq.errors import ClientClosedError, ConfigError, PublishError, UnsupportedFeatureError
+from smartnsq.producer.ops import Op
+from smartnsq.producer.types import PublishTimeoutError
+
+__all__ = ["failure", "late_connection", "reconnect_timeout", "sleep_before"]
+
+
+def _where(op: Op, partition: int | None) -> str:
+    return f"topic {op.topic!r}" + (f" partition {partition}" if partition is not None else "")
+
+
+def failure(op: Op, attempts: int, exc: BaseException, deadline: float) -> BaseException:
+    """The exception that ends ``op`` after ``exc``: the caller's own mistakes and errors
+    already shaped as publish errors as they are, anything else wrapped in PublishError
+    (PublishTimeoutError when the deadline has passed)."""
+    if isinstance(exc, UnsupportedFeatureError | ConfigError | ClientClosedError):
+        return exc
+    if isinstance(exc, PublishError):
+        return exc
+    where = _where(op, op.partition)
+    if asyncio.get_running_loop().time() >= deadline:
+        err: PublishError = PublishTimeoutError(
+            f"{op.what} to {where} not acknowledged in time "
+            f"({attempts} attempt(s)); last error: {exc}")
+    else:
+        err = PublishError(f"{op.what} to {where} failed after {attempts} attempt(s): {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def late_connection(op: Op, address: str, partition: int | None,
+                    last: BaseException | None) -> PublishTimeoutError:
+    """The deadline passed while the connection to ``address`` was being made."""
+    err = PublishTimeoutError(
+        f"{op.what} to {_where(op, partition)} timed out: the connection to nsqd {address} "
+        "came up too late" + (f" (last error: {last})" if last is not None else ""))
+    err.__cause__ = last
+    return err
+
+
+def reconnect_timeout(op: Op, address: str, partition: int | None,
+                      cause: BaseException | None) -> PublishTimeoutError:
+    """The deadline passed while our pool to ``address`` waited to redial."""
+    err = PublishTimeoutError(
+        f"{op.what} to {_where(op, partition)} timed out waiting to reconnect to nsqd "
+        f"{address}" + (f"; last error: {cause}" if cause is not None else ""))
+    err.__cause__ = cause
+    return err
+
+
+async def sleep_before(seconds: float, deadline: float) -> None:
+    """Sleep ``seconds``, but never past ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    seconds = min(seconds, deadline - loop.time())
+    if seconds > 0:
+        await asyncio.sleep(seconds)
