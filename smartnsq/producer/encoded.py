@@ -8,10 +8,12 @@ each ``data`` being an 8-byte trace id then the message, so every message has it
 id — and skip building a Python object per message. :func:`encode_batch` builds such a body
 from Python objects (for tests, and for callers who want per-message trace ids).
 
-The producer checks the frame (type, count, size limits) before any I/O; the elements are
-checked by nsqd, which refuses a malformed body with E_BAD_BODY / E_BAD_MESSAGE (raised at
-once, never retried). Each batch is atomic and goes through the producer's retry loop like any
-MPUB; the returned :class:`~smartnsq.producer.types.SentBatch` says which partition took it.
+The producer walks the body's element sizes before any I/O (one ``unpack`` per message, no
+copy): nsqd reads an MPUB's elements straight off the socket, trusting their sizes, so a body
+whose sizes do not add up would make it read into the next command and desynchronise the
+connection; such a body raises ConfigError naming the first bad element. Each batch is
+atomic and goes through the producer's retry loop like any MPUB; the returned
+:class:`~smartnsq.producer.types.SentBatch` says which partition took it.
 """
 
 # Per-call ``timeout`` arguments are the API (they bound the whole call, retries included).
@@ -66,7 +68,8 @@ def encode_batch(bodies: Sequence[bytes], trace_ids: Sequence[int] | None = None
 Encoded = bytes | bytearray | memoryview
 
 
-def check_encoded(body: object, traced: object, max_body_size: int) -> tuple[Encoded, int]:
+def check_encoded(body: object, traced: object, max_msg_size: int,
+                  max_body_size: int) -> tuple[Encoded, int]:
     """An encoded MPUB body (a memoryview as flat bytes) and its message count, or
     ConfigError naming what is wrong."""
     if not isinstance(traced, bool):
@@ -91,7 +94,31 @@ def check_encoded(body: object, traced: object, max_body_size: int) -> tuple[Enc
     if n < smallest:
         raise ConfigError(f"body of {n} bytes is too short for the {count} messages its count "
                           f"field says (at least {smallest} bytes)")
+    _walk(body, count, traced, max_msg_size)
     return body, count
+
+
+def _walk(body: Encoded, count: int, traced: bool, max_msg_size: int) -> None:
+    """The element sizes must cover the body exactly, each message within 1..max_msg_size."""
+    unpack = _U32.unpack_from
+    extra = 8 if traced else 0  # an MPUB_TRACE element's trace id
+    end = len(body)
+    off = 4
+    for i in range(count):
+        if off + 4 > end:
+            raise ConfigError(f"body ends inside the size field of message {i} of {count}")
+        size: int = unpack(body, off)[0] - extra
+        if not 0 < size <= max_msg_size:
+            what = "shorter than its trace id" if size < 0 else f"{size} bytes"
+            raise ConfigError(f"message {i} of the body is {what}; messages must be 1.."
+                              f"{max_msg_size} bytes (max_msg_size)")
+        off += 4 + extra + size
+        if off > end:
+            raise ConfigError(f"message {i} of {count} ({size} bytes) runs past the end of "
+                              f"the body ({end} bytes)")
+    if off != end:
+        raise ConfigError(f"the {count} messages of the body take {off} bytes, the body has "
+                          f"{end}")
 
 
 def check_ext_items(items: object, max_msg_size: int,

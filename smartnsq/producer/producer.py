@@ -372,10 +372,11 @@ class Producer:
         ``[count]([size][data])*``, as :func:`~smartnsq.producer.encode_batch` builds it), so
         no object per message is needed. ``traced``: the body is an MPUB_TRACE body (every
         message with its own 8-byte trace id; youzan); the result then holds the receipt.
-        The batch is atomic, retried like any MPUB, and must fit ``max_body_size``."""
+        Its element sizes are checked before any I/O. The batch is atomic, retried like any
+        MPUB, and must fit ``max_body_size``."""
         self._check_open()
         self._check_topic(topic)
-        body, count = check_encoded(body, traced, self._max_body)
+        body, count = check_encoded(body, traced, self._max_msg, self._max_body)
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)

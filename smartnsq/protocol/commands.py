@@ -235,7 +235,7 @@ def mpub_encoded(topic: str, body: bytes | bytearray | memoryview, partition: in
                  *, traced: bool = False) -> bytes:
     """MPUB (``traced``: MPUB_TRACE, which needs ``partition``) whose body the caller encoded:
     ``[count]([size][data])*``, each MPUB_TRACE ``data`` starting with its 8-byte trace id.
-    The body is not walked here (the producer checks its frame; nsqd checks the elements)."""
+    The body is not walked here: the producer checks it (nsqd trusts the element sizes)."""
     return _line(b"MPUB_TRACE" if traced else b"MPUB", topic, partition) + \
         _pack_u32(len(body)) + body
 
