@@ -163,9 +163,10 @@ class SubscribeCommands:
         if len(msg_id) != 16 or type(msg_id) is not bytes:
             commands.fin(msg_id)  # raises the ConfigError that says what is wrong with it
         self._fin_id(msg_id)
-        if self._in_flight:
-            self._in_flight -= 1
-            if not self._in_flight:
+        n = self._in_flight
+        if n:
+            self._in_flight = n = n - 1
+            if not n:
                 self._busy_since = None
         return True
 

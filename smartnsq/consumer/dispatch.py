@@ -105,6 +105,8 @@ class Dispatcher:
         self._finished = policy.finished if policy.screens else None
         self._max_attempts = policy.max_attempts
         self._tracing = False
+        #: on_message has admission work beyond the start guard (see _admit)
+        self._checking = self._screen is not None or bool(self._max_attempts)
         self.queue: deque[Message] = deque()
         self.workers: set[asyncio.Task[None]] = set()
         self._idle: list[asyncio.Future[None]] = []
@@ -134,17 +136,8 @@ class Dispatcher:
         if not sub.dirty:
             self._mark(sub)
         msg = Message(raw, sub)
-        if self._tracing:
-            log_consumed(self.topic, self.channel, sub, msg)
-        guard = sub.guard
-        if guard is not None and not guard.admit(msg):
-            self.drop(sub, msg)
-            return
-        if self._screen is not None:
-            if not self._screen(sub, msg):
-                return
-        elif self._max_attempts and raw.attempts > self._max_attempts:
-            self._policy.give_up(sub, msg)
+        # one test on the common path: no tracing, start guard, admission hook or attempt cap
+        if (self._checking or sub.guard is not None) and not self._admit(sub, msg):
             return
         self.outstanding += 1
         sub.outstanding += 1
@@ -156,10 +149,28 @@ class Dispatcher:
         else:
             self.deliver(msg)
 
+    def _admit(self, sub: Sub, msg: Message) -> bool:
+        """Trace, start guard, admission: False when the message went elsewhere."""
+        if self._tracing:
+            log_consumed(self.topic, self.channel, sub, msg)
+        guard = sub.guard
+        if guard is not None and not guard.admit(msg):
+            self.drop(sub, msg)
+            return False
+        if self._screen is not None:
+            if not self._screen(sub, msg):
+                return False
+        elif self._max_attempts and msg._raw.attempts > self._max_attempts:
+            self._policy.give_up(sub, msg)
+            return False
+        return True
+
     def _mark(self, sub: Sub) -> None:
         if self._driver.mark(sub):
             # the trace switch is read once per loop iteration, not per message
             self._tracing = self._trace.is_on(self.topic)
+            self._checking = self._tracing or self._screen is not None or bool(
+                self._max_attempts)
 
     def deliver(self, msg: Message) -> None:
         """Hand an outstanding message to the handler or the iterator."""
@@ -303,8 +314,8 @@ class Dispatcher:
         queue = self.queue
         popleft = queue.popleft
         handler = self._handler
-        # without a policy hook on FIN, skip finish()'s extra call
-        finish = self._fin if self._finished is None else self.finish
+        # with a policy hook on FIN, finish() runs it; without, _fin() is inlined below
+        finish = None if self._finished is None else self.finish
         failed = self._policy.failed
         tracked = self.tracked
         assert handler is not None and self.loop is not None
@@ -352,9 +363,24 @@ class Dispatcher:
                     else:
                         if msg._state == _PENDING:
                             if msg._auto:
-                                # Message.finish() without its two indirections
+                                # Message.finish() without its indirections
                                 msg._state = _FINISHED
-                                finish(sub, msg)
+                                if finish is not None:
+                                    finish(sub, msg)
+                                else:
+                                    # _fin() inlined: one call less per message
+                                    conn = sub.conn
+                                    if conn is not None:
+                                        conn.fin(msg._raw.id)
+                                    sub.outstanding -= 1
+                                    sub.fin_pending += 1
+                                    if not sub.dirty:
+                                        self._mark(sub)
+                                    self.outstanding -= 1
+                                    if tracked:
+                                        tracked.discard(msg)
+                                    if self._drained is not None or sub.drained is not None:
+                                        self._settled(sub)
                             else:
                                 tracked.add(msg)
                     if st.stalled:

@@ -12,7 +12,7 @@ from functools import partial
 from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
-from smartnsq.protocol.messages import MIN_MESSAGE_SIZE, RawMessage, unpack_message_head
+from smartnsq.protocol.messages import MIN_MESSAGE_SIZE, RawMessage
 
 MAGIC_V2 = b"  V2"
 
@@ -44,6 +44,9 @@ _new_frame = partial(tuple.__new__, Frame)
 
 #: smallest stock message frame (size field included): header + timestamp + attempts + id
 _MIN_STOCK_MESSAGE = 8 + MIN_MESSAGE_SIZE
+#: frame header + a message's timestamp and attempts (PROTOCOL.md §1.4), read in one call
+_MESSAGE_HEAD = struct.Struct(">iiqH")
+_unpack_message_head = _MESSAGE_HEAD.unpack_from
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
@@ -143,8 +146,13 @@ class FrameDecoder:
         end = len(buf)
         max_size = self._max_size
         need = 8
+        timestamp = attempts = 0
         while end - pos >= 8:
-            size, ftype = _unpack_header(buf, pos)
+            if end - pos >= 18:
+                # header and message head at once; meaningless unless it is a message
+                size, ftype, timestamp, attempts = _unpack_message_head(buf, pos)
+            else:
+                size, ftype = _unpack_header(buf, pos)
             if size < 4 or size > max_size or ftype not in FRAME_TYPES:
                 self._check_header(buf[pos:pos + 8])
             stop = pos + 4 + size
@@ -152,7 +160,6 @@ class FrameDecoder:
                 need = 4 + size
                 break
             if ftype == FRAME_MESSAGE and stop - pos >= _MIN_STOCK_MESSAGE:
-                timestamp, attempts = unpack_message_head(buf, pos + 8)
                 # all eight fields positionally: the dataclass's defaults cost more
                 append(RawMessage(timestamp, attempts, buf[pos + 18:pos + 34],
                                   buf[pos + 34:stop], None, None, None, None))

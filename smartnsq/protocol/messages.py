@@ -15,8 +15,6 @@ from smartnsq.errors import ProtocolError
 
 _HEAD = struct.Struct(">qH")  # timestamp ns, attempts
 _unpack_head = _HEAD.unpack_from
-#: ``(timestamp, attempts)`` from a message frame's data at an offset
-unpack_message_head = _unpack_head
 _POS = struct.Struct(">QI")  # disk-queue offset, raw size
 _unpack_pos = _POS.unpack_from
 _ID = struct.Struct(">QQ")  # youzan internal id, trace id
