@@ -21,7 +21,7 @@ from smartnsq.config import ConsumerConfig, LookupConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer
-from smartnsq.producer import Producer, PublishReceipt
+from smartnsq.producer import Producer, PublishReceipt, encode_batch
 from tests.real_servers import (
     StockServer,
     YouzanCluster,
@@ -244,3 +244,41 @@ async def test_traced_receipts_match_consumed_positions(
                       if m.partition == part)
         for (a, size), (b, _) in itertools.pairwise(offs):
             assert b == a + size
+
+
+@pytest.mark.real_nsqd
+async def test_stock_encoded_batch(stock: StockServer) -> None:  # noqa: F811
+    topic = unique("rc_enc")
+    bodies = [b"e-%d" % i for i in range(200)]
+    async with Producer([stock.nsqd_tcp]) as p:
+        sent = await p.publish_encoded(topic, encode_batch(bodies))
+        assert (sent.partition, sent.count, sent.receipt) == (None, 200, None)
+    got = Collector(set(bodies))
+    async with Consumer(topic, "c", got, nsqd_tcp_addresses=[stock.nsqd_tcp],
+                        config=FAST_CONSUMER):
+        await got.wait()
+    assert [m.body for m in got.messages if m.attempts == 1] == bodies
+
+
+@pytest.mark.real_youzan
+async def test_encoded_batches_keep_per_message_trace_ids(
+        youzan: YouzanCluster) -> None:  # noqa: F811
+    topic = await youzan.create_topic("rc_enc", partition_num=2, replicator=1, ordered=True)
+    traced = [b"et-%d" % i for i in range(30)]
+    plain = [b"ep-%d" % i for i in range(30)]
+    async with Producer(lookupd=[youzan.lookupd]) as p:
+        sent = await p.publish_encoded(
+            topic.name, encode_batch(traced, [5000 + i for i in range(30)]), partition=1,
+            traced=True)
+        rr = await p.publish_encoded(topic.name, encode_batch(plain))
+    assert sent.partition == 1 and sent.receipt is not None and sent.receipt.count == 30
+    assert rr.partition in (0, 1) and rr.receipt is None
+    got = Collector(set(traced + plain))
+    async with OrderedConsumer(topic.name, "ch", got, lookupd_http_addresses=[youzan.lookupd],
+                               config=FAST_CONSUMER):
+        await got.wait()
+    by_body = {m.body: m for m in got.messages}
+    assert [by_body[b].trace_id for b in traced] == [5000 + i for i in range(30)]
+    assert by_body[traced[0]].offset == sent.receipt.offset
+    assert sum(by_body[b].raw_size or 0 for b in traced) == sent.receipt.raw_size
+    assert {by_body[b].partition for b in plain} == {rr.partition}
