@@ -47,6 +47,7 @@ class ConnectSequence:
         _wire: Wire | None
         _write: Callable[[bytes], None]
         _fin_id: Callable[[bytes], None]
+        _fin_ids: list[bytes]
         _closed_fut: asyncio.Future[None] | None
         _fifo: ResponseQueue
         _hs: Handshake | None
@@ -97,6 +98,7 @@ class ConnectSequence:
         wire = self._wire = Wire(loop, self._on_data, self._on_fault, self._on_lost)
         self._write = wire.write
         self._fin_id = wire.fin
+        self._fin_ids = wire.fin_ids
         try:
             try:
                 async with asyncio.timeout(cfg.dial_timeout):

@@ -140,6 +140,8 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         self._write: Callable[[bytes], None] = _ignore_write
         #: the wire's fin (FIN by message id), bound once: a consumer calls it per message
         self._fin_id: Callable[[bytes], None] = _ignore_write
+        #: the wire's queued FIN ids (see Wire.fin_ids)
+        self._fin_ids: list[bytes] = []
 
         self._exc: NSQError | None = None
         self._user_closed = False

@@ -70,6 +70,7 @@ class SubscribeCommands:
         _can_write: bool
         _write: Callable[[bytes], None]
         _fin_id: Callable[[bytes], None]
+        _fin_ids: list[bytes]
         _waiters: deque[Waiter]
         _requests: int
         _subscribed: bool
@@ -162,7 +163,11 @@ class SubscribeCommands:
             return False
         if len(msg_id) != 16 or type(msg_id) is not bytes:
             commands.fin(msg_id)  # raises the ConfigError that says what is wrong with it
-        self._fin_id(msg_id)
+        fin_ids = self._fin_ids
+        if fin_ids:
+            fin_ids.append(msg_id)  # the wire's flush is already scheduled
+        else:
+            self._fin_id(msg_id)
         n = self._in_flight
         if n:
             self._in_flight = n = n - 1

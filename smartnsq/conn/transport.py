@@ -79,8 +79,10 @@ class Wire(asyncio.Protocol):
         self._encoder: StreamEncoder | None = None
         self._decoder: StreamDecoder | None = None
         self._wbuf: list[bytes] = []
-        #: ids of FINs queued after the last entry of ``_wbuf`` (see fin())
-        self._fins: list[bytes] = []
+        #: ids of FINs queued after the last entry of ``_wbuf`` (see fin()). Only ever
+        #: cleared, never replaced, and non-empty only while a flush is scheduled: a caller
+        #: that finds it non-empty may append an id directly (one call less per FIN)
+        self.fin_ids: list[bytes] = []
         self._flush_scheduled = False
         self._lost = False
         self._tls = False
@@ -128,7 +130,7 @@ class Wire(asyncio.Protocol):
             return
         self._lost = True
         self._wbuf.clear()
-        self._fins.clear()
+        self.fin_ids.clear()
         self._cancel_read_timer()
         self._wake_drainers()
         self._on_lost(exc)
@@ -144,7 +146,7 @@ class Wire(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; everything queued in this loop iteration goes out in one write."""
-        if self._fins:
+        if self.fin_ids:
             self._spill_fins()
         self._wbuf.append(data)
         if not self._flush_scheduled:
@@ -154,20 +156,20 @@ class Wire(asyncio.Protocol):
     def fin(self, msg_id: bytes) -> None:
         """Queue ``FIN msg_id`` (a valid 16-byte id: the caller checked it), in order with
         :meth:`write`. Cheaper per message than formatting each command."""
-        self._fins.append(msg_id)
+        self.fin_ids.append(msg_id)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
     def _spill_fins(self) -> None:
-        fins = self._fins
+        fins = self.fin_ids
         # "FIN a\nFIN b\n" without one bytes object per command; flush() joins the pieces
         self._wbuf += (b"FIN ", b"\nFIN ".join(fins), b"\n")
         fins.clear()
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self._fins:
+        if self.fin_ids:
             self._spill_fins()
         buf = self._wbuf
         if not buf:
@@ -275,7 +277,7 @@ class Wire(asyncio.Protocol):
     def abort(self) -> None:
         """Drop what is queued and close the socket now."""
         self._wbuf.clear()
-        self._fins.clear()
+        self.fin_ids.clear()
         self._cancel_read_timer()
         if self._transport is not None and not self._lost:
             self._transport.abort()

@@ -42,8 +42,8 @@ class Frame(NamedTuple):
 # consume hot path; tuple.__new__ bound with partial constructs the same object in C.
 _new_frame = partial(tuple.__new__, Frame)
 
-#: smallest stock message frame (size field included): header + timestamp + attempts + id
-_MIN_STOCK_MESSAGE = 8 + MIN_MESSAGE_SIZE
+#: smallest size field of a decodable stock message frame: type + timestamp + attempts + id
+_MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
 #: frame header + a message's timestamp and attempts (PROTOCOL.md §1.4), read in one call
 _MESSAGE_HEAD = struct.Struct(">iiqH")
 _unpack_message_head = _MESSAGE_HEAD.unpack_from
@@ -142,29 +142,37 @@ class FrameDecoder:
             return []
         frames: list[Frame | RawMessage] = []
         append = frames.append
-        new_raw = RawMessage.__new__
+        raw_cls = RawMessage
+        new_raw = raw_cls.__new__
+        unpack_head = _unpack_message_head
+        types = FRAME_TYPES
+        message = FRAME_MESSAGE
+        min_message = _MIN_STOCK_MESSAGE_SIZE
         pos = 0
         end = len(buf)
         max_size = self._max_size
         need = 8
         timestamp = attempts = 0
-        while end - pos >= 8:
-            if end - pos >= 18:
+        while True:
+            left = end - pos
+            if left < 8:
+                break
+            if left >= 18:
                 # header and message head at once; meaningless unless it is a message
-                size, ftype, timestamp, attempts = _unpack_message_head(buf, pos)
+                size, ftype, timestamp, attempts = unpack_head(buf, pos)
             else:
                 size, ftype = _unpack_header(buf, pos)
-            if size < 4 or size > max_size or ftype not in FRAME_TYPES:
+            if size < 4 or size > max_size or ftype not in types:
                 self._check_header(buf[pos:pos + 8])
             stop = pos + 4 + size
             if stop > end:
                 need = 4 + size
                 break
-            if ftype == FRAME_MESSAGE and stop - pos >= _MIN_STOCK_MESSAGE:
+            if ftype == message and size >= min_message:
                 # RawMessage's fields stored here rather than through its __init__: ~40% of
                 # the cost of building it. Every field is set (the tests compare whole
                 # messages with decode_message's, so a field added there fails them)
-                msg = new_raw(RawMessage)
+                msg = new_raw(raw_cls)
                 msg.timestamp = timestamp
                 msg.attempts = attempts
                 msg.id = buf[pos + 18:pos + 34]
