@@ -173,7 +173,7 @@ def wait_for_lines(directory: Path, n: int, proc: subprocess.Popen[bytes]) -> No
 def test_to_file_rotates_and_stops_gracefully_mid_stream(stock: ClusterThread,
                                                          tmp_path: Path) -> None:
     make_topic(stock, "arch", "archive")
-    sent = [f"msg-{i:05d}" for i in range(3000)]
+    sent = [f"msg-{i:05d}" for i in range(12000)]  # stop lands mid-stream
     publish(stock, "arch", sent, "--batch", "500")
     proc = spawn_cli(["to-file", "arch", "--output-dir", str(tmp_path), "--nsqd",
                       nsqd_tcp(stock), "--channel", "archive", "--gzip", "--rotate-size",
@@ -205,7 +205,8 @@ def test_to_file_rotates_and_stops_gracefully_mid_stream(stock: ClusterThread,
 def test_to_file_killed_mid_stream_finished_only_what_it_wrote(stock: ClusterThread,
                                                                tmp_path: Path) -> None:
     make_topic(stock, "killed", "archive")
-    sent = [f"k-{i:05d}" for i in range(3000)]
+    # enough that the kill lands mid-stream even on a quiet machine
+    sent = [f"k-{i:05d}" for i in range(20000)]
     publish(stock, "killed", sent, "--batch", "500")
     proc = spawn_cli(["to-file", "killed", "--output-dir", str(tmp_path), "--nsqd",
                       nsqd_tcp(stock), "--channel", "archive", "--max-in-flight", "50",
