@@ -12,8 +12,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1] / "smartnsq"
 
 MAX_MODULE_LINES = 500
@@ -23,9 +21,6 @@ EXEMPT: dict[str, str] = {
     "smartnsq.devcluster": "the embedded test double (issue 12 asks only for its cycles)",
     "smartnsq.demo": "demo scripts (make demo, the Spark demo): self-contained, not library code",
 }
-#: modules over the limits that are allowed to stay so, with the reason (none left: the
-#: producer, the last one, was split after issue 12)
-KNOWN_LARGE: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:
@@ -143,7 +138,7 @@ def test_no_module_over_the_limit() -> None:
     too_big = {}
     for name, path in modules().items():
         n = len(path.read_text().splitlines())
-        if in_scope(name) and n > MAX_MODULE_LINES and name not in KNOWN_LARGE:
+        if in_scope(name) and n > MAX_MODULE_LINES:
             too_big[name] = n
     assert too_big == {}, f"modules over {MAX_MODULE_LINES} lines: {too_big}"
 
@@ -151,7 +146,7 @@ def test_no_module_over_the_limit() -> None:
 def test_no_class_over_the_limit() -> None:
     too_big = {}
     for name, path in modules().items():
-        if not in_scope(name) or name in KNOWN_LARGE:
+        if not in_scope(name):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
@@ -160,14 +155,3 @@ def test_no_class_over_the_limit() -> None:
                 if n > MAX_CLASS_LINES:
                     too_big[f"{name}.{node.name}"] = n
     assert too_big == {}, f"classes over {MAX_CLASS_LINES} lines: {too_big}"
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN_LARGE))
-def test_known_exceptions_are_still_needed(name: str) -> None:
-    # an exception that no longer exceeds the limits must be dropped from the list
-    path = modules()[name]
-    source = path.read_text()
-    classes = [n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(source))
-               if isinstance(n, ast.ClassDef) and n.end_lineno is not None]
-    assert len(source.splitlines()) > MAX_MODULE_LINES or \
-        any(c > MAX_CLASS_LINES for c in classes), f"{name} fits now: drop it from KNOWN_LARGE"
