@@ -21,7 +21,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
+from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
 from smartnsq.protocol.messages import RawMessage, encode_message, youzan_id
 from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
 
@@ -437,3 +437,51 @@ async def test_stock_fins_keep_their_order_among_other_commands() -> None:
         (b"REQ", [ids[3], b"10"]), (b"TOUCH", [ids[4]]), (b"FIN", [ids[4]]),
         (b"FIN", [ids[5]]),
     ]
+
+
+async def test_on_messages_gets_each_run_of_messages_in_stream_order(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """on_messages: one call per run of message frames in a read; a heartbeat or an error
+    frame between them is handled in its place; a failing callback is logged and delivery
+    goes on."""
+    log: list[Any] = []
+    second_read = asyncio.Event()
+
+    def msg(i: int) -> bytes:
+        return encode_frame(FRAME_MESSAGE, encode_message(1, 1, b"%016x" % i, b"m%d" % i))
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        p.send_raw(msg(0) + msg(1) + encode_frame(FRAME_RESPONSE, b"_heartbeat_") + msg(2)
+                   + encode_frame(FRAME_ERROR, b"E_FIN_FAILED FIN x failed ID not in flight")
+                   + msg(3) + msg(4))
+        await p.expect(b"NOP")
+        await p.expect(b"TOUCH")  # sent after the first read was handled
+        p.send_raw(msg(5))
+        await finish_cls(p)
+
+    def on_messages(conn: Connection, msgs: list[RawMessage]) -> None:
+        log.append([m.body for m in msgs])
+        if msgs[0].body == b"m3":
+            conn.touch(msgs[0].id)
+            raise RuntimeError("callback bug")
+        if msgs[0].body == b"m5":
+            second_read.set()
+
+    caplog.set_level(logging.ERROR)
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_messages=on_messages,
+                          on_error=lambda c, e: log.append(type(e).__name__))
+        await conn.connect()
+        await conn.subscribe("t", "c")  # on_messages alone is a subscriber
+        conn.send_rdy(10)
+        async with asyncio.timeout(3):
+            await second_read.wait()
+        assert conn.is_connected and conn.in_flight == 6
+        assert conn.stats().messages_in == 6
+        await conn.close()
+    assert log == [[b"m0", b"m1"], [b"m2"], "FinFailedError", [b"m3", b"m4"], [b"m5"]]
+    assert "on_messages callback failed" in caplog.text and "callback bug" in caplog.text

@@ -67,10 +67,17 @@ class Rig:
 
     extra: dict[str, Any] = {}
 
-    def deliver(self, n: int, attempts: int = 1, start: int = 0) -> None:
-        for i in range(start, start + n):
-            raw = RawMessage(1, attempts, b"%016x" % i, b"body-%d" % i)
-            self.consumer._dispatch.on_message(self.sub, None, raw)  # type: ignore[arg-type]
+    def deliver(self, n: int, attempts: int = 1, start: int = 0, batch: bool = False) -> None:
+        """``batch``: all ``n`` in one on_messages call (a connection's read) instead of one
+        on_message call each."""
+        raws = [RawMessage(1, attempts, b"%016x" % i, b"body-%d" % i)
+                for i in range(start, start + n)]
+        dispatch = self.consumer._dispatch
+        if batch:
+            dispatch.on_messages(self.sub, None, raws)  # type: ignore[arg-type]
+            return
+        for raw in raws:
+            dispatch.on_message(self.sub, None, raw)  # type: ignore[arg-type]
 
     def sent(self, kind: str) -> list[Any]:
         return [v for k, v in self.conn.sent if k == kind]
@@ -103,14 +110,15 @@ async def test_requeue_delays_computed_explicit_and_capped() -> None:
     assert not rig2.consumer.stats().in_backoff
 
 
-async def test_inline_handlers_finish_in_one_turn() -> None:
+@pytest.mark.parametrize("batch", [False, True])
+async def test_inline_handlers_finish_in_one_turn(batch: bool) -> None:
     seen: list[bytes] = []
 
     async def handler(msg: Message) -> None:
         seen.append(msg.body)
 
     rig = Rig(handler)
-    rig.deliver(300)
+    rig.deliver(300, batch=batch)
     await turns(2)
     assert len(seen) == 300 and len(rig.sent("FIN")) == 300
     # one worker was enough: nothing suspended
@@ -185,7 +193,9 @@ async def test_flow_events_are_batched_per_turn() -> None:
     assert rig.sent("RDY") == [1, 2000]
 
 
-async def test_giving_up_default_logs_and_finishes(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("batch", [False, True])
+async def test_giving_up_default_logs_and_finishes(caplog: pytest.LogCaptureFixture,
+                                                   batch: bool) -> None:
     handled: list[Message] = []
 
     async def handler(msg: Message) -> None:
@@ -193,7 +203,7 @@ async def test_giving_up_default_logs_and_finishes(caplog: pytest.LogCaptureFixt
 
     caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
     rig = Rig(handler, max_attempts=2)
-    rig.deliver(1, attempts=3)
+    rig.deliver(1, attempts=3, batch=batch)
     await turns()
     assert handled == [] and rig.sent("FIN") == [b"%016x" % 0]
     assert "giving up on message" in caplog.text
@@ -220,7 +230,9 @@ async def test_giving_up_callback_sync_and_async() -> None:
     assert got == [2, 2]
 
 
-async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("batch", [False, True])
+async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture,
+                                             batch: bool) -> None:
     caplog.set_level(logging.INFO, logger="smartnsq.trace")
     switch = TraceSwitch()
 
@@ -232,14 +244,14 @@ async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture) -
         rig = Rig(handler)
     finally:
         Rig.extra = {}
-    rig.deliver(3)
+    rig.deliver(3, batch=batch)
     await turns()
     switch.enable("t")
-    rig.deliver(2, start=3)
+    rig.deliver(2, start=3, batch=batch)
     await turns()
     switch.disable()
     switch.reset("t")
-    rig.deliver(1, start=5)
+    rig.deliver(1, start=5, batch=batch)
     await turns()
     traced = [r for r in caplog.records if r.name == "smartnsq.trace"]
     assert [r.message_id for r in traced] == [  # type: ignore[attr-defined]

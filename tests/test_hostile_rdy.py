@@ -236,3 +236,26 @@ async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight() -> 
             logger.removeHandler(seen)
             await consumer.stop(drain_timeout=0)
     assert srv.peers  # the flood really happened on the first connection
+
+
+async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_batch() -> None:
+    """With on_messages, the messages of one read are counted one by one too: the batch
+    handed on holds those within RDY, then the connection fails."""
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        assert (await p.expect(b"RDY")).params == [b"2"]
+        p.send_raw(b"".join(encode_frame(FRAME_MESSAGE, msg_frame(i)) for i in range(3)))
+        await p.expect_eof()
+
+    batches: list[list[RawMessage]] = []
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(),
+                          on_messages=lambda c, ms: batches.append(ms))
+        await conn.connect()
+        await conn.subscribe("t", "c", timeout=3)
+        conn.send_rdy(2)
+        err = await closed_with(conn)
+    assert "3 in flight, highest RDY granted 2" in str(err)
+    assert [[m.body for m in b] for b in batches] == [[b"body-0", b"body-1"]]

@@ -62,11 +62,13 @@ from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout, RawMessage, 
 from smartnsq.protocol.responses import AuthResponse, IdentifyResponse
 
 __all__ = ["Connection", "ConnectionStats", "ExtHeader", "OnClose", "OnError", "OnMessage",
+           "OnMessages",
            "State", "SubscribeMode"]
 
 logger = logging.getLogger("smartnsq.connection")
 
 OnMessage = Callable[["Connection", RawMessage], None]
+OnMessages = Callable[["Connection", list[RawMessage]], None]
 OnError = Callable[["Connection", ServerError], None]
 OnClose = Callable[["Connection", BaseException | None], None]
 
@@ -92,6 +94,9 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
 
     * ``on_message(conn, raw_message)``: every delivered message, synchronously from the
       receive path; keep it short (hand the message on, or FIN it). Exceptions are logged.
+    * ``on_messages(conn, raw_messages)``: instead of ``on_message`` when set: the messages
+      of one read in a list, one call per run of message frames (a consumer's receive path:
+      one call instead of one per message). Frames between them are handled in order.
     * ``on_error(conn, server_error)``: non-fatal error frames no caller is waiting for
       (``E_FIN_FAILED``, ``E_REQ_FAILED``, ``E_TOUCH_FAILED``, errors answering a publish
       whose caller timed out or was cancelled).
@@ -106,6 +111,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         config: ConnectionConfig | None = None,
         *,
         on_message: OnMessage | None = None,
+        on_messages: OnMessages | None = None,
         on_error: OnError | None = None,
         on_close: OnClose | None = None,
     ) -> None:
@@ -114,6 +120,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         self.address = f"{host}:{port}"
         self.config = config if config is not None else ConnectionConfig()
         self.on_message = on_message
+        self.on_messages = on_messages
         self.on_error = on_error
         self.on_close = on_close
 
@@ -325,12 +332,19 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             return
         self._frames_in += len(frames)
         on_message = self.on_message
+        on_messages = self.on_messages
+        # with on_messages, the messages of a run of message frames are handed on together
+        batch: list[RawMessage] | None = None if on_messages is None else []
         n_messages = 0
         for frame in frames:
             if isinstance(frame, RawMessage):
                 msg = frame
             else:
                 ftype, payload = frame
+                if ftype != FRAME_MESSAGE and batch:
+                    # the messages before this frame first: callbacks see the stream's order
+                    self._deliver(on_messages, batch)
+                    batch = []
                 if ftype == FRAME_RESPONSE:
                     if payload == HEARTBEAT:
                         self._write(_NOP)
@@ -347,10 +361,12 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
                 try:
                     msg = decode_message(payload, layout)
                 except ProtocolError as exc:
+                    if batch:
+                        self._deliver(on_messages, batch)
                     self._fail(exc)
                     return
             n_messages += 1
-            if on_message is None:
+            if batch is None and on_message is None:
                 self._fail(ProtocolError(
                     f"nsqd {self.address} delivered a message on a connection without "
                     "a subscriber"))
@@ -359,16 +375,32 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             # it can fill the consumer's memory
             in_flight = self._in_flight = self._in_flight + 1
             if in_flight > self._rdy_max and not self._may_exceed_rdy():
+                if batch:
+                    self._deliver(on_messages, batch)
                 self._fail(self._rdy_violation())
                 return
             if in_flight == 1:
                 self._busy_since = self._loop.time()  # type: ignore[union-attr]
+            if batch is not None:
+                batch.append(msg)
+                continue
             try:
                 on_message(self, msg)
             except Exception:
                 logger.exception("on_message callback failed (nsqd %s)", self.address)
+        if batch:
+            self._deliver(on_messages, batch)
         if n_messages:
             self._messages_in += n_messages
+
+    def _deliver(self, on_messages: OnMessages | None, batch: list[RawMessage]) -> None:
+        if on_messages is None:
+            return
+        try:
+            on_messages(self, batch)
+        except Exception:
+            logger.exception("on_messages callback failed (nsqd %s)", self.address)
+
     def _on_response(self, payload: bytes) -> None:
         waiters = self._waiters
         if not waiters:

@@ -55,6 +55,7 @@ class SubscribeCommands:
         address: str
         config: ConnectionConfig
         on_message: Any
+        on_messages: Any
 
         @property
         def msg_timeout(self) -> float: ...
@@ -106,8 +107,8 @@ class SubscribeCommands:
         if self._subscribed or self._sub_pending:
             raise ConfigError(f"connection to nsqd {self.address} is already subscribed "
                               "(one subscription per connection)")
-        if self.on_message is None:
-            raise ConfigError("set on_message before subscribe()")
+        if self.on_message is None and self.on_messages is None:
+            raise ConfigError("set on_message (or on_messages) before subscribe()")
         if mode == "plain":
             if offset is not None:
                 raise ConfigError("an offset needs mode='advanced'")

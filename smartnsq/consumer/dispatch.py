@@ -2,11 +2,12 @@
 
 Per-message path (kept flat on purpose; a consume+FIN loop spends most of its time here):
 
-1. ``Connection`` decodes a message frame and calls :meth:`Dispatcher.on_message`
-   synchronously from its receive path.
-2. ``on_message`` wraps it in a :class:`Message`, counts it for RDY (reported once per loop
-   turn, see :class:`~smartnsq.consumer.rdy_driver.RdyDriver`), applies the start guard and
-   the policy's admission (:mod:`smartnsq.consumer.policy`) and queues it.
+1. ``Connection`` decodes the message frames of a read and hands them to
+   :meth:`Dispatcher.on_messages` synchronously from its receive path.
+2. ``on_message`` wraps each in a :class:`Message`, counts it for RDY (reported once per
+   loop turn, see :class:`~smartnsq.consumer.rdy_driver.RdyDriver`), applies the start
+   guard and the policy's admission (:mod:`smartnsq.consumer.policy`) and queues it
+   (``on_messages`` does the same for a whole read when there is nothing to check).
 3. A worker task awaits the handler for each queued message: no task per message. A
    callback scheduled once per batch notices when a handler suspends (inline handlers never
    yield to the loop); the worker then stays with that handler and other workers take over
@@ -148,6 +149,25 @@ class Dispatcher:
                 self._wake()
         else:
             self.deliver(msg)
+
+    def on_messages(self, sub: Sub, conn: Connection, raws: list[RawMessage]) -> None:
+        """The messages of one read (``Connection.on_messages``): :meth:`on_message` for
+        each, with the common case (a handler, nothing to check per message) in one loop."""
+        if not sub.dirty:
+            self._mark(sub)  # first: it may switch tracing on, which needs the slow path
+        if self._handler is None or self._checking or sub.guard is not None:
+            for raw in raws:
+                self.on_message(sub, conn, raw)
+            return
+        n = len(raws)
+        sub.recv_pending += n
+        self.outstanding += n
+        sub.outstanding += n
+        append = self.queue.append
+        for raw in raws:
+            append(Message(raw, sub))
+        if not self._pumping and not self._waking:
+            self._wake()
 
     def _admit(self, sub: Sub, msg: Message) -> bool:
         """Trace, start guard, admission: False when the message went elsewhere."""
