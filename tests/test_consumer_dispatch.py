@@ -230,6 +230,25 @@ async def test_giving_up_callback_sync_and_async() -> None:
     assert got == [2, 2]
 
 
+async def test_one_read_mixing_messages_over_and_under_the_attempt_cap() -> None:
+    handled: list[bytes] = []
+
+    async def handler(msg: Message) -> None:
+        handled.append(msg.body)
+
+    rig = Rig(handler, max_attempts=2)
+    raws = [RawMessage(1, a, b"%016x" % i, b"body-%d" % i) for i, a in enumerate((1, 3, 2, 5))]
+    rig.consumer._dispatch.on_messages(rig.sub, None, raws)  # type: ignore[arg-type]
+    # the given-up ones are finished from the receive path, before any handler ran
+    assert rig.sent("FIN") == [b"%016x" % 1, b"%016x" % 3] and handled == []
+    await turns()
+    assert handled == [b"body-0", b"body-2"]
+    assert rig.sent("FIN")[2:] == [b"%016x" % 0, b"%016x" % 2]
+    st = rig.consumer.stats()
+    assert st.given_up == 2 and st.received == st.finished == 4 and st.in_flight == 0
+    assert rig.consumer._dispatch.outstanding == 0
+
+
 @pytest.mark.parametrize("batch", [False, True])
 async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture,
                                              batch: bool) -> None:

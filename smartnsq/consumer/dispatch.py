@@ -7,7 +7,8 @@ Per-message path (kept flat on purpose; a consume+FIN loop spends most of its ti
 2. ``on_message`` wraps each in a :class:`Message`, counts it for RDY (reported once per
    loop turn, see :class:`~smartnsq.consumer.rdy_driver.RdyDriver`), applies the start
    guard and the policy's admission (:mod:`smartnsq.consumer.policy`) and queues it
-   (``on_messages`` does the same for a whole read when there is nothing to check).
+   (``on_messages`` does the same for a whole read in one loop when only the attempt cap
+   is to check).
 3. A worker task awaits the handler for each queued message: no task per message. A
    callback scheduled once per batch notices when a handler suspends (inline handlers never
    yield to the loop); the worker then stays with that handler and other workers take over
@@ -152,10 +153,12 @@ class Dispatcher:
 
     def on_messages(self, sub: Sub, conn: Connection, raws: list[RawMessage]) -> None:
         """The messages of one read (``Connection.on_messages``): :meth:`on_message` for
-        each, with the common case (a handler, nothing to check per message) in one loop."""
+        each, with the common case (a handler, at most the attempt cap to check) in one
+        loop."""
         if not sub.dirty:
             self._mark(sub)  # first: it may switch tracing on, which needs the slow path
-        if self._handler is None or self._checking or sub.guard is not None:
+        if (self._handler is None or self._tracing or self._screen is not None
+                or sub.guard is not None):
             for raw in raws:
                 self.on_message(sub, conn, raw)
             return
@@ -164,8 +167,20 @@ class Dispatcher:
         self.outstanding += n
         sub.outstanding += n
         append = self.queue.append
-        for raw in raws:
-            append(Message(raw, sub))
+        cap = self._max_attempts
+        if cap:
+            for raw in raws:
+                msg = Message(raw, sub)
+                if raw.attempts > cap:
+                    # not outstanding through the queue after all: give_up() holds it
+                    self.outstanding -= 1
+                    sub.outstanding -= 1
+                    self._policy.give_up(sub, msg)
+                else:
+                    append(msg)
+        else:
+            for raw in raws:
+                append(Message(raw, sub))
         if not self._pumping and not self._waking:
             self._wake()
 
