@@ -46,6 +46,15 @@ _MAX_RETRIES = 15
 _MAX_STRAYS = 2 * _RDY
 
 
+
+def _answer_refused(conn: Connection, exc: ServerError) -> None:
+    # A FIN/REQ of a read-ahead copy (sent outside the channel's in-flight set: PROTOCOL.md
+    # §13.1) is refused with E_FIN_FAILED / E_REQ_FAILED; that is expected here, not news.
+    if exc.server_code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
+        log.debug("nsqd %s: %s", conn.address, exc)
+    else:
+        log.warning("nsqd %s: %s", conn.address, exc)
+
 @dataclass(frozen=True, slots=True)
 class RangeTask:
     """One partition's ``[start, end)`` and how to reach it. Picklable: it travels from the
@@ -175,7 +184,8 @@ class RangeFetcher:
             wake.set()
 
         host, port = parse_tcp_address(leader)
-        conn = Connection(host, port, self._config, on_message=on_message, on_close=on_close)
+        conn = Connection(host, port, self._config, on_message=on_message, on_close=on_close,
+                          on_error=_answer_refused)
         self._strays = 0
         await conn.connect()
         try:

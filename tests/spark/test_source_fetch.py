@@ -293,3 +293,19 @@ def test_record_batch_matches_the_spark_schema() -> None:
     assert row["timestamp"].timestamp() == pytest.approx(1_700_000_000.123456)
     assert dict(row["ext"]) == {"##client_dispatch_tag": "tagA"}
     assert (row["partition"], row["offset"], row["raw_size"], row["attempts"]) == (3, 7, 31, 2)
+
+
+def test_refused_answers_to_read_ahead_copies_are_not_warnings(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # FIN/REQ of a read-ahead copy is refused by nsqd (not in flight): expected, logged quietly;
+    # any other server error on the reading connection still warns
+    from smartnsq.conn import Connection
+    from smartnsq.errors import FinFailedError, InvalidError
+    from smartnsq.spark.fetch import _answer_refused
+
+    conn = Connection("127.0.0.1", 1)
+    with caplog.at_level("DEBUG", logger="smartnsq.spark.fetch"):
+        _answer_refused(conn, FinFailedError("FIN failed: not in flight", fatal=False))
+        _answer_refused(conn, InvalidError("something else", fatal=False))
+    levels = [(r.levelname, "E_FIN_FAILED" in r.getMessage()) for r in caplog.records]
+    assert levels == [("DEBUG", True), ("WARNING", False)]
