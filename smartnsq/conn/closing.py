@@ -21,9 +21,11 @@ from smartnsq.config import ConnectionConfig
 from smartnsq.conn.state import State
 from smartnsq.errors import (
     ClientClosedError,
+    CompressionError,
     ConnectionClosedError,
     NSQConnectionError,
     NSQError,
+    NSQTimeoutError,
     ServerError,
 )
 
@@ -85,6 +87,14 @@ class CloseSequence:
             self._can_write = False
             self._fail_waiters(err)
         self._finalize(self._exc)
+
+    def _on_fault(self, exc: CompressionError) -> None:
+        self._fail(exc)
+
+    def _on_read_timeout(self, idle: float) -> None:
+        self._fail(NSQTimeoutError(
+            f"no data from nsqd {self.address} for {idle:.1f}s "
+            f"(read_timeout {self.config.read_timeout}s)"))
 
     def _fail(self, exc: NSQError) -> None:
         """Record ``exc`` as the reason, fail every waiter and drop the socket."""

@@ -42,7 +42,6 @@ from smartnsq.conn.transport import Wire
 from smartnsq.conn.waiters import ResponseQueue
 from smartnsq.errors import (
     CommandKind,
-    CompressionError,
     Flavour,
     NSQError,
     NSQTimeoutError,
@@ -94,9 +93,8 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
 
     * ``on_message(conn, raw_message)``: every delivered message, synchronously from the
       receive path; keep it short (hand the message on, or FIN it). Exceptions are logged.
-    * ``on_messages(conn, raw_messages)``: instead of ``on_message`` when set: the messages
-      of one read in a list, one call per run of message frames (a consumer's receive path:
-      one call instead of one per message). Frames between them are handled in order.
+    * ``on_messages(conn, raw_messages)``: instead of ``on_message`` when set: one call per
+      run of message frames in a read (a consumer's: one call instead of one per message).
     * ``on_error(conn, server_error)``: non-fatal error frames no caller is waiting for
       (``E_FIN_FAILED``, ``E_REQ_FAILED``, ``E_TOUCH_FAILED``, errors answering a publish
       whose caller timed out or was cancelled).
@@ -331,10 +329,8 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             self._fail(exc)
             return
         self._frames_in += len(frames)
-        on_message = self.on_message
-        on_messages = self.on_messages
-        # with on_messages, the messages of a run of message frames are handed on together
-        batch: list[RawMessage] | None = None if on_messages is None else []
+        subscriber = self.on_messages is not None or self.on_message is not None
+        batch: list[RawMessage] = []
         n_messages = 0
         for frame in frames:
             if isinstance(frame, RawMessage):
@@ -343,7 +339,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
                 ftype, payload = frame
                 if ftype != FRAME_MESSAGE and batch:
                     # the messages before this frame first: callbacks see the stream's order
-                    self._deliver(on_messages, batch)
+                    self._deliver(batch)
                     batch = []
                 if ftype == FRAME_RESPONSE:
                     if payload == HEARTBEAT:
@@ -361,12 +357,11 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
                 try:
                     msg = decode_message(payload, layout)
                 except ProtocolError as exc:
-                    if batch:
-                        self._deliver(on_messages, batch)
+                    self._deliver(batch)
                     self._fail(exc)
                     return
             n_messages += 1
-            if batch is None and on_message is None:
+            if not subscriber:
                 self._fail(ProtocolError(
                     f"nsqd {self.address} delivered a message on a connection without "
                     "a subscriber"))
@@ -375,31 +370,16 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             # it can fill the consumer's memory
             in_flight = self._in_flight = self._in_flight + 1
             if in_flight > self._rdy_max and not self._may_exceed_rdy():
-                if batch:
-                    self._deliver(on_messages, batch)
+                self._deliver(batch)
                 self._fail(self._rdy_violation())
                 return
             if in_flight == 1:
                 self._busy_since = self._loop.time()  # type: ignore[union-attr]
-            if batch is not None:
-                batch.append(msg)
-                continue
-            try:
-                on_message(self, msg)
-            except Exception:
-                logger.exception("on_message callback failed (nsqd %s)", self.address)
+            batch.append(msg)
         if batch:
-            self._deliver(on_messages, batch)
+            self._deliver(batch)
         if n_messages:
             self._messages_in += n_messages
-
-    def _deliver(self, on_messages: OnMessages | None, batch: list[RawMessage]) -> None:
-        if on_messages is None:
-            return
-        try:
-            on_messages(self, batch)
-        except Exception:
-            logger.exception("on_messages callback failed (nsqd %s)", self.address)
 
     def _on_response(self, payload: bytes) -> None:
         waiters = self._waiters
@@ -456,14 +436,6 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             cb(self, exc)
         except Exception:
             logger.exception("on_error callback failed (nsqd %s)", self.address)
-
-    def _on_fault(self, exc: CompressionError) -> None:
-        self._fail(exc)
-
-    def _on_read_timeout(self, idle: float) -> None:
-        self._fail(NSQTimeoutError(
-            f"no data from nsqd {self.address} for {idle:.1f}s "
-            f"(read_timeout {self.config.read_timeout}s)"))
 
     # ------------------------------------------------------------------ requests (FIFO)
 

@@ -13,6 +13,7 @@ The state lives on the connection (``_subscribed``, ``_rdy``, ``_rdy_max``, ``_i
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from smartnsq.errors import (
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.frames import CLOSE_WAIT
-from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout
+from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout, RawMessage
 
 if TYPE_CHECKING:
     from smartnsq.conn.transport import Wire
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["SubscribeCommands", "SubscribeMode"]
 
 SubscribeMode = Literal["plain", "ordered", "advanced"]
+
+logger = logging.getLogger("smartnsq.connection")
 
 
 def _retrieve(fut: asyncio.Future[bytes]) -> None:
@@ -234,6 +237,26 @@ class SubscribeCommands:
                                       f"{timeout}s") from None
         if data != CLOSE_WAIT:
             raise ProtocolError(f"nsqd {self.address} answered CLS with {data[:32]!r}")
+
+    def _deliver(self, batch: list[RawMessage]) -> None:
+        """Hand a run of received messages (already counted against RDY) to ``on_messages``,
+        or one by one to ``on_message``; the receive path calls it before handling the next
+        non-message frame, so callbacks see the stream's order. Errors are logged."""
+        on_messages = self.on_messages
+        if on_messages is not None:
+            try:
+                on_messages(self, batch)
+            except Exception:
+                logger.exception("on_messages callback failed (nsqd %s)", self.address)
+            return
+        on_message = self.on_message
+        if on_message is None:
+            return
+        for msg in batch:
+            try:
+                on_message(self, msg)
+            except Exception:
+                logger.exception("on_message callback failed (nsqd %s)", self.address)
 
     # ------------------------------------------------------------------ RDY accounting
 

@@ -21,7 +21,8 @@ Without a handler, messages go to a buffer that ``async for`` reads (:meth:`next
 It owns the queue, the workers, the outstanding count and ``tracked`` (outstanding outside
 the queue: what stop() requeues). Callers: connections (``on_message``), messages (through
 their :class:`~smartnsq.consumer.sub.Sub`), the policy (its
-:class:`~smartnsq.consumer.policy.PolicyHost`) and the consumer's stop.
+:class:`~smartnsq.consumer.policy.PolicyHost`) and the consumer's stop (its steps:
+:mod:`smartnsq.consumer.draining`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from smartnsq import trace as _trace
 from smartnsq.conn import Connection
+from smartnsq.consumer.draining import DrainSteps
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
@@ -87,7 +89,7 @@ def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
         spawn(run(result))
 
 
-class Dispatcher:
+class Dispatcher(DrainSteps):
     """Queue, workers and answers of one consumer (see the module docstring)."""
 
     def __init__(self, topic: str, channel: str, handler: Handler | None,
@@ -168,19 +170,15 @@ class Dispatcher:
         sub.outstanding += n
         append = self.queue.append
         cap = self._max_attempts
-        if cap:
-            for raw in raws:
-                msg = Message(raw, sub)
-                if raw.attempts > cap:
-                    # not outstanding through the queue after all: give_up() holds it
-                    self.outstanding -= 1
-                    sub.outstanding -= 1
-                    self._policy.give_up(sub, msg)
-                else:
-                    append(msg)
-        else:
-            for raw in raws:
-                append(Message(raw, sub))
+        for raw in raws:
+            msg = Message(raw, sub)
+            if cap and raw.attempts > cap:
+                # not outstanding through the queue after all: give_up() holds it
+                self.outstanding -= 1
+                sub.outstanding -= 1
+                self._policy.give_up(sub, msg)
+            else:
+                append(msg)
         if not self._pumping and not self._waking:
             self._wake()
 
@@ -485,61 +483,6 @@ class Dispatcher:
             fut = self._iter_waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
-
-    # ------------------------------------------------------------------ stopping
-
-    def requeue_buffered(self) -> None:
-        """Caller: stop(), after CLS. Iterated messages nobody took yet go back at once."""
-        while self._buffer:
-            self._buffer.popleft().requeue(0, backoff=False)
-        self.wake_iterators()
-        self._policy.before_drain()
-
-    async def drain(self, within: float) -> None:
-        """Wait up to ``within`` seconds for outstanding messages to be answered; requeue
-        the rest."""
-        if self.outstanding and within > 0:
-            self._drained = asyncio.Event()
-            try:
-                async with asyncio.timeout(within):
-                    await self._drained.wait()
-            except TimeoutError:
-                pass
-        if self.outstanding:
-            log.warning("consumer of %s/%s: %d message(s) still unanswered after the drain "
-                        "timeout; requeueing them", self.topic, self.channel,
-                        self.outstanding)
-            self._requeue_outstanding()
-
-    def _requeue_outstanding(self) -> None:
-        while self.queue:
-            msg = self.queue.popleft()
-            owner: Sub = msg._owner  # type: ignore[assignment]
-            if owner.closed:
-                self._discard(owner)
-            else:
-                msg.requeue(0, backoff=False)
-        for msg in list(self.tracked):
-            msg.requeue(0, backoff=False)
-
-    async def stop_workers(self, deadline: float) -> None:
-        """Cancel the workers and wait for them until ``deadline`` (loop time)."""
-        assert self.loop is not None
-        workers = list(self.workers)
-        for w in workers:
-            w.cancel()
-        for fut in self._idle:
-            if not fut.done():
-                fut.cancel()
-        self._idle.clear()
-        if workers:
-            # a handler that swallows CancelledError must not hold stop() forever: what is
-            # still running at the deadline is left behind (its message was requeued)
-            _, stuck = await asyncio.wait(workers, timeout=max(0.0, deadline -
-                                                                self.loop.time()))
-            if stuck:
-                log.warning("consumer of %s/%s: %d handler(s) ignored cancellation; "
-                            "stopped without them", self.topic, self.channel, len(stuck))
 
     def close(self) -> None:
         self.closed = True
