@@ -1,6 +1,7 @@
 """Failing and closing a :class:`~smartnsq.conn.Connection`: one reason per connection
 (the first failure), every waiter failed with it, the socket dropped; graceful close (CLS,
-outstanding responses, then the socket, all within one timeout); ``on_close`` once.
+outstanding responses, then the socket, all within one timeout); ``on_close`` once. Server
+errors that do not fail the connection go to ``on_error`` (:meth:`CloseSequence._report`).
 
 The flags (``_state``, ``_exc``, ``_can_write``, ``_user_closed``, ``_connected_once``)
 live on the connection, which the receive and send paths read for every frame.
@@ -47,6 +48,7 @@ class CloseSequence:
         address: str
         config: ConnectionConfig
         on_close: Any
+        on_error: Any
         _state: State
         _loop: asyncio.AbstractEventLoop | None
         _wire: Wire | None
@@ -87,6 +89,16 @@ class CloseSequence:
             self._can_write = False
             self._fail_waiters(err)
         self._finalize(self._exc)
+
+    def _report(self, exc: ServerError) -> None:
+        cb = self.on_error
+        if cb is None:
+            logger.warning("nsqd %s: %s", self.address, exc)
+            return
+        try:
+            cb(self, exc)
+        except Exception:
+            logger.exception("on_error callback failed (nsqd %s)", self.address)
 
     def _on_fault(self, exc: CompressionError) -> None:
         self._fail(exc)

@@ -427,16 +427,6 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         elif not waiters and self._fifo.idle_fut is not None:
             self._fifo.wake_idle()
 
-    def _report(self, exc: ServerError) -> None:
-        cb = self.on_error
-        if cb is None:
-            logger.warning("nsqd %s: %s", self.address, exc)
-            return
-        try:
-            cb(self, exc)
-        except Exception:
-            logger.exception("on_error callback failed (nsqd %s)", self.address)
-
     # ------------------------------------------------------------------ requests (FIFO)
 
     def _send(self, command: bytes, kind: CommandKind, timeout: float | None,
