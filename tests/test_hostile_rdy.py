@@ -259,3 +259,36 @@ async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_bat
         err = await closed_with(conn)
     assert "3 in flight, highest RDY granted 2" in str(err)
     assert [[m.body for m in b] for b in batches] == [[b"body-0", b"body-1"]]
+
+
+async def test_on_messages_answering_at_once_is_counted_as_if_one_by_one() -> None:
+    """RDY 1 and two messages in one read (youzan's read-ahead copy then the tracked one,
+    PROTOCOL.md §13.1): a callback that FINs at once keeps the connection, exactly as with
+    on_message, because the run before the excess is handed on before counting again."""
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        assert (await p.expect(b"RDY")).params == [b"1"]
+        p.send_raw(encode_frame(FRAME_MESSAGE, msg_frame(0)) * 2)
+        assert (await p.expect(b"FIN")).params == [b"%016d" % 0]
+        assert (await p.expect(b"FIN")).params == [b"%016d" % 0]
+        p.send_raw(encode_frame(FRAME_MESSAGE, msg_frame(1)) * 2)  # not answered: over RDY
+        await p.expect_eof()
+
+    batches: list[list[bytes]] = []
+
+    def on_messages(conn: Connection, msgs: list[RawMessage]) -> None:
+        batches.append([m.body for m in msgs])
+        for m in msgs:
+            if m.body == b"body-0":
+                conn.fin(m.id)
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_messages=on_messages)
+        await conn.connect()
+        await conn.subscribe("t", "c", timeout=3)
+        conn.send_rdy(1)
+        err = await closed_with(conn)
+    assert "2 in flight, highest RDY granted 1" in str(err)
+    assert batches == [[b"body-0"], [b"body-0"], [b"body-1"]]

@@ -95,6 +95,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
       receive path; keep it short (hand the message on, or FIN it). Exceptions are logged.
     * ``on_messages(conn, raw_messages)``: instead of ``on_message`` when set: one call per
       run of message frames in a read (a consumer's: one call instead of one per message).
+      Each message is counted against RDY first; frames between runs are handled in order.
     * ``on_error(conn, server_error)``: non-fatal error frames no caller is waiting for
       (``E_FIN_FAILED``, ``E_REQ_FAILED``, ``E_TOUCH_FAILED``, errors answering a publish
       whose caller timed out or was cancelled).
@@ -329,8 +330,9 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             self._fail(exc)
             return
         self._frames_in += len(frames)
-        subscriber = self.on_messages is not None or self.on_message is not None
-        batch: list[RawMessage] = []
+        on_message = self.on_message
+        on_messages = self.on_messages
+        batch: list[RawMessage] = []  # with on_messages: this run of messages
         n_messages = 0
         for frame in frames:
             if isinstance(frame, RawMessage):
@@ -361,7 +363,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
                     self._fail(exc)
                     return
             n_messages += 1
-            if not subscriber:
+            if on_messages is None and on_message is None:
                 self._fail(ProtocolError(
                     f"nsqd {self.address} delivered a message on a connection without "
                     "a subscriber"))
@@ -370,12 +372,19 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             # it can fill the consumer's memory
             in_flight = self._in_flight = self._in_flight + 1
             if in_flight > self._rdy_max and not self._may_exceed_rdy():
-                self._deliver(batch)
-                self._fail(self._rdy_violation())
-                return
+                if self._rdy_exceeded(batch):
+                    return
+                batch = []
+                in_flight = self._in_flight
             if in_flight == 1:
                 self._busy_since = self._loop.time()  # type: ignore[union-attr]
-            batch.append(msg)
+            if on_messages is not None:
+                batch.append(msg)
+                continue
+            try:
+                on_message(self, msg)
+            except Exception:
+                logger.exception("on_message callback failed (nsqd %s)", self.address)
         if batch:
             self._deliver(batch)
         if n_messages:

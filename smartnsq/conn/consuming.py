@@ -239,26 +239,28 @@ class SubscribeCommands:
             raise ProtocolError(f"nsqd {self.address} answered CLS with {data[:32]!r}")
 
     def _deliver(self, batch: list[RawMessage]) -> None:
-        """Hand a run of received messages (already counted against RDY) to ``on_messages``,
-        or one by one to ``on_message``; the receive path calls it before handling the next
-        non-message frame, so callbacks see the stream's order. Errors are logged."""
+        """Hand a run of received messages (already counted against RDY) to ``on_messages``;
+        the receive path calls it before handling the next non-message frame, so the
+        callback sees the stream's order. Its errors are logged."""
         on_messages = self.on_messages
-        if on_messages is not None:
-            try:
-                on_messages(self, batch)
-            except Exception:
-                logger.exception("on_messages callback failed (nsqd %s)", self.address)
+        if on_messages is None or not batch:
             return
-        on_message = self.on_message
-        if on_message is None:
-            return
-        for msg in batch:
-            try:
-                on_message(self, msg)
-            except Exception:
-                logger.exception("on_message callback failed (nsqd %s)", self.address)
+        try:
+            on_messages(self, batch)
+        except Exception:
+            logger.exception("on_messages callback failed (nsqd %s)", self.address)
 
     # ------------------------------------------------------------------ RDY accounting
+
+    def _rdy_exceeded(self, batch: list[RawMessage]) -> bool:
+        """A message took in_flight over RDY. As if each was handed on alone, the run before
+        it goes to ``on_messages`` first: the callback may answer some at once (a youzan
+        read-ahead copy, PROTOCOL.md §13.1). True, the connection failed, if still over."""
+        self._deliver(batch)
+        if self._in_flight > self._rdy_max and not self._may_exceed_rdy():
+            self._fail(self._rdy_violation())
+            return True
+        return False
 
     def _may_exceed_rdy(self) -> bool:
         """More in flight than any RDY granted is legitimate only after the server timed
