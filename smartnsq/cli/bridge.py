@@ -10,7 +10,6 @@ messages keep their source order and land on the key's murmur3 partition.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -20,6 +19,7 @@ from smartnsq.cli.common import (
     CliError,
     cluster_options,
     command_runner,
+    consume_until,
     pick_cluster,
     stderr_console,
     stop_event,
@@ -145,37 +145,14 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         if source.nsqd:
             consumer = Consumer(topic, channel, forwarder,
                                 nsqd_tcp_addresses=list(source.nsqd), config=config)
-            await _run(consumer, forwarder, stop)
+            await consume_until(consumer, stop, forwarder.failed, forwarder.done)
         else:
             async with source.lookup(poll_interval=15.0) as lk:
                 await topic_view(lk, topic)
                 consumer = Consumer(topic, channel, forwarder, lookup=lk, config=config)
-                await _run(consumer, forwarder, stop)
+                await consume_until(consumer, stop, forwarder.failed, forwarder.done)
     if forwarder.error is not None:
         raise CliError(f"{forwarder.error.message} (after {forwarder.forwarded} message(s) "
                        "were forwarded; the failing one went back to the source)")
     stderr_console().print(f"forwarded {forwarder.forwarded} message(s) from {topic} to "
                            f"{dest_name}", highlight=False, soft_wrap=True)
-
-
-async def _run(consumer: Consumer, forwarder: Forwarder, stop: asyncio.Event) -> None:
-    await consumer.start()
-    try:
-        waits: list[asyncio.Future[object]] = [
-            asyncio.ensure_future(e.wait()) for e in (stop, forwarder.failed, forwarder.done)]
-        waits.append(asyncio.ensure_future(_closed(consumer)))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-    finally:
-        await consumer.stop()
-    if consumer.error is not None:
-        raise consumer.error
-
-
-async def _closed(consumer: Consumer) -> None:
-    """Returns when the consumer stopped by itself (its error is read afterwards)."""
-    with contextlib.suppress(Exception):
-        await consumer.wait_closed()

@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import aiohttp
 import click
@@ -28,6 +28,9 @@ from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
+
+if TYPE_CHECKING:
+    from smartnsq.consumer import Consumer
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -237,6 +240,30 @@ def stop_event() -> asyncio.Event:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, event.set)
     return event
+
+
+async def consume_until(consumer: Consumer, *events: asyncio.Event) -> None:
+    """Start ``consumer`` and run it until one of ``events`` is set or it stops by itself;
+    then stop it (draining what is in flight) and raise the error it stopped on, if any."""
+    await consumer.start()
+    try:
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]
+        waits.append(asyncio.ensure_future(_stopped_by_itself(consumer)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+    finally:
+        await consumer.stop()
+    if consumer.error is not None:
+        raise consumer.error
+
+
+async def _stopped_by_itself(consumer: Consumer) -> None:
+    # its error, if any, is read by consume_until once it has stopped
+    with contextlib.suppress(Exception):
+        await consumer.wait_closed()
 
 
 def describe(exc: BaseException) -> str:

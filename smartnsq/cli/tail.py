@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import random
 import sys
@@ -20,6 +19,7 @@ from smartnsq.cli.common import (
     StartAt,
     cluster_options,
     command_runner,
+    consume_until,
     pick_cluster,
     stop_event,
     topic_argument,
@@ -196,7 +196,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     if cluster.nsqd:
         consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
                             config=config)
-        await _consume(consumer, printer, stop)
+        await consume_until(consumer, stop, printer.done)
         return
     async with cluster.lookup(poll_interval=15.0) as lookup:
         view = await topic_view(lookup, topic)
@@ -210,27 +210,4 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         else:
             consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
                                 start_at=start, partitions=only)
-        await _consume(consumer, printer, stop)
-
-
-async def _consume(consumer: Consumer, printer: Printer, stop: asyncio.Event) -> None:
-    await consumer.start()
-    try:
-        waits: list[asyncio.Future[object]] = [
-            asyncio.ensure_future(e.wait()) for e in (stop, printer.done)]
-        waits.append(asyncio.ensure_future(_closed(consumer)))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-    finally:
-        await consumer.stop()
-    if consumer.error is not None:
-        raise consumer.error
-
-
-async def _closed(consumer: Consumer) -> None:
-    """Returns when the consumer stopped by itself (its error is read afterwards)."""
-    with contextlib.suppress(Exception):
-        await consumer.wait_closed()
+        await consume_until(consumer, stop, printer.done)
