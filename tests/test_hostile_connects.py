@@ -73,7 +73,7 @@ async def test_two_thousand_listed_nsqd_are_dialled_a_few_at_a_time() -> None:
             async with asyncio.timeout(60):  # guards the test only
                 await c.start()
             assert gauge.attempts == 2000  # every endpoint was tried once
-            assert 1 <= gauge.peak <= 16, gauge.peak
+            assert 0 < gauge.peak <= 16, gauge.peak
         finally:
             await c.stop(0)
 

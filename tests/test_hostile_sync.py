@@ -141,7 +141,7 @@ def test_interpreter_exit_without_stop_is_prompt_and_requeues(stock: ClusterThre
                if line.startswith("handled")]
     # before: every queued handler ran first (20 x 0.2 s, one thread); now only those
     # already started finish
-    assert 1 <= len(handled) <= 3, handled
+    assert 0 < len(handled) <= 3, handled
     assert "Traceback" not in child.stderr, child.stderr
     # nothing was lost: what was not handled comes back (requeued at exit)
     rest: set[bytes] = set()

@@ -229,7 +229,7 @@ async def test_leaderless_partition_waits_with_coalesced_refreshes() -> None:
             assert cluster.leader("lm", 0) == new
             lookups = counter.count("/lookup") - before
             # far fewer lookups than waiting publishes: about one per backoff step
-            assert 1 <= lookups <= 20, lookups
+            assert 0 < lookups <= 20, lookups
     assert sorted(stored(cluster, "lm", 0)[1:]) == bodies
 
 
