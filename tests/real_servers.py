@@ -109,6 +109,13 @@ class Topic:
     partition_num: int
     leaders: dict[int, Peer]
 
+    def other_leader(self, partition: int) -> Peer:
+        """A leader of another partition that is a different node (fails if there is none)."""
+        mine = self.leaders[partition]
+        others = [p for pid, p in self.leaders.items() if pid != partition and p != mine]
+        assert others, f"every partition of {self.name} is led by {mine}"
+        return others[0]
+
 
 @dataclass
 class YouzanCluster:

@@ -36,6 +36,7 @@ from smartnsq.protocol.messages import MessageLayout, decode_message, youzan_id
 from smartnsq.protocol.responses import decode_trace_response
 from tests.captures import CAPTURES
 from tests.devcluster_helpers import RawClient, capture, client, frame_bytes
+from tests.real_servers import Peer, Topic
 
 pytestmark = pytest.mark.real_youzan
 
@@ -120,41 +121,6 @@ class HttpAnswer(NamedTuple):
 
     def json(self) -> Any:
         return json.loads(self.text)
-
-
-@dataclass(frozen=True)
-class Peer:
-    """A partition leader as lookupd names it."""
-
-    broadcast_address: str
-    tcp_port: int
-    http_port: int
-
-    @classmethod
-    def of(cls, peer: dict[str, Any]) -> Peer:
-        return cls(peer["broadcast_address"], int(peer["tcp_port"]), int(peer["http_port"]))
-
-    @property
-    def tcp(self) -> str:
-        return f"{self.broadcast_address}:{self.tcp_port}"
-
-    @property
-    def http(self) -> str:
-        return f"{self.broadcast_address}:{self.http_port}"
-
-
-@dataclass
-class Topic:
-    name: str
-    partition_num: int
-    leaders: dict[int, Peer]
-
-    def other_leader(self, partition: int) -> Peer:
-        """A leader of another partition that is a different node (fails if there is none)."""
-        mine = self.leaders[partition]
-        others = [p for pid, p in self.leaders.items() if pid != partition and p != mine]
-        assert others, f"every partition of {self.name} is led by {mine}"
-        return others[0]
 
 
 @dataclass
