@@ -12,10 +12,20 @@ connection to the partition leader does it:
    offset and raw size;
 3. take messages strictly in order: ``offset == next`` is the next row; an offset below is the
    read-ahead message real nsqd still sends after a reposition (§13.1) and is FINed and dropped;
-   an offset above is the read-ahead after a move backwards (REQed at once, it comes again in
-   turn), and many of those in a row mean the position did not take (e.g. nsqd's lazily learnt
-   queue end): position again. A lost connection (leader moved) means: look the leader up
-   again and resume at ``next``.
+   an offset above is kept unanswered until its turn (see below). A lost connection (leader
+   moved) means: look the leader up again and resume at ``next``.
+
+Why messages beyond the position are held, not handed back: nsqd serves REQed messages before
+the disk, so a REQed message comes straight back, and while it is in flight nsqd skips its disk
+copy ("Message ID already in flight"). Handing back the read-ahead message a repositioned
+channel delivers first (it lies beyond the position when the channel's previous reader read
+past its end) set off that loop on real nsqd and broke the order of everything after it:
+dozens of repositions per micro-batch. Held, it is simply taken in its turn.
+
+Why RDY shrinks near the end: what a reader is sent beyond its end is read ahead by the channel
+and comes first to the next reader of the channel (the next micro-batch). The window is the
+most messages that can still lie before the end (bytes left over the smallest record seen), so
+a range normally ends with nothing read beyond it.
 """
 
 from __future__ import annotations
@@ -38,13 +48,16 @@ __all__ = ["RangeFetcher", "RangeTask"]
 
 log = logging.getLogger(__name__)
 
-#: messages asked for at once on a non-ordered partition (each is FINed on arrival)
+#: most messages asked for at once on a non-ordered partition (each is FINed on arrival)
 _RDY = 500
 #: failed positioning / connection attempts in a row before the read gives up
 _MAX_RETRIES = 15
-#: deliveries beyond the expected offset tolerated in a row before positioning again
+#: ordered channels: deliveries beyond the expected offset tolerated in a row before
+#: positioning again (they are FINed: an ordered channel sends them again in turn)
 _MAX_STRAYS = 2 * _RDY
-
+#: the smallest stored youzan record (header + length prefix, empty body): bytes left over
+#: this bound how many messages can still lie before a position
+MIN_RECORD = 30
 
 
 def _answer_refused(conn: Connection, exc: ServerError) -> None:
@@ -104,6 +117,16 @@ class RangeFetcher:
         self.leader = task.leader
         self._full = False
         self._strays = 0
+        #: non-ordered: messages delivered beyond ``next_offset``, by offset, kept unanswered
+        #: (in flight) until their turn
+        self._held: dict[int, RawMessage] = {}
+        #: the end of the furthest message delivered in this session, and the smallest
+        #: record seen: they bound what may still lie before the end (the RDY window)
+        self._frontier = task.start
+        self._min_size = MIN_RECORD
+        self._sized = False
+        #: the RDY in force on the current connection
+        self._granted = 0
         #: why the session must position again, set by _take after it kept what it took
         self._stalled: str | None = None
         self._config = connection_config or ConnectionConfig(
@@ -175,8 +198,8 @@ class RangeFetcher:
         wake = asyncio.Event()
         lost: list[BaseException | None] = []
 
-        def on_message(_conn: Connection, raw: RawMessage) -> None:
-            inbox.append(raw)
+        def on_messages(_conn: Connection, batch: list[RawMessage]) -> None:
+            inbox.extend(batch)
             wake.set()
 
         def on_close(_conn: Connection, exc: BaseException | None) -> None:
@@ -184,24 +207,18 @@ class RangeFetcher:
             wake.set()
 
         host, port = parse_tcp_address(leader)
-        conn = Connection(host, port, self._config, on_message=on_message, on_close=on_close,
-                          on_error=_answer_refused)
+        conn = Connection(host, port, self._config, on_messages=on_messages,
+                          on_close=on_close, on_error=_answer_refused)
         self._strays = 0
+        self._held.clear()
+        self._frontier = self.next_offset
         await conn.connect()
         try:
             await conn.subscribe(t.topic, t.channel, t.partition,
                                  "ordered" if t.ordered else "advanced", ext=t.ext,
                                  timeout=self._http_timeout)
-            want = _RDY
-            if t.max_messages is not None:
-                want = min(want, t.max_messages - self.messages + 1)
-            conn.send_rdy(max(1, want))
-
-            def give_back(msg_id: bytes) -> bool:
-                # a message from beyond the position (read ahead before a move backwards)
-                # is needed later: hand it back at once. An ordered channel forgets its
-                # read-ahead and sends it again in turn, so there it is just finished.
-                return conn.fin(msg_id) if t.ordered else conn.req(msg_id, 0)
+            self._granted = self._window()
+            conn.send_rdy(self._granted)
             while not self._done():
                 if not inbox:
                     if lost:
@@ -215,7 +232,13 @@ class RangeFetcher:
                         raise _Reposition(f"no message within {t.read_timeout}s at offset "
                                           f"{self.next_offset}") from None
                     continue
-                chunk = self._take(inbox, conn.fin, give_back)
+                self._see(inbox)
+                # a smaller window goes out before this run's FINs free their slots
+                want = self._window()
+                if want < self._granted:
+                    self._granted = want
+                    conn.send_rdy(want)
+                chunk = self._take(inbox, conn.fin)
                 if chunk:
                     yield chunk
                 if self._stalled is not None:
@@ -223,12 +246,51 @@ class RangeFetcher:
                     # and next_offset is past them, so nothing reads them again
                     reason, self._stalled = self._stalled, None
                     raise _Reposition(reason)
+                want = self._window()
+                if want != self._granted and not self._done():
+                    self._granted = want
+                    conn.send_rdy(want)
         finally:
+            inbox.extend(self._held.values())
+            self._held.clear()
             await _close(conn, inbox)
 
-    def _take(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool],
-              give_back: Callable[[bytes], bool] | None = None) -> list[RawMessage]:
+    def _see(self, inbox: deque[RawMessage]) -> None:
+        """Note how far the in-order stream was delivered and the smallest record seen. A
+        message beyond a gap (a held read-ahead copy) does not move the frontier: nsqd's
+        disk reader still sends what follows the position."""
+        frontier, smallest = self._frontier, self._min_size
+        sized = self._sized
+        for m in inbox:
+            off, size = m.offset, m.raw_size
+            if off is None or size is None or off > frontier:
+                continue
+            if off + size > frontier:
+                frontier = off + size
+            if not sized or size < smallest:
+                smallest, sized = size, True
+        self._frontier, self._min_size, self._sized = frontier, max(1, smallest), sized
+
+    def _window(self) -> int:
+        """The RDY to grant: no more than can still lie before the end (plus the slots held
+        messages take), at least 1 while the read is not done (a gap may still be filled)."""
         t = self.task
+        if t.ordered:
+            # an ordered channel sends one message at a time whatever the RDY
+            return _RDY
+        limit = t.end
+        if t.max_bytes is not None:
+            limit = min(limit, self.next_offset + t.max_bytes - self.bytes)
+        left = limit - self._frontier
+        window = -(-left // self._min_size) if left > 0 else 0
+        want = len(self._held) + max(1, window)
+        if t.max_messages is not None:
+            want = min(want, len(self._held) + max(1, t.max_messages - self.messages + 1))
+        return min(_RDY, want)
+
+    def _take(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool]
+              ) -> list[RawMessage]:
+        held = self._held
         out: list[RawMessage] = []
         while inbox and not self._done():
             m = inbox.popleft()
@@ -242,32 +304,63 @@ class RangeFetcher:
                 self.dropped += 1
                 continue
             if off > self.next_offset:
-                # read ahead before a move backwards, or the position did not take; many of
-                # them in a row mean the latter
-                (give_back or fin)(m.id)
-                self._strays += 1
-                if self._strays > _MAX_STRAYS:
-                    # the rest stays unfinished (closing requeues it); what ``out`` holds is
-                    # already FINed and counted, so it must still be returned
-                    inbox.clear()
-                    self._stalled = (f"expected offset {self.next_offset}, got {off} and "
-                                     f"{self._strays - 1} more beyond it")
+                self._stray(m, off, fin)
+                if self._stalled is not None:
                     break
                 continue
-            if (t.max_bytes is not None and self.messages
-                    and self.bytes + size > t.max_bytes):
-                # a byte budget is a ceiling: the message that would cross it waits
-                self._full = True
+            if not self._accept(m, fin, out):
+                inbox.appendleft(m)
                 break
-            fin(m.id)
-            self.next_offset = off + size
-            # strays count "in a row": progress means the position did take
-            self._strays = 0
-            if off >= t.accept_from:
-                out.append(m)
-                self.messages += 1
-                self.bytes += size
+            # messages held earlier may continue the run
+            while held and self.next_offset in held and not self._done():
+                nxt = held.pop(self.next_offset)
+                if not self._accept(nxt, fin, out):
+                    held[self.next_offset] = nxt
+                    break
         return out
+
+    def _stray(self, m: RawMessage, off: int, fin: Callable[[bytes], bool]) -> None:
+        """A message beyond the position: held for its turn (ordered: FINed, it comes again
+        in turn). Too many without progress mean the position did not take (e.g. nsqd's
+        lazily learnt queue end): the session is told to position again."""
+        self._strays += 1
+        if self.task.ordered:
+            fin(m.id)
+            if self._strays > _MAX_STRAYS:
+                self._stalled = (f"expected offset {self.next_offset}, got {off} and "
+                                 f"{self._strays - 1} more beyond it")
+            return
+        held = self._held
+        if off in held:
+            # a second copy (the first timed out and came again): one in-flight entry
+            return
+        held[off] = m
+        if len(held) >= _RDY:
+            # the largest window is taken by messages beyond the position: nothing else
+            # can come on this connection
+            self._stalled = (f"expected offset {self.next_offset}, got {len(held)} "
+                             f"messages beyond it (from {min(held)})")
+
+    def _accept(self, m: RawMessage, fin: Callable[[bytes], bool],
+                out: list[RawMessage]) -> bool:
+        """Take the message at ``next_offset``; False if a byte budget leaves it waiting."""
+        t = self.task
+        size = m.raw_size
+        assert size is not None
+        if t.max_bytes is not None and self.messages and self.bytes + size > t.max_bytes:
+            # a byte budget is a ceiling: the message that would cross it waits
+            self._full = True
+            return False
+        fin(m.id)
+        off = self.next_offset
+        self.next_offset = off + size
+        # strays count "in a row": progress means the position did take
+        self._strays = 0
+        if off >= t.accept_from:
+            out.append(m)
+            self.messages += 1
+            self.bytes += size
+        return True
 
 
 async def _close(conn: Connection, inbox: deque[RawMessage]) -> None:

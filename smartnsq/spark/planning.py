@@ -17,18 +17,16 @@ from dataclasses import dataclass
 from smartnsq.config import LookupConfig
 from smartnsq.errors import ConfigError, NSQConnectionError, TopicNotFoundError
 from smartnsq.lookup import Lookup, TopicView
-from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.fetch import MIN_RECORD, RangeFetcher, RangeTask
 from smartnsq.spark.nsqd_http import NsqdHttp
 from smartnsq.spark.offsets import EARLIEST, LATEST, PartitionState
 from smartnsq.spark.options import SourceOptionError, SourceOptions
 
-__all__ = ["Snapshot", "find_boundary", "resolve_starting", "resolve_timestamp", "snapshot"]
+__all__ = ["MIN_RECORD", "Snapshot", "find_boundary", "resolve_starting", "resolve_timestamp",
+           "snapshot"]
 
 log = logging.getLogger(__name__)
 
-#: the smallest stored youzan record (header + length prefix, empty body): a byte budget
-#: over this many messages cannot be exceeded without probing
-MIN_RECORD = 30
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.producer import Producer, PublishReceipt
 from smartnsq.protocol.messages import RawMessage
-from smartnsq.spark.fetch import _MAX_STRAYS, RangeFetcher, RangeTask
+from smartnsq.spark.fetch import _MAX_STRAYS, _RDY, RangeFetcher, RangeTask
 from smartnsq.spark.options import SourceOptionError, parse_source_options
 from smartnsq.spark.planning import (
     find_boundary,
@@ -179,65 +179,94 @@ def _raw(offset: int, size: int = 40) -> RawMessage:
                       raw_size=size)
 
 
-def test_take_drops_read_ahead_and_flags_gaps() -> None:
-    task = RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=80, end=200,
-                     channel="c")
-    f = RangeFetcher(task)
+def _fins() -> tuple[list[bytes], Callable[[bytes], bool]]:
     fins: list[bytes] = []
 
     def fin(msg_id: bytes) -> bool:
         fins.append(msg_id)
         return True
 
+    return fins, fin
+
+
+def test_take_drops_read_ahead_and_holds_what_is_beyond() -> None:
+    task = RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=80, end=400,
+                     channel="c")
+    f = RangeFetcher(task)
+    fins, fin = _fins()
     # the read-ahead message below the position is FINed and dropped, then rows follow
     taken = f._take(deque([_raw(40), _raw(80), _raw(120)]), fin)
     assert [m.offset for m in taken] == [80, 120]
     assert f.dropped == 1 and len(fins) == 3 and f.next_offset == 160
-    # a message beyond the expected offset (read ahead before a move backwards) is handed
-    # back, not taken and not finished
-    backs: list[bytes] = []
-
-    def give_back(msg_id: bytes) -> bool:
-        backs.append(msg_id)
-        return True
-
-    assert f._take(deque([_raw(240)]), fin, give_back) == [] and f.next_offset == 160
-    assert len(backs) == 1 and len(fins) == 3
-    # too many of them in a row mean the position did not take: the session is told to
-    # position again (after the rows already taken went out), nothing is raised here
-    strays = deque(_raw(240 + 40 * i) for i in range(1001))
-    assert f._take(strays, fin) == [] and f._stalled is not None
-    assert "expected offset 160, got" in f._stalled and not strays
-    f._strays, f._stalled = 0, None
-    # the end: the message at 160 is the last one (it starts before 200)
-    taken = f._take(deque([_raw(160), _raw(200)]), fin)
-    assert [m.offset for m in taken] == [160] and f.next_offset == 200
+    # a message beyond the expected offset (a repositioned channel's read-ahead) is neither
+    # taken nor answered: a REQ would bring it straight back ahead of the disk
+    assert f._take(deque([_raw(240)]), fin) == [] and f.next_offset == 160
+    assert len(fins) == 3 and list(f._held) == [240] and f._stalled is None
+    # it is taken in its turn, with the run it continues
+    taken = f._take(deque([_raw(160), _raw(200), _raw(280)]), fin)
+    assert [m.offset for m in taken] == [160, 200, 240, 280] and f.next_offset == 320
+    assert not f._held and len(fins) == 7
+    # the end: the message at 360 is the last one (it starts before 400)
+    taken = f._take(deque([_raw(360), _raw(320), _raw(400)]), fin)
+    assert [m.offset for m in taken] == [320, 360] and f.next_offset == 400
+    assert list(f._held) == [] and len(fins) == 9
 
 
-def test_rows_taken_before_a_stall_are_kept() -> None:
-    # regression: _take raised when strays passed the limit and so discarded the rows it had
-    # already FINed and moved next_offset past in the same call: those rows were lost (seen as
-    # a streaming availableNow read short by a few hundred of 2,000,000 rows)
+def test_a_window_full_of_messages_beyond_means_position_again() -> None:
+    # the position did not take (e.g. nsqd's lazily learnt queue end): everything delivered
+    # lies beyond it; once the whole RDY window is held nothing else can come
     f = RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=0,
                                end=10_000_000, channel="c"))
-    inbox = deque([_raw(0), _raw(40)] + [_raw(4000 + 40 * i) for i in range(_MAX_STRAYS + 1)])
-    taken = f._take(inbox, lambda _id: True, lambda _id: True)
+    fins, fin = _fins()
+    inbox = deque([_raw(0), _raw(40)] + [_raw(40_000 + 40 * i) for i in range(_RDY + 10)])
+    taken = f._take(inbox, fin)
     assert [m.offset for m in taken] == [0, 40] and f.next_offset == 80
-    assert f._stalled is not None and "expected offset 80" in f._stalled
+    assert f._stalled is not None
+    assert f"expected offset 80, got {_RDY} messages beyond" in f._stalled
+    assert len(f._held) == _RDY and len(fins) == 2
 
 
-def test_strays_count_only_in_a_row() -> None:
-    # a stray now and then (read-ahead handed back) between rows is no reason to position
-    # again, however long the read
+def test_ordered_strays_are_finished_and_counted_in_a_row() -> None:
+    # an ordered channel sends one message at a time and forgets its read-ahead: a stray is
+    # FINed (it comes again in turn); only a long run of them means position again
     f = RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=0,
-                               end=10_000_000, channel="c"))
+                               end=10_000_000, channel="c", ordered=True))
+    fins, fin = _fins()
     n = 3 * _MAX_STRAYS
     inbox: deque[RawMessage] = deque()
     for i in range(n):
         inbox.append(_raw(40 * i))
         inbox.append(_raw(40 * i + 8000))
-    taken = f._take(inbox, lambda _id: True, lambda _id: True)
+    taken = f._take(inbox, fin)
     assert len(taken) == n and f._stalled is None and f.next_offset == 40 * n
+    assert len(fins) == 2 * n and not f._held
+    strays = deque(_raw(10_000_000 - 40 * i) for i in range(_MAX_STRAYS + 1))
+    assert f._take(strays, fin) == [] and f._stalled is not None
+
+
+def test_rdy_window_shrinks_to_what_can_lie_before_the_end() -> None:
+    f = RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=0,
+                               end=1300, channel="c"))
+    # nothing seen yet: the smallest possible record bounds it (1300 / 30 -> 44)
+    assert f._window() == 44
+    inbox = deque([_raw(0, 130), _raw(130, 130)])
+    f._see(inbox)
+    # 1040 bytes left past the furthest delivery, records of 130 seen: 8 more at most
+    assert f._window() == 8
+    f._take(inbox, _fins()[1])
+    # a message beyond a gap is held and does not move the frontier: its slot is added
+    f._see(deque([_raw(1170, 130)]))
+    f._take(deque([_raw(1170, 130)]), _fins()[1])
+    assert list(f._held) == [1170] and f._window() == 9
+    f._see(deque([_raw(260 + 130 * i, 130) for i in range(7)]))
+    # everything before the end delivered: one slot stays open while the read is not done
+    assert f._window() == 2
+    big = RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0, start=0,
+                                 end=10**9, channel="c"))
+    assert big._window() == 500
+    ordered = RangeFetcher(RangeTask(lookupd=("127.0.0.1:1",), topic="t", partition=0,
+                                     start=0, end=100, channel="c", ordered=True))
+    assert ordered._window() == 500
 
 
 def test_frame_without_position_stops_after_the_rows_before_it() -> None:

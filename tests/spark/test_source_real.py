@@ -9,6 +9,7 @@ The real variants run when ``SMARTNSQ_REAL_YOUZAN_LOOKUPD`` names a youzan nsqlo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from pathlib import Path
@@ -75,6 +76,37 @@ async def test_exact_ranges_ends_and_timestamps(youzan: Any) -> None:
         lookupd=(youzan.lookupd,), topic=topic.name, partition=0, start=0,
         end=snap.partitions[0].end, channel="spark_real_probe", max_messages=4,
         read_timeout=5.0)) == early[4].offset
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["plain", "ordered"])
+async def test_consecutive_reads_on_one_channel_position_once(youzan: Any,
+                                                              ordered: bool) -> None:
+    # micro-batches read one after another on the query's one channel: each positions once
+    # (a reader used to hand back the read-ahead the channel's previous reader had left, which
+    # on real nsqd set off a REQ loop and dozens of repositions per batch), rows exact
+    n = 600 if ordered else 4000
+    topic = await youzan.create_topic("sparkseq", partition_num=1, replicator=1,
+                                      ordered=ordered)
+    bodies = [b"%06d" % i + b"x" * 94 for i in range(n)]  # 100-byte bodies, one size
+    async with Producer(lookupd=[youzan.lookupd]) as p:
+        for i in range(0, n, 500):
+            await p.publish_many(topic.name, bodies[i:i + 500], partition=0)
+    opts = parse_source_options({"lookupd": youzan.lookupd, "topic": topic.name},
+                                streaming=True)
+    st = (await snapshot(opts)).partitions[0]
+    size = (st.end - st.start) // n
+    assert st.start + size * n == st.end
+    # batch ends of uneven sizes (one message, hundreds, a thousand), then a replay of an
+    # earlier batch (a move backwards) and one ending at the partition's end
+    cuts = [0, 1, n * 7 // 40, n * 7 // 40 + 1, n * 19 // 40, n * 31 // 40, n]
+    ranges = [*itertools.pairwise(cuts), (cuts[2], cuts[4]), (cuts[5], n)]
+    for a, b in ranges:
+        got, f = await _read(RangeTask(
+            lookupd=(youzan.lookupd,), topic=topic.name, partition=0,
+            start=st.start + a * size, end=st.start + b * size, channel="spark_seq",
+            ordered=ordered, read_timeout=5.0))
+        assert [m.body for m in got] == bodies[a:b], f"range {a}-{b}"
+        assert f.repositions == 0, f"range {a}-{b}: {f.repositions} repositions"
 
 
 async def test_leader_move_during_read(youzan: Any) -> None:
