@@ -15,7 +15,6 @@ task when groups of one partition are published one after another.
 from __future__ import annotations
 
 import importlib
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +53,8 @@ SINK_COLUMNS: Mapping[str, str] = {
 
 _TRACE_FIELDS = 12  # [4-byte element size][8-byte trace id]
 _PLAIN_FIELDS = 4  # [4-byte element size]
-_U32 = struct.Struct(">I")
+#: joined MPUB bytes from which the join needs 64-bit offsets
+_BIG_JOIN = 1 << 31
 
 
 def _pa() -> Any:
@@ -142,11 +142,12 @@ def shard_partition_of(key: str | bytes, partition_num: int) -> int:
 
 @dataclass(slots=True)
 class EncodedBatch:
-    """One MPUB (``traced``: MPUB_TRACE) whose body is already encoded (count + elements)."""
+    """One MPUB (``traced``: MPUB_TRACE) whose body is already encoded (count + elements);
+    the body is a view of the Arrow buffer it was joined into."""
 
     topic: str
     partition: int | None
-    body: bytes
+    body: bytes | memoryview
     count: int
     traced: bool
 
@@ -188,6 +189,20 @@ Unit = EncodedBatch | ExtBatch | DeferredRows
 def _first_true(mask: Any) -> int:
     """Index of the first true value of a boolean Arrow array (which has one)."""
     return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
+
+
+def _cut(ends: Any, limit: int) -> Any:
+    """The first row of each MPUB: greedily the most rows whose elements (``ends``: their
+    cumulative byte sizes) take at most ``limit`` bytes, and at least one row each."""
+    starts: list[int] = []
+    n = len(ends)
+    start = 0
+    while start < n:
+        base = int(ends[start - 1]) if start else 0
+        end = int(np.searchsorted(ends, base + limit, side="right"))
+        starts.append(start)
+        start = max(end, start + 1)
+    return np.array(starts, dtype=np.int64)
 
 
 class BatchPlan:
@@ -336,43 +351,48 @@ class BatchPlan:
 
     def _plain(self, topic: str, partition: int | None, values: Any, lengths: Any,
                trace_ids: Any) -> list[Unit]:
-        """MPUB / MPUB_TRACE bodies, split at ``maxBatchBytes``."""
+        """MPUB / MPUB_TRACE bodies, split at ``maxBatchBytes``.
+
+        Each body is a view of one joined Arrow buffer, not a copy: the MPUBs are cut from the
+        element sizes first, and the first row of each carries the body's count field in front
+        of its own prefix, so ``[count]([size][data])*`` lies contiguous in the join's output
+        (a copy of a 1 MiB body costs as much as encoding it: fresh pages fault in)."""
         pa, pc = _pa(), _pc()
         n = len(values)
         if n == 0:
             return []
         lens = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
         traced = trace_ids is not None
+        width = _TRACE_FIELDS if traced else _PLAIN_FIELDS
+        starts = _cut(np.cumsum(lens + width), self.opts.maxBatchBytes - 4)
+        counts = np.diff(np.append(starts, n))
         if traced:
             pre = np.empty(n, dtype=[("s", ">u4"), ("t", ">u8")])
             pre["s"] = lens + 8
             pre["t"] = trace_ids.to_numpy(zero_copy_only=False)
-            width = _TRACE_FIELDS
         else:
-            pre = (lens).astype(">u4")
-            width = _PLAIN_FIELDS
-        prefix = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(width), n, [None, pa.py_buffer(pre.tobytes())])
-        # 64-bit offsets: a batch of large bodies may pass 2 GiB once joined
-        big = pa.large_binary()
-        joined = pc.binary_join_element_wise(prefix.cast(big), values.cast(big),
-                                             pa.scalar(b"", big))
-        offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=n + 1,
-                                offset=joined.offset * 8)
-        data = joined.buffers()[2]
+            pre = lens.astype(">u4")
+        # the count fields go in front of the prefix of each MPUB's first row
+        data = np.insert(pre.view(np.uint8), np.repeat(starts * width, 4),
+                         counts.astype(">u4").view(np.uint8))
+        sizes = np.full(n, width, dtype=np.int64)
+        sizes[starts] += 4
+        total = 4 * len(starts) + int(lens.sum()) + width * n
+        # 64-bit offsets only when the joined bytes pass 2 GiB (batches of large bodies)
+        big = total >= _BIG_JOIN
+        typ, off_type = (pa.large_binary(), np.int64) if big else (pa.binary(), np.int32)
+        offs = np.zeros(n + 1, dtype=off_type)
+        np.cumsum(sizes, out=offs[1:])
+        prefix = pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offs), pa.py_buffer(data)])
+        joined = pc.binary_join_element_wise(prefix, values.cast(typ) if big else values,
+                                             pa.scalar(b"", typ))
+        offsets = np.frombuffer(joined.buffers()[1], dtype=off_type, count=n + 1,
+                                offset=joined.offset * offs.itemsize)
+        view = memoryview(joined.buffers()[2]).cast("B")  # keeps the Arrow buffer alive
         units: list[Unit] = []
-        limit = self.opts.maxBatchBytes - 4  # the body's own count field
-        start = 0
-        while start < n:
-            # the largest end with offsets[end] - offsets[start] <= limit (at least one row)
-            end = int(np.searchsorted(offsets, offsets[start] + limit, side="right")) - 1
-            end = max(end, start + 1)
-            end = min(end, n)
-            chunk = data.slice(int(offsets[start]), int(offsets[end] - offsets[start]))
-            count = end - start
-            units.append(EncodedBatch(topic, partition, _U32.pack(count) + chunk.to_pybytes(),
-                                      count, traced))
-            start = end
+        for start, count in zip(starts.tolist(), counts.tolist(), strict=True):
+            body = view[int(offsets[start]):int(offsets[start + count])]
+            units.append(EncodedBatch(topic, partition, body, count, traced))
         return units
 
     def _ext(self, topic: str, partition: int | None, values: Any, ext: Any,

@@ -33,8 +33,9 @@ def opts(**kw: str) -> SinkOptions:
     return parse_sink_options({**LOOKUPD, "topic": "t", **kw})
 
 
-def decode_mpub(body: bytes, traced: bool) -> list[tuple[int | None, bytes]]:
+def decode_mpub(body: bytes | memoryview, traced: bool) -> list[tuple[int | None, bytes]]:
     """An MPUB / MPUB_TRACE body (after the command's own size field) → (trace id, body)."""
+    body = bytes(body)
     (count,) = struct.unpack_from(">I", body, 0)
     pos, out = 4, []
     for _ in range(count):
@@ -180,6 +181,50 @@ def test_bodies_split_at_max_batch_bytes_without_losing_a_row() -> None:
         assert isinstance(u, EncodedBatch)
         assert len(u.body) <= 2048
         assert u.count == len(decode_mpub(u.body, False))
+    assert [b for *_, b in elements(units)] == values
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_bodies_are_views_of_one_joined_buffer_cut_exactly_at_the_limit(traced: bool) -> None:
+    # element sizes vary, one row alone exceeds the limit: each body is a view (no copy) of
+    # the same joined buffer, holds as many rows as fit, and the views tile the buffer
+    width = 12 if traced else 4
+    limit = 1024
+    values = [bytes([97 + i % 26]) * (1 + (i * 37) % 300) for i in range(400)]
+    values[123] = b"z" * 2000  # alone over the limit: an MPUB of its own
+    batch = pa.record_batch({"value": pa.array(values, pa.binary())})
+    o = opts(maxBatchBytes=str(limit), deterministicTraceIds="true") if traced else \
+        opts(maxBatchBytes=str(limit))
+    units = BatchPlan(batch, o, trace_base=0 if traced else None).units({})
+    assert len(units) > 10
+    got: list[bytes] = []
+    row = 0
+    for i, u in enumerate(units):
+        assert isinstance(u, EncodedBatch) and isinstance(u.body, memoryview)
+        assert u.body.obj is units[0].body.obj  # one buffer, sliced
+        decoded = decode_mpub(u.body, traced)
+        assert u.count == len(decoded)
+        if traced:
+            assert [tid for tid, _ in decoded] == list(range(row, row + u.count))
+        row += u.count
+        got.extend(b for _, b in decoded)
+        if u.count > 1:
+            assert len(u.body) <= limit
+        if i + 1 < len(units):  # greedy: the next row would not have fitted
+            nxt = values[row]
+            assert len(u.body) + width + len(nxt) > limit
+    assert got == values
+
+
+def test_joins_past_2_gib_use_64_bit_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the 64-bit path (bodies joined past 2 GiB) with a small threshold instead of 2 GiB
+    import smartnsq.spark.sink_arrow as sink_arrow
+
+    monkeypatch.setattr(sink_arrow, "_BIG_JOIN", 64)
+    values = [f"v{i}".encode() * 20 for i in range(50)]
+    batch = pa.record_batch({"value": pa.array(values, pa.binary())})
+    units = BatchPlan(batch, opts(maxBatchBytes="1024")).units({})
+    assert len(units) > 1
     assert [b for *_, b in elements(units)] == values
 
 
