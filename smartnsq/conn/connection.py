@@ -32,6 +32,7 @@ from typing import Literal
 
 from smartnsq._checks import check_duration
 from smartnsq.config import ConnectionConfig
+from smartnsq.conn.answers import AnswerRouting
 from smartnsq.conn.closing import CloseSequence
 from smartnsq.conn.connecting import ConnectSequence
 from smartnsq.conn.consuming import SubscribeCommands, SubscribeMode
@@ -47,13 +48,14 @@ from smartnsq.errors import (
     NSQTimeoutError,
     ProtocolError,
     ServerError,
-    error_from_frame,
 )
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
     FRAME_MESSAGE,
     FRAME_RESPONSE,
     HEARTBEAT,
+    OK,
+    OK_FRAME,
     Frame,
     FrameDecoder,
 )
@@ -73,12 +75,6 @@ OnClose = Callable[["Connection", BaseException | None], None]
 
 _PUBLISH = CommandKind.PUBLISH
 _NOP = commands.NOP
-#: errors answering FIN/REQ/TOUCH, which have no waiter
-_NO_WAITER_CODES = {
-    b"E_FIN_FAILED": CommandKind.FIN,
-    b"E_REQ_FAILED": CommandKind.OTHER,
-    b"E_TOUCH_FAILED": CommandKind.OTHER,
-}
 _DEFAULT_MSG_TIMEOUT = 60.0
 
 
@@ -86,7 +82,8 @@ def _ignore_write(data: bytes) -> None:
     """Stands in for the wire's write before connect()."""
 
 
-class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSequence):
+class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRouting,
+                 CloseSequence):
     """See the module docstring.
 
     Callbacks (also settable as attributes before they are needed):
@@ -335,6 +332,14 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
         batch: list[RawMessage] = []  # with on_messages: this run of messages
         n_messages = 0
         for frame in frames:
+            if frame is OK_FRAME:
+                if batch:
+                    self._deliver(batch)
+                    batch = []
+                self._on_response(OK)
+                if self._exc is not None:
+                    break
+                continue
             if isinstance(frame, RawMessage):
                 msg = frame
             else:
@@ -389,52 +394,6 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, CloseSeque
             self._deliver(batch)
         if n_messages:
             self._messages_in += n_messages
-
-    def _on_response(self, payload: bytes) -> None:
-        waiters = self._waiters
-        if not waiters:
-            self._fail(ProtocolError(f"nsqd {self.address} sent a response nothing waits for: "
-                                     f"{payload[:32]!r}"))
-            return
-        w = waiters.popleft()
-        fut = w[0]
-        if w[2] is CommandKind.SUBSCRIBE:
-            self._sub_answered = True
-        if not fut.done():
-            fut.set_result(payload)
-        if not waiters and self._fifo.idle_fut is not None:
-            self._fifo.wake_idle()
-
-    def _on_error_frame(self, payload: bytes) -> None:
-        self._error_frames += 1
-        code = payload.split(b" ", 1)[0]
-        kind = _NO_WAITER_CODES.get(code)
-        if kind is not None:
-            self._report(error_from_frame(payload, self._flavour, kind, address=self.address))
-            return
-        waiters = self._waiters
-        if not waiters:
-            exc = error_from_frame(payload, self._flavour, CommandKind.OTHER,
-                                   address=self.address)
-            if exc.fatal:
-                self._fail(exc)
-            else:
-                self._report(exc)
-            return
-        fut, _, kind, _, topic, partition, close_on_error = waiters.popleft()
-        exc = error_from_frame(payload, self._flavour, kind, address=self.address,
-                               topic=topic, partition=partition)
-        if not fut.done():
-            fut.set_exception(exc)
-        elif not exc.fatal:
-            self._report(exc)
-        if exc.fatal or close_on_error:
-            if not exc.fatal:
-                logger.warning("closing connection to nsqd %s after %s: the server may have "
-                               "left part of the command unread", self.address, exc.server_code)
-            self._fail(exc)
-        elif not waiters and self._fifo.idle_fut is not None:
-            self._fifo.wake_idle()
 
     # ------------------------------------------------------------------ requests (FIFO)
 

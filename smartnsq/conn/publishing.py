@@ -63,6 +63,17 @@ class PublishCommands:
             await self._drain()
         self._check_ok(await self._send(command, _PUBLISH, timeout, topic, partition), "PUB")
 
+    def send_pub(self, topic: str, body: bytes, timeout: float) -> asyncio.Future[bytes]:
+        """PUB without a coroutine of its own (the producer's hot path): the caller made sure
+        the write buffer is below its high-water mark (:attr:`write_paused`), awaits the
+        answer and hands it to :meth:`check_publish_answer`."""
+        return self._send(commands.pub(topic, body), _PUBLISH, timeout, topic, None)
+
+    def check_publish_answer(self, data: bytes, what: str) -> None:
+        """Fail the connection (and raise) unless ``data`` is the OK a plain publish gets."""
+        if data is not OK and data != OK:
+            self._check_ok(data, what)
+
     async def publish_many(self, topic: str, bodies: Sequence[bytes],
                            partition: int | None = None, timeout: float | None = None) -> None:
         """MPUB: all bodies atomically, one response."""

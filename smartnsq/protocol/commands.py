@@ -169,7 +169,10 @@ def touch(msg_id: bytes) -> bytes:
 
 
 def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
-    _check_body(body)
+    if type(body) is not bytes or not body:
+        _check_body(body)
+    if partition is None:
+        return b"PUB %s\n%s%s" % (_topic(topic), _pack_u32(len(body)), body)
     return _line(b"PUB", topic, partition) + _pack_u32(len(body)) + body
 
 
