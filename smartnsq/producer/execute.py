@@ -46,6 +46,16 @@ class Executor:
         self._router = router
         self._active = 0
         self._idle: asyncio.Future[None] | None = None
+        #: the producer's loop, once bound (asyncio.get_running_loop costs a getpid system
+        #: call per call on Python 3.11)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def enter(self) -> None:
+        """A publish outside the retry loops is in flight (the producer's fast path)."""
+        self._active += 1
 
     def run(self, op: Op, deadline: float) -> Coroutine[Any, Any, PublishReceipt | None]:
         """The retry loop for ``op`` (no coroutine of its own: one frame less per publish)."""
@@ -60,6 +70,10 @@ class Executor:
                 self._idle = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._idle)
 
+    def leave(self) -> None:
+        """The end of a publish counted by :meth:`enter`."""
+        self._done()
+
     def _done(self) -> None:
         self._active -= 1
         if not self._active and self._idle is not None and not self._idle.done():
@@ -67,17 +81,43 @@ class Executor:
 
     # ------------------------------------------------------------------ direct nsqd addresses
 
-    async def _direct(self, op: Op, deadline: float) -> PublishReceipt | None:
+    async def retry_direct(self, op: Op, deadline: float, pool: NodePool,
+                           exc: Exception) -> PublishReceipt | None:
+        """The retry loop for ``op`` whose first attempt, made on ``pool`` by the caller's
+        fast path (:meth:`Producer.publish`), failed with ``exc``."""
+        return await self._direct(op, deadline, (pool, exc))
+
+    def _after_failure(self, op: Op, attempt: int, exc: Exception, deadline: float,
+                       pool: NodePool, now: float) -> None:
+        """Raise the error that ends ``op`` when ``exc`` (its attempt number ``attempt``, on
+        ``pool``) may not be retried."""
+        action = classify(exc)
+        if action is Action.RAISE or attempt >= self._max_attempts or now >= deadline:
+            err = failure(op, attempt, exc, deadline)
+            if err is exc:
+                raise exc
+            raise err from exc
+        logger.debug("%s to topic %r on nsqd %s failed (attempt %d, %s): %s", op.what,
+                     op.topic, pool.address, attempt, action.value, exc)
+
+    async def _direct(self, op: Op, deadline: float,
+                      first: tuple[NodePool, Exception] | None = None
+                      ) -> PublishReceipt | None:
         self._active += 1
         try:
             nodes = self._nodes
-            loop = asyncio.get_running_loop()
+            loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             max_attempts = self._max_attempts
             attempt = 0
             avoid: set[str] | None = None
             last_pool: NodePool | None = None
             seen = nodes.dial_failures()
             waits = 0
+            if first is not None:
+                last_pool, first_exc = first
+                attempt = 1
+                self._after_failure(op, attempt, first_exc, deadline, last_pool, loop.time())
+                avoid = {last_pool.address}
             while True:
                 now = loop.time()
                 pool = nodes.pick_direct(avoid, now)
@@ -116,15 +156,7 @@ class Executor:
                     raise
                 except Exception as exc:
                     seen = nodes.dial_failures()  # our own failed dial is counted here
-                    action = classify(exc)
-                    if action is Action.RAISE or attempt >= max_attempts or \
-                            loop.time() >= deadline:
-                        err = failure(op, attempt, exc, deadline)
-                        if err is exc:
-                            raise
-                        raise err from exc
-                    logger.debug("%s to topic %r on nsqd %s failed (attempt %d, %s): %s", op.what,
-                                 op.topic, pool.address, attempt, action.value, exc)
+                    self._after_failure(op, attempt, exc, deadline, pool, loop.time())
                     last_pool = pool
                     if avoid is None:
                         avoid = set()
@@ -138,7 +170,7 @@ class Executor:
         self._active += 1
         try:
             routes = router.routes
-            loop = asyncio.get_running_loop()
+            loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             topic = op.topic
             max_attempts = self._max_attempts
             attempt = 0  # every send

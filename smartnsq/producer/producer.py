@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from threading import get_ident
 from types import TracebackType
 from typing import Any, Self
 
@@ -147,6 +148,7 @@ class Producer:
         self._started = False
         #: the event loop this producer runs on: bound by the first call (see _on_loop)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
 
     def __repr__(self) -> str:
         mode = "lookupd" if self._router is not None else "direct"
@@ -244,6 +246,8 @@ class Producer:
         if loop is not self._loop:
             if self._loop is None:
                 self._loop = loop
+                self._thread = get_ident()
+                self._executor.bind(loop)
             else:
                 check_loop(self._loop, "this Producer")
         return loop
@@ -282,9 +286,11 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._on_loop()
+        loop = self._loop
+        if loop is None or get_ident() != self._thread or not loop.is_running():
+            # only one loop runs in a thread at a time: if ours runs in this thread, it is
+            # the running one (cheaper than asyncio.get_running_loop on Python 3.11)
+            loop = self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
         # the type test first: an unhashable topic must not reach the set lookup
@@ -294,12 +300,34 @@ class Producer:
             body = self._check_body(body)
         if partition is not None:
             check_partition(partition)
-        deadline = loop.time() + self._timeout if timeout is None else self._deadline(timeout)
+        now = loop.time()
+        deadline = now + self._timeout if timeout is None else self._deadline(timeout)
         op: Op
-        if ext is None and trace_id is None and self._batcher is not None:
-            # tracing is decided per batch when it is sent
-            await self._batcher.add((topic, partition), body, deadline)
-            return None
+        if ext is None and trace_id is None:
+            if self._batcher is not None:
+                # tracing is decided per batch when it is sent
+                await self._batcher.add((topic, partition), body, deadline)
+                return None
+            if self._router is None and partition is None:
+                # direct mode, plain PUB: the first attempt without the retry loop's frames
+                # when a connection can take it at once; a failure continues in that loop
+                pool = self._nodes.pick_direct(None, now)
+                conn = pool.pick() if pool is not None else None
+                if conn is not None and not conn.write_paused and deadline > now:
+                    assert pool is not None
+                    ex = self._executor
+                    ex.enter()
+                    try:
+                        conn.check_publish_answer(
+                            await conn.send_pub(topic, body, deadline - now), "PUB")
+                        return None
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        return await ex.retry_direct(Pub(topic, None, body, False), deadline,
+                                                     pool, exc)
+                    finally:
+                        ex.leave()
         traced = self.trace.is_on(topic)
         if ext is not None:
             header = ext_header_bytes(ext, trace_id)
