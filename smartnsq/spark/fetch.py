@@ -293,6 +293,9 @@ class RangeFetcher:
         held = self._held
         out: list[RawMessage] = []
         while inbox and not self._done():
+            self._run(inbox, fin, out)
+            if not inbox or self._done():
+                break
             m = inbox.popleft()
             off, size = m.offset, m.raw_size
             if off is None or size is None:
@@ -318,6 +321,34 @@ class RangeFetcher:
                     held[self.next_offset] = nxt
                     break
         return out
+
+    def _run(self, inbox: deque[RawMessage], fin: Callable[[bytes], bool],
+             out: list[RawMessage]) -> None:
+        """The hot path: take the in-order run at the head of ``inbox`` (no budget, nothing
+        held, every row wanted); anything else is left to :meth:`_take`'s per-message path."""
+        t = self.task
+        nxt = self.next_offset
+        if t.max_messages is not None or t.max_bytes is not None or self._held or \
+                t.accept_from > nxt:
+            return
+        end = t.end
+        first = nxt
+        taken = len(out)
+        pop, append = inbox.popleft, out.append
+        while inbox and nxt < end:
+            m = pop()
+            size = m.raw_size
+            if m.offset != nxt or size is None:
+                inbox.appendleft(m)
+                break
+            fin(m.id)
+            nxt += size
+            append(m)
+        if nxt != first:
+            self.next_offset = nxt
+            self.messages += len(out) - taken
+            self.bytes += nxt - first
+            self._strays = 0
 
     def _stray(self, m: RawMessage, off: int, fin: Callable[[bytes], bool]) -> None:
         """A message beyond the position: held for its turn (ordered: FINed, it comes again

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from smartnsq.message import Message
@@ -42,7 +43,7 @@ def _signed64(v: int) -> int:
 
 
 def to_record_batch(messages: Sequence[RawMessage], topic: str, partition: int | None,
-                    nsqd: str, *, youzan: bool = True) -> Any:
+                    nsqd: str, *, youzan: bool = True, ext: bool | None = None) -> Any:
     """One ``pyarrow.RecordBatch`` of the source schema (column-wise: this is the read hot
     path, so ids and timestamps go through numpy instead of a Python object per value)."""
     import numpy as np
@@ -52,31 +53,49 @@ def to_record_batch(messages: Sequence[RawMessage], topic: str, partition: int |
     if youzan:
         # the 16-byte id is [internal id][trace id], big-endian; reading it as signed int64
         # gives Spark's long for ids at or above 2^63 too (two's complement)
-        ids = np.frombuffer(b"".join([m.id for m in messages]), dtype=">i8").reshape(n, 2)
+        ids = np.frombuffer(b"".join(map(_ID, messages)), dtype=">i8").reshape(n, 2)
         internal = pa.array(ids[:, 0].astype(np.int64), pa.int64())
         trace = pa.array(ids[:, 1].astype(np.int64), pa.int64())
+        offsets = pa.array(np.fromiter(map(_OFFSET, messages), np.int64, n), pa.int64())
+        sizes = pa.array(np.fromiter(map(_RAW_SIZE, messages), np.int32, n), pa.int32())
     else:
         internal = trace = pa.nulls(n, pa.int64())
-    stamps = np.fromiter((m.timestamp for m in messages), dtype=np.int64, count=n) // 1000
+        offsets = pa.nulls(n, pa.int64())
+        sizes = pa.nulls(n, pa.int32())
+    stamps = np.fromiter(map(_TIMESTAMP, messages), np.int64, n) // 1000
     map_type = pa.map_(pa.string(), pa.string())
-    if any(m.ext_version is not None for m in messages):
-        ext = pa.array([_items(ext_map(m)) for m in messages], map_type)
+    if ext is None:
+        ext = any(m.ext_version is not None for m in messages)
+    if ext:
+        ext_col = pa.array([_items(ext_map(m)) for m in messages], map_type)
     else:
-        ext = pa.nulls(n, map_type)
+        ext_col = pa.nulls(n, map_type)
     columns = [
-        pa.array([m.body for m in messages], pa.binary()),
-        pa.array([topic] * n, pa.string()),
-        pa.array([partition] * n, pa.int32()),
-        pa.array([m.offset for m in messages], pa.int64()),
-        pa.array([m.raw_size for m in messages], pa.int32()),
+        pa.array(list(map(_BODY, messages)), pa.binary()),
+        _repeat(pa, topic, pa.string(), n),
+        _repeat(pa, partition, pa.int32(), n),
+        offsets,
+        sizes,
         internal,
         trace,
         pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.array([m.attempts for m in messages], pa.int32()),
-        ext,
-        pa.array([nsqd] * n, pa.string()),
+        pa.array(np.fromiter(map(_ATTEMPTS, messages), np.int32, n), pa.int32()),
+        ext_col,
+        _repeat(pa, nsqd, pa.string(), n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema())
+
+
+_ID = attrgetter("id")
+_BODY = attrgetter("body")
+_OFFSET = attrgetter("offset")
+_RAW_SIZE = attrgetter("raw_size")
+_TIMESTAMP = attrgetter("timestamp")
+_ATTEMPTS = attrgetter("attempts")
+
+
+def _repeat(pa: Any, value: object, type_: Any, n: int) -> Any:
+    return pa.repeat(pa.scalar(value, type_), n)
 
 
 def _items(d: dict[str, str] | None) -> list[tuple[str, str]] | None:
