@@ -17,14 +17,19 @@ process (Spark's Python workers are other processes). Spark start-up and the Dat
 generation are outside the timings, and every way runs once on a small topic first (Python
 worker start-up and imports cost seconds here). Prints one table.
 
+The ``repos`` column sums the youzan source's repositions over the run's range reads (each
+read appends its figures to a file named by ``SMARTNSQ_SPARK_READ_STATS``, set here before
+Spark starts so the executors inherit it): normally 0, one per positioning beyond the first.
+
 Usage: python benchmarks/spark.py [--lookupd HOST:PORT] [--rows 200000] [--partitions 1 4]
-       [--repeat 2]
+       [--repeat 2] [--sides sink source]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -42,6 +47,7 @@ import aiohttp
 from smartnsq.devcluster import DevCluster
 from smartnsq.spark import register
 from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
+from smartnsq.spark.source_youzan import READ_STATS_ENV
 from tests.real_servers import HTTP_TIMEOUT, Topic, YouzanCluster
 
 T = TypeVar("T")
@@ -73,6 +79,8 @@ class Row:
     partitions: int
     rows: int
     seconds: float
+    #: repositions of the source's range reads (None: not a source way of this library)
+    repositions: int | None = None
 
     @property
     def rate(self) -> float:
@@ -130,10 +138,33 @@ def gnsq_collect(addr: str, topic: str, count: int, timeout: float = 300) -> lis
     return got
 
 
+class ReadStats:
+    """The figures the executors' range reads append to a file (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        open(path, "w").close()
+        os.environ[READ_STATS_ENV] = path
+        self._seen = 0
+
+    def since_last(self) -> tuple[int, str]:
+        """Repositions of the reads since the last call, and what the reads took in their
+        tasks (count, seconds, CPU seconds, summed over the tasks)."""
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        new, self._seen = [json.loads(x) for x in lines[self._seen:]], len(lines)
+        repos = sum(int(d["repositions"]) for d in new)
+        secs = sum(float(d.get("seconds", 0.0)) for d in new)
+        cpu = sum(float(d.get("cpu", 0.0)) for d in new)
+        return repos, f"{len(new)} reads {secs:.2f} s in tasks, {cpu:.2f} s CPU"
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     from pyspark.sql import SparkSession
 
     prepare_spark_environment()
+    stats_dir = tempfile.mkdtemp(prefix="smartnsq-spark-bench-stats-")
+    stats = ReadStats(os.path.join(stats_dir, "reads.jsonl"))
     spark = (SparkSession.builder.master("local[2]").appName("smartnsq-spark-bench")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.host", "127.0.0.1")
@@ -166,11 +197,17 @@ def run(args: argparse.Namespace) -> list[Row]:
         rows: list[Row] = []
 
         def add(side: str, way: str, parts: int, fn: Callable[[], int]) -> None:
+            stats.since_last()
             count, secs = timed(fn)
-            r = Row(side, way, parts, count, secs)
+            repos: int | None = None
+            note = ""
+            if way.startswith("nsq source"):
+                repos, reads = stats.since_last()
+                note = f"  repositions {repos}; {reads}"
+            r = Row(side, way, parts, count, secs, repos)
             rows.append(r)
             print(f"  {side:6} {way:44} p={parts}  {count:>8} rows  {secs:7.2f} s  "
-                  f"{r.rate:>10,.0f} rows/s", flush=True)
+                  f"{r.rate:>10,.0f} rows/s{note}", flush=True)
 
         def ways(t: Topic, hand: Topic, frame: Any, path: str, count: int,
                  tag: str) -> dict[str, Callable[[], int]]:
@@ -244,30 +281,41 @@ def run(args: argparse.Namespace) -> list[Row]:
         warm_src = os.path.join(tmp, "warm")
         warm_df.write.parquet(warm_src)
         warm: Topic = bg.call(target.create_topic("bench_warm", 1, 1, channels=(CHANNEL,)))
-        for fn in ways(warm, warm, warm_df, warm_src, warm_n, "warm").values():
-            fn()
+        if "sink" not in args.sides:
+            # the source ways read what the sink ways wrote: publish it instead
+            bg.call(fill(lookupd, warm.name, warm_n))
+        for name, fn in ways(warm, warm, warm_df, warm_src, warm_n, "warm").items():
+            if ("sink" if "sink" in name else "source") in args.sides:
+                fn()
         print("warmed up", flush=True)
 
         for parts in args.partitions:
             topic: Topic = bg.call(target.create_topic("bench_sink", parts, 1,
                                                        channels=(CHANNEL,)))
             hand: Topic = bg.call(target.create_topic("bench_hand", 1, 1, channels=(CHANNEL,)))
+            if "sink" not in args.sides:
+                # both source ways read the nsq topic, the hand way the hand topic's channel
+                # (which both hand-written sinks would have filled): publish instead
+                bg.call(fill(lookupd, topic.name, n * args.repeat))
+                bg.call(fill(lookupd, hand.name, n * args.repeat))
             for rep in range(args.repeat):
                 # the ways interleaved, so that each repeat sees the same machine load
                 w = ways(topic, hand, df, src, n, f"p{parts}r{rep}")
-                add("sink", "nsq sink, batch (df.write)", parts, w["sink_batch"])
-                add("sink", "nsq sink, streaming (availableNow)", parts, w["sink_stream"])
-                if parts == 1:
-                    add("sink", f"hand: foreachPartition gnsq MPUB {HAND_BATCH}", parts,
-                        w["hand_sink"])
-                    add("sink", "hand: foreachBatch→foreachPartition gnsq", parts,
-                        w["hand_sink_stream"])
-                add("source", "nsq source, batch (count)", parts, w["source_batch"])
-                add("source", "nsq source, streaming (availableNow→noop)", parts,
-                    w["source_stream"])
-                if parts == 1:
-                    add("source", "hand: driver gnsq consumer→createDataFrame", parts,
-                        w["hand_source"])
+                if "sink" in args.sides:
+                    add("sink", "nsq sink, batch (df.write)", parts, w["sink_batch"])
+                    add("sink", "nsq sink, streaming (availableNow)", parts, w["sink_stream"])
+                    if parts == 1:
+                        add("sink", f"hand: foreachPartition gnsq MPUB {HAND_BATCH}", parts,
+                            w["hand_sink"])
+                        add("sink", "hand: foreachBatch→foreachPartition gnsq", parts,
+                            w["hand_sink_stream"])
+                if "source" in args.sides:
+                    add("source", "nsq source, batch (count)", parts, w["source_batch"])
+                    add("source", "nsq source, streaming (availableNow→noop)", parts,
+                        w["source_stream"])
+                    if parts == 1:
+                        add("source", "hand: driver gnsq consumer→createDataFrame", parts,
+                            w["hand_source"])
         return rows
     finally:
         try:
@@ -280,6 +328,17 @@ def run(args: argparse.Namespace) -> list[Row]:
         bg.close()
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stats_dir, ignore_errors=True)
+
+
+async def fill(lookupd: str, topic: str, n: int) -> None:
+    """Publish ``n`` bodies of BODY_SIZE bytes round-robin over the topic's partitions."""
+    from smartnsq.producer import Producer
+
+    body = b"x" * BODY_SIZE
+    async with Producer(lookupd=[lookupd]) as p:
+        for i in range(0, n, HAND_BATCH):
+            await p.publish_many(topic, [body] * min(HAND_BATCH, n - i))
 
 
 async def _session() -> aiohttp.ClientSession:
@@ -299,16 +358,20 @@ def print_table(rows: list[Row]) -> None:
             if way.startswith("hand")}
     print()
     print(f"{'side':6} {'way':44} {'parts':>5} {'rows':>8} {'best rows/s':>11} {'× hand':>7}"
-          "  every repeat")
+          f" {'repos':>5}  every repeat")
     for (side, way, parts), rs in sorted(best.items(), key=lambda kv: (kv[0][0] == "source",
                                                                      kv[0][2], kv[0][1])):
         top = max(rs, key=lambda x: x.rate)
         ref = hand.get((side, mode(way))) or hand.get((side, "batch"))
         ratio = top.rate / ref if ref else 0.0
         every = " ".join(f"{x.rate:,.0f}" for x in rs)
+        counted = [x.repositions for x in rs if x.repositions is not None]
+        repos = str(sum(counted)) if counted else "-"
         print(f"{side:6} {way:44} {parts:>5} {top.rows:>8} {top.rate:>11,.0f} "
-              f"{ratio:>6.1f}×  {every}")
-    print("\ntarget: the nsq sink and source each >= 3× the hand-written way; the source "
+              f"{ratio:>6.1f}× {repos:>5}  {every}")
+    print("\nrepos: the source's repositions, summed over the repeats (0: each range read "
+          "positioned once)")
+    print("target: the nsq sink and source each >= 3× the hand-written way; the source "
           "scaling with partitions")
 
 
@@ -320,6 +383,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs of every way per partition count; the table shows the best")
+    ap.add_argument("--sides", nargs="+", choices=("sink", "source"),
+                    default=["sink", "source"],
+                    help="which side's ways to run (source alone publishes its input)")
     args = ap.parse_args()
     if args.rows <= 0 or args.repeat <= 0 or any(p <= 0 for p in args.partitions):
         ap.error("--rows, --repeat and --partitions must be positive")
