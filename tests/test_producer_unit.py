@@ -30,6 +30,7 @@ from smartnsq.errors import (
 from smartnsq.lookup.view import Node, TopicMeta, TopicView
 from smartnsq.producer import Producer, PublishReceipt, TraceSwitch
 from smartnsq.producer.batcher import split_batches
+from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.retry import MAX_RETRY_DELAY, Action, classify, retry_delay
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.trace import log_receipt
@@ -195,3 +196,24 @@ def test_constructor_arguments_are_checked() -> None:
         Producer(["127.0.0.1:1"], config={"linger": 1})  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         ProducerConfig(reconnect_min=0)
+
+
+def test_bodies_checked_alike_on_both_paths() -> None:
+    same = [b"a", b"bb"]
+    out = check_bodies(same, 10)
+    assert out == same and out is not same  # a copy: the caller may change its list later
+    assert check_bodies([b"a", bytearray(b"bb"), memoryview(b"c")], 10) == [b"a", b"bb", b"c"]
+    for bad, match in (([b"a", b""], "must not be empty"), ([b"a", "s"], "must be bytes"),
+                       ([b"a", b"x" * 11], "exceeds max_msg_size")):
+        with pytest.raises(ConfigError, match=match):
+            check_bodies(bad, 10)
+
+
+def test_split_batches_keeps_one_mpub_when_it_fits_and_cuts_at_the_limits() -> None:
+    bodies = [b"x" * 10] * 20  # 4 + 20 * 14 = 284 bytes in one MPUB
+    assert split_batches(bodies, 284) == [bodies]
+    assert [len(c) for c in split_batches(bodies, 283)] == [19, 1]
+    # 1-byte messages: 20 fill 104 bytes
+    assert [len(c) for c in split_batches([b"x"] * 30, 104)] == [20, 10]
+    # extra bytes per message (MPUB_TRACE's trace id) count too
+    assert [len(c) for c in split_batches(bodies, 284, 8)] == [12, 8]

@@ -202,3 +202,15 @@ def test_memoryview_and_bytearray_bodies_accepted() -> None:
     assert commands.pub("t", bytearray(b"ab")) == b"PUB t\n\x00\x00\x00\x02ab"  # type: ignore[arg-type]
     assert commands.mpub("t", [memoryview(b"ab")]) == \
         b"MPUB t\n\x00\x00\x00\x0a\x00\x00\x00\x01\x00\x00\x00\x02ab"  # type: ignore[list-item]
+
+
+def test_mpub_of_bytes_and_of_other_buffers_encode_alike() -> None:
+    bodies = [b"a", b"bc" * 50, b"\x00\n" * 3]
+    plain = commands.mpub("t", bodies)
+    # bytes only: the C-iterator path; one bytearray or memoryview: the per-message path
+    mixed = commands.mpub("t", [bodies[0], bytearray(bodies[1]), memoryview(bodies[2])])  # type: ignore[list-item]
+    assert plain == mixed
+    assert plain == b"MPUB t\n" + struct.pack(">II", 4 + 4 * 3 + 1 + 100 + 6, 3) + b"".join(
+        struct.pack(">I", len(b)) + b for b in bodies)
+    with pytest.raises(ConfigError, match="must not be empty"):
+        commands.mpub("t", [b"x", bytearray(), b"y"])  # type: ignore[list-item]

@@ -156,10 +156,13 @@ def split_batches(bodies: list[bytes], max_body_size: int,
     what each element carries besides the body (8 for MPUB_TRACE, 2 + header for
     MPUB_EXT)."""
     max_count = max(1, (max_body_size - _BODY_OVERHEAD) // 5)
+    per = _MSG_OVERHEAD + extra_per_message
+    n = len(bodies)
+    if n <= max_count and _BODY_OVERHEAD + per * n + sum(map(len, bodies)) <= max_body_size:
+        return [bodies]  # the common case: one MPUB
     chunks: list[list[bytes]] = []
     cur: list[bytes] = []
     size = _BODY_OVERHEAD
-    per = _MSG_OVERHEAD + extra_per_message
     for b in bodies:
         s = per + len(b)
         if cur and (size + s > max_body_size or len(cur) >= max_count):

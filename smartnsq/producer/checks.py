@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import cast
 
 from smartnsq._checks import check_duration
 from smartnsq.errors import ConfigError
@@ -25,6 +27,17 @@ def check_body(body: object, max_msg_size: int) -> bytes:
         raise ConfigError(f"message body of {n} bytes exceeds max_msg_size "
                           f"({max_msg_size} bytes)")
     return body
+
+
+def check_bodies(bodies: Sequence[object], max_msg_size: int) -> list[bytes]:
+    """Every body checked as :func:`check_body` does, in a new list."""
+    if set(map(type, bodies)) == {bytes}:
+        # the common case without a Python-level step per message
+        same = cast("Sequence[bytes]", bodies)
+        sizes = list(map(len, same))
+        if min(sizes) and max(sizes) <= max_msg_size:
+            return list(same)
+    return [check_body(b, max_msg_size) for b in bodies]
 
 
 def deadline(timeout: float | None, default: float) -> float:

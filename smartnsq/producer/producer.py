@@ -41,7 +41,7 @@ from smartnsq.errors import ClientClosedError, ConfigError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.ordered.sharding import ShardKey, ShardRule, check_shard_key
 from smartnsq.producer.batcher import Batcher, split_batches
-from smartnsq.producer.checks import check_body, deadline
+from smartnsq.producer.checks import check_bodies, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.encoded import (
     Encoded,
@@ -306,7 +306,9 @@ class Producer:
         if ext is None and trace_id is None:
             if self._batcher is not None:
                 # tracing is decided per batch when it is sent
-                await self._batcher.add((topic, partition), body, deadline)
+                # the key: the topic alone for "any partition" (no tuple per message)
+                await self._batcher.add(topic if partition is None else (topic, partition),
+                                        body, deadline)
                 return None
             if self._router is None and partition is None:
                 # direct mode, plain PUB: the first attempt without the retry loop's frames
@@ -357,7 +359,7 @@ class Producer:
             raise ConfigError("bodies must be a sequence of bytes")
         if not bodies:
             raise ConfigError("publish_many needs at least one message")
-        checked = [self._check_body(b) for b in bodies]
+        checked = check_bodies(bodies, self._max_msg)
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)
@@ -468,10 +470,11 @@ class Producer:
 
     # ------------------------------------------------------------------ batching glue
 
-    async def _send_batch(self, key: tuple[str, int | None], bodies: list[bytes],
+    async def _send_batch(self, key: str | tuple[str, int], bodies: list[bytes],
                           deadline: float) -> None:
-        """One auto-batched MPUB (called by the batcher)."""
-        topic, partition = key
+        """One auto-batched MPUB (called by the batcher; ``key``: the topic, or topic and
+        partition)."""
+        topic, partition = (key, None) if isinstance(key, str) else key
         traced = self.trace.is_on(topic)
         receipt = await self._run(MPub(topic, partition, bodies, traced), deadline)
         if receipt is not None and traced:

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Any, Final
 
 from smartnsq.errors import ConfigError
@@ -187,6 +188,12 @@ def _mpub_body(bodies: Sequence[bytes]) -> list[bytes]:
     n = len(bodies)
     if n == 0:
         raise ConfigError("MPUB needs at least one message")
+    sizes = list(map(len, bodies))
+    if min(sizes) and set(map(type, bodies)) == {bytes}:
+        # the common case without a Python-level step per message: size fields and bodies
+        # interleaved by C iterators
+        return [_pack_u32(4 + 4 * n + sum(sizes)), _pack_u32(n),
+                *chain.from_iterable(zip(map(_pack_u32, sizes), bodies, strict=True))]
     parts: list[bytes] = [b"", _pack_u32(n)]
     append = parts.append
     total = 4
