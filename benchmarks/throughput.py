@@ -89,12 +89,14 @@ YOUZAN: list[tuple[str, str, str | None]] = [
 #: the youzan scenarios run at their scripts' default counts times this (times --scale)
 YOUZAN_SCALE = 0.25
 
-#: issue 6's targets for smartnsq: scenario -> (min msg/s, max µs/msg or None)
-TARGETS: dict[str, tuple[float, float | None]] = {
-    "pub_inflight": (110_000, None),
-    "pub_autobatch": (500_000, None),
-    "mpub": (1_000_000, None),
-    "consume_fin": (250_000, 3.0),
+#: issue 12's targets for smartnsq, client CPU per message (the figure that does not depend
+#: on the server): scenario -> (max µs/msg, min rate relative to gnsq or None, µs/msg below
+#: every peer's)
+TARGETS: dict[str, tuple[float, float | None, bool]] = {
+    "consume_fin": (2.0, None, False),
+    "pub_inflight": (6.0, 1.5, False),
+    "pub_autobatch": (1.5, None, False),
+    "mpub": (0.5, None, True),
 }
 
 
@@ -235,30 +237,29 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
     print("\n".join(marks))
 
 
-def print_targets(results: dict[str, list[Result]], ceiling: dict[str, float] | None,
-                  scenarios: list[Scenario]) -> None:
+def print_targets(results: dict[str, list[Result]], scenarios: list[Scenario]) -> None:
     by_key = {sc.key: sc for sc in scenarios}
     lines = []
-    for key, (min_rate, max_us) in TARGETS.items():
-        r = next((r for r in results.get(key, []) if r.client == "smartnsq"), None)
+    for key, (max_us, vs_gnsq, below_peers) in TARGETS.items():
+        rows = {r.client: r for r in results.get(key, [])}
+        r = rows.get("smartnsq")
         if r is None or key not in by_key:
             continue
-        sc = by_key[key]
-        cap = 1e6 / r.cpu_us_per_msg if r.cpu else 0.0
-        ceil = ceiling.get(sc.ceiling) if ceiling and sc.ceiling else None
-        rate_ok = "met" if r.rate >= min_rate else (
-            f"not met: server-bound, ceiling {_k(ceil)}" if ceil and r.rate >= 0.8 * ceil
-            else "not met")
-        cap_ok = "≥" if cap >= min_rate else "<"
-        text = (f"  {sc.label}: target ≥ {_k(min_rate)} msg/s"
-                + (f" and ≤ {max_us:g} µs/msg" if max_us else "")
-                + f" — measured {_k(r.rate)} msg/s ({rate_ok}), {r.cpu_us_per_msg:.2f} µs/msg"
-                + f" → 1-core cap {_k(cap)} {cap_ok} target")
-        if max_us:
-            text += f"; CPU {'met' if r.cpu_us_per_msg <= max_us else 'not met'}"
-        lines.append(text)
+        checks = [f"≤ {max_us:g} µs/msg: {r.cpu_us_per_msg:.2f} "
+                  f"({'met' if r.cpu_us_per_msg <= max_us else 'not met'})"]
+        gnsq = rows.get("gnsq")
+        if vs_gnsq is not None and gnsq is not None and gnsq.rate:
+            ratio = r.rate / gnsq.rate
+            checks.append(f"≥ {vs_gnsq:g}× gnsq's rate: {ratio:.2f}× "
+                          f"({'met' if ratio >= vs_gnsq else 'not met'})")
+        peers = [p for c, p in rows.items() if c in ("pynsq", "gnsq")]
+        if below_peers and peers:
+            best = min(p.cpu_us_per_msg for p in peers)
+            checks.append(f"below every peer: best peer {best:.2f} "
+                          f"({'met' if r.cpu_us_per_msg < best else 'not met'})")
+        lines.append(f"  {by_key[key].label}: " + "; ".join(checks))
     if lines:
-        print("issue 6 targets (smartnsq):")
+        print("issue 12 targets (smartnsq, client CPU per message):")
         print("\n".join(lines))
 
 
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== stock nsqd: {server}, {len(BODY)}-byte bodies ==")
         print_stock_table(stock_results, scenarios, stock_ceiling)
         print()
-        print_targets(stock_results, stock_ceiling, scenarios)
+        print_targets(stock_results, scenarios)
         print()
     if youzan_results:
         where = f"lookupd {args.lookupd}" if args.lookupd else "embedded youzan cluster"
