@@ -5,7 +5,8 @@ columns once on the driver; :class:`BatchPlan` splits one batch by topic and tar
 (``partition`` column, else the ``shard_key``'s murmur3 partition, else the producer's
 round-robin) and encodes each group into MPUB (or MPUB_TRACE) bodies straight from the Arrow
 buffers: the ``[size][body]`` elements come from one vectorised ``binary_join_element_wise`` of
-a fixed-width prefix column and the value column, so the bytes are assembled in C. Only the
+a prefix column (each MPUB's first prefix also holds the body's count) and the value column, so
+the bytes are assembled in C and every MPUB body is a view of the joined buffer. Only the
 ``ext`` column (JSON headers) and ``delay_ms`` rows (one DPUB each) go through Python per row.
 
 Row order is kept inside each (topic, partition) group, so per shard key order holds within a
