@@ -135,3 +135,35 @@ async def test_a_cancelled_first_attempt_does_not_hold_up_close() -> None:
         # it wait the whole 2.5 s
         async with asyncio.timeout(1.5):
             await p.close(timeout=2.5)
+
+
+async def test_an_mpub_answered_with_anything_but_ok_fails_its_connection() -> None:
+    dropped = asyncio.Event()
+    left: list[bytes] = []
+    peers = 0
+
+    async def wrong(peer: Peer) -> None:
+        nonlocal peers
+        peers += 1
+        await peer.handshake()
+        if peers > 1:  # the pool's redial
+            await _serve(peer, [])
+            return
+        cmd = await peer.read_command()
+        assert cmd.name == b"MPUB" and cmd.body is not None
+        peer.send_response(b"OK?")
+        await peer.drain()
+        left.append(await peer.expect_eof())
+        dropped.set()
+
+    async with ScriptedServer(wrong) as s:
+        addr = f"127.0.0.1:{s.port}"
+        async with Producer([addr], config=CFG.replace(max_attempts=1)) as p:
+            with pytest.raises(PublishError) as info:
+                await p.publish_many("t", [b"a", b"b"])
+            assert isinstance(info.value.__cause__, ProtocolError)
+            assert "expected OK" in str(info.value.__cause__)
+            # the connection is dropped at once (no CLS: nothing on it can be trusted)
+            async with asyncio.timeout(2):
+                await dropped.wait()
+    assert left == [b""]

@@ -40,11 +40,13 @@ def check_bodies(bodies: Sequence[object], max_msg_size: int) -> list[bytes]:
     return [check_body(b, max_msg_size) for b in bodies]
 
 
-def deadline(timeout: float | None, default: float) -> float:
-    """Loop time by which a publish call must be done (``timeout`` or the default)."""
+def deadline(timeout: float | None, default: float, now: float | None = None) -> float:
+    """Loop time by which a publish call must be done (``timeout`` or the default);
+    ``now``: the loop's time, when the caller has it."""
     if timeout is not None:
         timeout = check_duration(timeout, "timeout", positive=True)
-    now = asyncio.get_running_loop().time()
+    if now is None:
+        now = asyncio.get_running_loop().time()
     return now + (default if timeout is None else timeout)
 
 

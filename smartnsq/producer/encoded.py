@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from smartnsq.conn import Connection
-from smartnsq.errors import CommandKind, ConfigError, ProtocolError
+from smartnsq.errors import CommandKind, ConfigError
 from smartnsq.producer.checks import check_body
 from smartnsq.producer.ops import Op, check_trace_id
 from smartnsq.producer.types import PublishReceipt
@@ -169,9 +169,8 @@ class EncodedMPub(Op):
         if self.traced:
             assert partition is not None
             return self._receipt(decode_trace_response(data), conn, partition, self.count)
-        if data != b"OK":
-            raise ProtocolError(f"{self.what} to {conn.address} answered {data[:32]!r}, "
-                                "expected OK")
+        # anything but OK: answers and commands no longer line up, the connection fails
+        conn.check_publish_answer(data, self.what)
         return None
 
 

@@ -74,6 +74,7 @@ from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, SentBatch
+from smartnsq.protocol.commands import mpub_body
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
@@ -253,7 +254,12 @@ class Producer:
         return loop
 
     def _check_open(self) -> None:
-        self._on_loop()
+        loop = self._loop
+        if loop is None or get_ident() != self._thread or not loop.is_running():
+            # only one loop runs in a thread at a time: if ours runs in this thread, it is
+            # the running one (asyncio.get_running_loop costs a getpid system call per call
+            # on Python 3.11)
+            self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is closed")
 
@@ -267,7 +273,9 @@ class Producer:
         return check_body(body, self._max_msg)
 
     def _deadline(self, timeout: float | None) -> float:
-        return deadline(timeout, self.config.publish_timeout)
+        """After :meth:`_check_open` (the loop is bound)."""
+        assert self._loop is not None
+        return deadline(timeout, self.config.publish_timeout, self._loop.time())
 
     def _is_traced(self, topic: str) -> bool:
         return self.trace.is_on(topic)
@@ -286,13 +294,9 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
+        self._check_open()
         loop = self._loop
-        if loop is None or get_ident() != self._thread or not loop.is_running():
-            # only one loop runs in a thread at a time: if ours runs in this thread, it is
-            # the running one (cheaper than asyncio.get_running_loop on Python 3.11)
-            loop = self._on_loop()
-        if self._closed:
-            raise ClientClosedError("the producer is closed")
+        assert loop is not None
         # the type test first: an unhashable topic must not reach the set lookup
         if topic.__class__ is not str or topic not in self._topics_ok:
             self._check_topic(topic)
@@ -382,8 +386,11 @@ class Producer:
                 op = MPubExt(topic, partition, chunk, header)
             elif trace_id is not None:
                 op = MPubTrace(topic, partition, chunk, trace_id)
-            else:
+            elif traced:
                 op = MPub(topic, partition, chunk, traced)
+            else:
+                # encoded once here, whatever the retries: the bodies are checked
+                op = EncodedMPub(topic, partition, mpub_body(chunk), len(chunk))
             try:
                 receipt = await self._run(op, deadline)
             except PublishError as exc:
@@ -475,9 +482,12 @@ class Producer:
         """One auto-batched MPUB (called by the batcher; ``key``: the topic, or topic and
         partition)."""
         topic, partition = (key, None) if isinstance(key, str) else key
-        traced = self.trace.is_on(topic)
-        receipt = await self._run(MPub(topic, partition, bodies, traced), deadline)
-        if receipt is not None and traced:
+        if not self.trace.is_on(topic):
+            await self._run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
+                            deadline)
+            return
+        receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
+        if receipt is not None:
             log_receipt(receipt)
 
 
