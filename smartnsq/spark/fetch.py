@@ -31,6 +31,7 @@ a range normally ends with nothing read beyond it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -55,6 +56,9 @@ _MAX_RETRIES = 15
 #: ordered channels: deliveries beyond the expected offset tolerated in a row before
 #: positioning again (they are FINed: an ordered channel sends them again in turn)
 _MAX_STRAYS = 2 * _RDY
+#: seconds an unaligned read waits for its first message before asking nsqd whether any
+#: message starts before its end (the channel took its position long before)
+_EMPTY_CHECK = 2.0
 #: the smallest stored youzan record (header + length prefix, empty body): bytes left over
 #: this bound how many messages can still lie before a position
 MIN_RECORD = 30
@@ -83,8 +87,12 @@ class RangeTask:
     channel: str
     ordered: bool = False
     ext: bool = False
-    #: messages before this offset are read but not returned (pieces of a split range)
+    #: messages before this offset are read but not returned
     accept_from: int = -1
+    #: ``start`` is a byte position that may lie inside a message (a piece of a split
+    #: range): the read begins at the first message starting at or after it (nsqd puts
+    #: the channel there when asked for such a position), on a channel made afresh
+    align_start: bool = False
     #: leader hint from planning time (``host:tcp_port``, ``host:http_port``)
     leader: str = ""
     leader_http: str = ""
@@ -127,6 +135,7 @@ class RangeFetcher:
         self._sized = False
         #: the RDY in force on the current connection
         self._granted = 0
+        self._unaligned = task.align_start
         #: why the session must position again, set by _take after it kept what it took
         self._stalled: str | None = None
         self._config = connection_config or ConnectionConfig(
@@ -191,6 +200,12 @@ class RangeFetcher:
                        leader_http: str) -> AsyncIterator[list[RawMessage]]:
         """One connection: position, subscribe, take messages until done or a problem."""
         t = self.task
+        if self._unaligned:
+            # a channel made afresh sits at the queue's end: whatever it had read ahead
+            # before the position took lies at or beyond the end of this read, so the first
+            # message delivered before the end is the first one at or after the position
+            with contextlib.suppress(NSQError):
+                await http.delete_channel(leader_http, t.topic, t.partition, t.channel)
         await http.create_channel(leader_http, t.topic, t.partition, t.channel)
         await http.set_offset(leader_http, t.topic, t.partition, t.channel,
                               f"virtual_queue:{self.next_offset}")
@@ -225,13 +240,25 @@ class RangeFetcher:
                         raise NSQConnectionError(f"nsqd {leader} closed the connection: "
                                                  f"{lost[0]!r}")
                     wake.clear()
+                    # unaligned, a piece may hold no message at all: ask nsqd after a while
+                    first = min(t.read_timeout, _EMPTY_CHECK) if self._unaligned else \
+                        t.read_timeout
                     try:
-                        async with asyncio.timeout(t.read_timeout):
+                        async with asyncio.timeout(first):
                             await wake.wait()
+                        continue
+                    except TimeoutError:
+                        if self._unaligned and await self._nothing_from(http, leader_http):
+                            return
+                    try:
+                        async with asyncio.timeout(t.read_timeout - first):
+                            await wake.wait()
+                        continue
                     except TimeoutError:
                         raise _Reposition(f"no message within {t.read_timeout}s at offset "
                                           f"{self.next_offset}") from None
-                    continue
+                if self._unaligned:
+                    self._align(inbox)
                 self._see(inbox)
                 # a smaller window goes out before this run's FINs free their slots
                 want = self._window()
@@ -254,6 +281,27 @@ class RangeFetcher:
             inbox.extend(self._held.values())
             self._held.clear()
             await _close(conn, inbox)
+
+    async def _nothing_from(self, http: NsqdHttp, leader_http: str) -> bool:
+        """Unaligned and nothing came: whether no message starts between the position and
+        the end (the channel, long since positioned, is at or beyond the end)."""
+        t = self.task
+        pos = await http.channel_position(leader_http, t.topic, t.partition, t.channel)
+        if self.next_offset <= pos and pos >= t.end:
+            self.next_offset, self._unaligned = pos, False
+            return True
+        return False
+
+    def _align(self, inbox: deque[RawMessage]) -> None:
+        """Unaligned: the first message delivered at or after the position and before the
+        end is the first message of the read."""
+        t = self.task
+        for m in inbox:
+            off = m.offset
+            if off is not None and self.next_offset <= off < t.end:
+                self.next_offset = self._frontier = off
+                self._unaligned = False
+                return
 
     def _see(self, inbox: deque[RawMessage]) -> None:
         """Note how far the in-order stream was delivered and the smallest record seen. A
@@ -329,7 +377,7 @@ class RangeFetcher:
         t = self.task
         nxt = self.next_offset
         if t.max_messages is not None or t.max_bytes is not None or self._held or \
-                t.accept_from > nxt:
+                t.accept_from > nxt or self._unaligned:
             return
         end = t.end
         first = nxt

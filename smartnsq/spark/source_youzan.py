@@ -80,7 +80,7 @@ class NsqRange(InputPartition):
 
 def read_range(task: RangeTask) -> Iterator[Any]:
     """Executor side: the range's messages as ``pyarrow.RecordBatch``es, on a private loop."""
-    clock = (time.perf_counter(), time.process_time())
+    clock = (time.time(), time.perf_counter(), time.process_time())
     loop = asyncio.new_event_loop()
     fetcher = RangeFetcher(task)
     chunks = fetcher.chunks()
@@ -107,16 +107,19 @@ def read_range(task: RangeTask) -> Iterator[Any]:
             loop.close()
 
 
-def _report(task: RangeTask, fetcher: RangeFetcher, clock: tuple[float, float]) -> None:
+def _report(task: RangeTask, fetcher: RangeFetcher, clock: tuple[float, float, float]
+            ) -> None:
     path = os.environ.get(READ_STATS_ENV)
     if not path:
         return
-    # seconds and CPU seconds of this read in the task, Spark's time between batches included
+    # when the read began (unix time), in which Python worker, and its seconds and CPU
+    # seconds in the task (Spark's time between pulling batches included)
     line = json.dumps({"topic": task.topic, "partition": task.partition, "start": task.start,
                        "end": task.end, "rows": fetcher.messages,
                        "repositions": fetcher.repositions, "dropped": fetcher.dropped,
-                       "seconds": round(time.perf_counter() - clock[0], 4),
-                       "cpu": round(time.process_time() - clock[1], 4)})
+                       "began": round(clock[0], 4), "pid": os.getpid(),
+                       "seconds": round(time.perf_counter() - clock[1], 4),
+                       "cpu": round(time.process_time() - clock[2], 4)})
     try:
         # one short O_APPEND write per read: lines from concurrent tasks do not interleave
         with open(path, "a", encoding="utf-8") as out:
@@ -142,10 +145,11 @@ def _plan(opts: SourceOptions, snap: Snapshot, start: Mapping[int, int],
         if pieces == 1:
             out.append(NsqRange(base))
             continue
-        # a piece starts reading at the range start (the only known boundary before it)
-        # and turns into rows only its own bytes; each piece reads on its own channel
+        # a piece is the messages starting in its bytes: it positions at its first byte
+        # (nsqd moves on to the next message boundary) and reads to its last; pieces
+        # read in parallel, each on its own channel
         for i, (a, b) in enumerate(split_range(s, e, pieces)):
-            out.append(NsqRange(replace(base, end=b, accept_from=a,
+            out.append(NsqRange(replace(base, start=a, end=b, align_start=a != s,
                                         channel=f"{channel[:58]}_s{i}",
                                         delete_channel=True)))
     return out

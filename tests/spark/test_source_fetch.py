@@ -4,6 +4,7 @@ the embedded youzan cluster over real sockets, plus the in-order rule on synthet
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -92,13 +93,19 @@ async def test_limits_and_split_pieces(cluster: DevCluster) -> None:
     by_bytes = await find_boundary(_task(cluster, 0, end, partition=1,
                                          max_bytes=3 * size + size // 2))
     assert by_bytes == recs[3].offset
-    # a piece turns only its own bytes into rows; pieces together give every message once
-    cut = recs[9].offset + 3
-    first, _ = await _read(_task(cluster, 0, cut, partition=1, channel="piece0"))
-    second, _ = await _read(_task(cluster, 0, end, partition=1, accept_from=cut,
-                                  channel="piece1", delete_channel=True))
-    bodies = [m.body for m in first + second]
-    assert bodies == [f"b-1-{i}".encode() for i in range(20)]
+    # a piece is the messages starting in its bytes: one cut inside a message, pieces read
+    # from their own first byte (nsqd moves on to the next boundary), together every message
+    # once, and a piece inside the last message has none (and opens no connection)
+    cuts = [0, recs[9].offset + 3, recs[13].offset, end - 2, end]
+    got = []
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        piece, f = await _read(_task(cluster, a, b, partition=1, channel=f"piece{i}",
+                                     align_start=a != 0, delete_channel=True))
+        got.append([m.body for m in piece])
+        assert f.repositions == 0
+    assert got[0] == [f"b-1-{i}".encode() for i in range(10)]
+    assert got[1] == [f"b-1-{i}".encode() for i in range(10, 13)]
+    assert got[2] == [f"b-1-{i}".encode() for i in range(13, 20)] and got[3] == []
 
 
 async def test_leader_move_during_read(cluster: DevCluster) -> None:

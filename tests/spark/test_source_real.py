@@ -21,6 +21,7 @@ import pytest
 from smartnsq.producer import Producer
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.offsets import split_range
 from smartnsq.spark.options import parse_source_options
 from smartnsq.spark.planning import find_boundary, resolve_timestamp, snapshot
 
@@ -107,6 +108,23 @@ async def test_consecutive_reads_on_one_channel_position_once(youzan: Any,
             ordered=ordered, read_timeout=5.0))
         assert [m.body for m in got] == bodies[a:b], f"range {a}-{b}"
         assert f.repositions == 0, f"range {a}-{b}: {f.repositions} repositions"
+
+
+async def test_split_pieces_start_inside_messages(youzan: Any) -> None:
+    # minPartitions pieces are byte ranges: each positions at its first byte (nsqd moves on
+    # to the next message boundary, read back from /stats) and reads only its own messages
+    topic = await youzan.create_topic("sparkpiece", partition_num=1, replicator=1)
+    recs = await _publish(youzan.lookupd, topic.name, 0, 50, "p")
+    end = recs[-1].offset + recs[-1].raw_size
+    got: list[bytes] = []
+    for i, (a, b) in enumerate(split_range(recs[0].offset, end, 7)):
+        piece, f = await _read(RangeTask(
+            lookupd=(youzan.lookupd,), topic=topic.name, partition=0, start=a, end=b,
+            channel=f"spark_piece{i}", align_start=i > 0, delete_channel=True,
+            read_timeout=5.0))
+        assert all(a <= m.offset < b for m in piece) and f.repositions == 0
+        got.extend(m.body for m in piece)
+    assert got == [f"p{i}".encode() for i in range(50)]
 
 
 async def test_leader_move_during_read(youzan: Any) -> None:
