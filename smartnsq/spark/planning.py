@@ -27,6 +27,10 @@ __all__ = ["MIN_RECORD", "Snapshot", "find_boundary", "resolve_starting", "resol
 
 log = logging.getLogger(__name__)
 
+#: how long resolve_timestamp waits for a position to move: polls x interval (seconds)
+_SETTLE_POLLS = 10
+_SETTLE_INTERVAL = 0.05
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +94,10 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
                 continue
             await http.create_channel(st.leader_http, opts.topic, p, channel)
             try:
+                fresh = await http.channel_position(st.leader_http, opts.topic, p, channel)
                 await http.set_offset(st.leader_http, opts.topic, p, channel,
                                       f"timestamp:{seconds}")
-                pos = await http.channel_position(st.leader_http, opts.topic, p, channel)
+                pos = await _settled(http, st.leader_http, opts.topic, p, channel, fresh)
             except ConfigError as exc:
                 if "end of file" not in str(exc):
                     raise
@@ -102,6 +107,20 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
                 await http.delete_channel(st.leader_http, opts.topic, p, channel)
             out[p] = min(max(pos, st.start), st.end)
     return out
+
+
+async def _settled(http: NsqdHttp, leader_http: str, topic: str, partition: int,
+                   channel: str, fresh: int) -> int:
+    """The channel's position once nsqd applied a setoffset: the channel's pump applies it
+    asynchronously, so right after the call /stats may still show the fresh channel's
+    position (seen under load). A position that never moves is the answer after a while."""
+    pos = fresh
+    for _ in range(_SETTLE_POLLS):
+        pos = await http.channel_position(leader_http, topic, partition, channel)
+        if pos != fresh:
+            return pos
+        await asyncio.sleep(_SETTLE_INTERVAL)
+    return pos
 
 
 def resolve_starting(opts: SourceOptions, snap: Snapshot, default: str,

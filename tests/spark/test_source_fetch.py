@@ -345,3 +345,27 @@ def test_refused_answers_to_read_ahead_copies_are_not_warnings(
         _answer_refused(conn, InvalidError("something else", fatal=False))
     levels = [(r.levelname, "E_FIN_FAILED" in r.getMessage()) for r in caplog.records]
     assert levels == [("DEBUG", True), ("WARNING", False)]
+
+
+async def test_timestamp_position_is_read_once_nsqd_applied_it() -> None:
+    # nsqd applies a setoffset on the channel's pump, asynchronously: right after the call
+    # /stats may still show the fresh channel's position (its queue end); the position read
+    # back is the first that differs from it, or the fresh one if it never moves
+    from smartnsq.spark import planning
+
+    class Stats:
+        def __init__(self, answers: list[int]) -> None:
+            self.answers = answers
+            self.calls = 0
+
+        async def channel_position(self, *_args: object) -> int:
+            self.calls += 1
+            return self.answers[min(self.calls, len(self.answers)) - 1]
+
+    late = Stats([900, 900, 900, 420])
+    assert await planning._settled(late, "h:1", "t", 0, "c", 900) == 420  # type: ignore[arg-type]
+    assert late.calls == 4
+    still = Stats([900])
+    async with asyncio.timeout(5):
+        assert await planning._settled(still, "h:1", "t", 0, "c", 900) == 900  # type: ignore[arg-type]
+    assert still.calls == planning._SETTLE_POLLS
