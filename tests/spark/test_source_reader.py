@@ -4,6 +4,7 @@ The embedded cluster runs on its own thread because the reader runs its own even
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,3 +121,25 @@ def test_stop_removes_the_probe_channel(tc: ThreadedCluster) -> None:
     assert r._probe in channels()
     r.stop()
     assert r._probe not in channels()
+
+
+def test_one_task_per_partition_and_pieces_that_cover_it_once(tc: ThreadedCluster) -> None:
+    # every partition with new data is one Spark task; minPartitions cuts a partition's range
+    # into contiguous byte pieces, each after the first positioning at its own first byte
+    publish(tc, 0, 30)
+    publish(tc, 1, 30)
+    r = reader(tc, startingOffsets="earliest")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    tasks = [p.task for p in r.partitions(start, end)]
+    assert sorted(t.partition for t in tasks) == [0, 1]
+    assert all(not t.align_start and t.start == start[str(t.partition)] for t in tasks)
+    split = reader(tc, startingOffsets="earliest", minPartitions="5")
+    pieces = [p.task for p in split.partitions(start, end)]
+    assert len(pieces) == 6  # 3 per partition
+    for part in (0, 1):
+        mine = [t for t in pieces if t.partition == part]
+        assert mine[0].start == start[str(part)] and mine[-1].end == end[str(part)]
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+        assert [t.align_start for t in mine] == [False, True, True]
+        assert len({t.channel for t in mine}) == 3 and all(t.delete_channel for t in mine)
