@@ -47,9 +47,9 @@ from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
-from smartnsq.producer.producer import LookupdSpec, make_lookup
 from smartnsq.producer.retry import Action, classify, retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
+from smartnsq.producer.routing import LookupdSpec, make_lookup
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, PublishTimeoutError

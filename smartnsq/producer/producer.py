@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from smartnsq._checks import check_duration, check_loop
-from smartnsq.config import LookupConfig, ProducerConfig
+from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.ordered.sharding import ShardKey, ShardRule, check_shard_key
@@ -69,7 +69,7 @@ from smartnsq.producer.ops import (
 )
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.router import TopicRoute
-from smartnsq.producer.routing import Router
+from smartnsq.producer.routing import LookupdSpec, Router, make_lookup
 from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
@@ -84,7 +84,6 @@ from smartnsq.protocol.validation import (
 logger = logging.getLogger("smartnsq.producer")
 
 ExtHeader = Mapping[str, Any]
-LookupdSpec = LookupConfig | Lookup | str | Sequence[str]
 
 #: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
 _TRACE_EXTRA = 8
@@ -490,14 +489,3 @@ class Producer:
         if receipt is not None:
             log_receipt(receipt)
 
-
-def make_lookup(spec: LookupdSpec | None) -> tuple[Lookup, bool]:
-    if isinstance(spec, Lookup):
-        return spec, False
-    if isinstance(spec, LookupConfig):
-        return Lookup(spec), True
-    if isinstance(spec, str):
-        return Lookup(LookupConfig(addresses=(spec,))), True
-    if isinstance(spec, Sequence) and spec and all(isinstance(a, str) for a in spec):
-        return Lookup(LookupConfig(addresses=tuple(spec))), True
-    raise ConfigError("lookupd must be a LookupConfig, a Lookup, or nsqlookupd HTTP addresses")
