@@ -167,3 +167,39 @@ async def test_an_mpub_answered_with_anything_but_ok_fails_its_connection() -> N
             async with asyncio.timeout(2):
                 await dropped.wait()
     assert left == [b""]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["PUB", "MPUB"])
+async def test_round_robin_reaches_every_node_when_the_first_has_no_connection_yet(
+        many: bool) -> None:
+    # the fast path's pick takes the attempt even when its pool has nothing ready: picking
+    # again would alternate with two nodes, and the one always picked first would never be
+    # dialled
+    got: list[list[bytes]] = [[], []]
+
+    def serve(i: int) -> object:
+        async def handler(peer: Peer) -> None:
+            await peer.handshake()
+            while True:
+                cmd = await peer.read_command()
+                if cmd.name == b"CLS":
+                    peer.send_response(b"CLOSE_WAIT")
+                    await peer.drain()
+                    return
+                assert cmd.body is not None
+                got[i].append(cmd.body)
+                peer.send_response(b"OK")
+                await peer.drain()
+        return handler
+
+    async with ScriptedServer(serve(0)) as s1, ScriptedServer(serve(1)) as s2:
+        addresses = [f"127.0.0.1:{s1.port}", f"127.0.0.1:{s2.port}"]
+        async with Producer(addresses, config=CFG) as p:
+            async with asyncio.timeout(5):
+                for _ in range(6):
+                    if many:
+                        await p.publish_many("t", [b"a", b"b"])
+                    else:
+                        await p.publish("t", b"m")
+            assert all(p.pools[a].connections for a in addresses)
+    assert len(got[0]) == len(got[1]) == 3

@@ -4,6 +4,7 @@ trace switch, and bad input rejected before any I/O."""
 from __future__ import annotations
 
 import logging
+import struct
 from types import MappingProxyType
 
 import pytest
@@ -29,7 +30,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.view import Node, TopicMeta, TopicView
 from smartnsq.producer import Producer, PublishReceipt, TraceSwitch
-from smartnsq.producer.batcher import split_batches
+from smartnsq.producer.batcher import one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.retry import MAX_RETRY_DELAY, Action, classify, retry_delay
 from smartnsq.producer.router import TopicRoute
@@ -217,3 +218,31 @@ def test_split_batches_keeps_one_mpub_when_it_fits_and_cuts_at_the_limits() -> N
     assert [len(c) for c in split_batches([b"x"] * 30, 104)] == [20, 10]
     # extra bytes per message (MPUB_TRACE's trace id) count too
     assert [len(c) for c in split_batches(bodies, 284, 8)] == [12, 8]
+
+
+def test_one_mpub_body_takes_only_what_fits_one_checked_mpub() -> None:
+    equal, mixed = [b"x" * 10] * 20, [b"a", b"bb", b"ccc"]
+    for bodies in (equal, mixed):
+        body = one_mpub_body(bodies, 10, 1 << 20)
+        assert body is not None
+        assert body == struct.pack(">I", len(bodies)) + b"".join(
+            struct.pack(">I", len(b)) + b for b in bodies)
+    assert one_mpub_body(equal, 10, 284) is not None  # 4 + 20 * 14 = 284: exactly fits
+    # None: the caller checks one by one (and raises the error naming the bad body) or splits
+    for bodies, max_msg, max_body in (
+            (equal, 10, 283),                       # over max_body_size: split
+            ([b"x"] * 30, 10, 104),                 # over the count nsqd allows in 104 bytes
+            ([b"a", b""], 10, 1 << 20),             # an empty body
+            ([b"", b""], 10, 1 << 20),              # all empty, all one size
+            ([b"a", b"x" * 11], 10, 1 << 20),       # over max_msg_size
+            ([b"x" * 11] * 3, 10, 1 << 20),         # all over, all one size
+            ([b"a", bytearray(b"b")], 10, 1 << 20),  # not bytes: converted one by one
+            ([b"a", "s"], 10, 1 << 20)):            # not a buffer at all
+        assert one_mpub_body(bodies, max_msg, max_body) is None
+
+
+def test_one_mpub_body_is_encoded_at_once() -> None:
+    bodies = [b"ab", b"cd"]
+    body = one_mpub_body(bodies, 10, 1 << 20)
+    bodies[0] = b"zz"  # the caller reuses its list: what was published stays as it was
+    assert body == b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x02cd"

@@ -214,3 +214,17 @@ def test_mpub_of_bytes_and_of_other_buffers_encode_alike() -> None:
         struct.pack(">I", len(b)) + b for b in bodies)
     with pytest.raises(ConfigError, match="must not be empty"):
         commands.mpub("t", [b"x", bytearray(), b"y"])  # type: ignore[list-item]
+
+
+def test_mpub_body_of_equal_and_of_mixed_sizes_is_the_wire_layout() -> None:
+    def by_hand(bodies: list[bytes]) -> bytes:
+        return struct.pack(">I", len(bodies)) + b"".join(
+            struct.pack(">I", len(b)) + b for b in bodies)
+
+    equal = [bytes([i]) * 300 for i in range(7)]  # one size: the separator-join path
+    mixed = [b"a", b"bc" * 50, b"\x00\n" * 3]
+    for bodies in (equal, mixed, [b"only"]):
+        assert commands.mpub_body(bodies) == by_hand(bodies)
+        assert commands.mpub_body(bodies, [len(b) for b in bodies]) == by_hand(bodies)
+        assert commands.mpub("t", bodies) == b"MPUB t\n" + struct.pack(
+            ">I", len(by_hand(bodies))) + by_hand(bodies)

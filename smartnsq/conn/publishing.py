@@ -69,6 +69,10 @@ class PublishCommands:
         answer and hands it to :meth:`check_publish_answer`."""
         return self._send(commands.pub(topic, body), _PUBLISH, timeout, topic, None)
 
+    def send_publish(self, command: bytes, timeout: float, topic: str) -> asyncio.Future[bytes]:
+        """An encoded plain publish (PUB or MPUB, no partition) like :meth:`send_pub`."""
+        return self._send(command, _PUBLISH, timeout, topic, None)
+
     def check_publish_answer(self, data: bytes, what: str) -> None:
         """Fail the connection (and raise) unless ``data`` is the OK a plain publish gets."""
         if data is not OK and data != OK:

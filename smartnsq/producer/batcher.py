@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, cast
+
+from smartnsq.protocol.commands import mpub_body
 
 #: per-message overhead inside an MPUB body (4-byte size prefix)
 _MSG_OVERHEAD = 4
@@ -176,3 +178,24 @@ def split_batches(bodies: list[bytes], max_body_size: int,
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def one_mpub_body(bodies: Sequence[object], max_msg_size: int,
+                  max_body_size: int) -> bytes | None:
+    """The MPUB body of ``bodies`` when all are non-empty ``bytes`` within ``max_msg_size``
+    and fit one MPUB (the common case, checked and encoded without a Python step per
+    message); None otherwise: check them one by one and :func:`split_batches` them."""
+    if set(map(type, bodies)) != {bytes}:
+        return None
+    checked = cast("Sequence[bytes]", bodies)
+    sizes = list(map(len, checked))
+    n = len(sizes)
+    if sizes.count(sizes[0]) == n:
+        lo = hi = sizes[0]
+    else:
+        lo, hi = min(sizes), max(sizes)
+    if not lo or hi > max_msg_size or n > max(1, (max_body_size - _BODY_OVERHEAD) // 5) \
+            or _BODY_OVERHEAD + _MSG_OVERHEAD * n + sum(sizes) > max_body_size:
+        return None
+    # encoded at once: later changes to the caller's list cannot reach the wire
+    return mpub_body(checked, sizes)

@@ -28,13 +28,13 @@ from typing import Any, ClassVar
 from smartnsq.conn import Connection
 from smartnsq.errors import CommandKind, ConfigError
 from smartnsq.producer.checks import check_body
-from smartnsq.producer.ops import Op, check_trace_id
+from smartnsq.producer.ops import MPub, MPubExt, MPubTrace, Op, check_trace_id
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.protocol.commands import encode_ext_header, mpub_encoded
+from smartnsq.protocol.commands import encode_ext_header, mpub_body, mpub_encoded
 from smartnsq.protocol.responses import decode_trace_response
 
 __all__ = ["Encoded", "EncodedMPub", "EncodedMPubTrace", "ExtBatch", "ExtItem", "check_encoded",
-           "check_ext_items", "encode_batch"]
+           "check_ext_items", "encode_batch", "mpub_op"]
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -173,6 +173,11 @@ class EncodedMPub(Op):
         conn.check_publish_answer(data, self.what)
         return None
 
+    def plain_command(self) -> bytes | None:
+        if self.traced or self.partition is not None:
+            return None
+        return mpub_encoded(self.topic, self.body)
+
 
 class EncodedMPubTrace(EncodedMPub):
     """MPUB_TRACE of a caller-encoded body (every element carries its trace id)."""
@@ -201,3 +206,19 @@ class ExtBatch(Op):
         self.sent_to = p
         items: list[tuple[bytes | None, bytes]] = list(self.items)
         await conn.publish_many_ext(self.topic, p, items, timeout)
+
+
+def mpub_op(topic: str, partition: int | None, chunk: list[bytes], *, encoded: bytes | None,
+            header: bytes | None, trace_id: int | None, traced: bool) -> Op:
+    """The op that publishes one :meth:`Producer.publish_many` chunk: MPUB_EXT with an ext
+    ``header``, MPUB_TRACE with ``trace_id``, an MPUB that may go out traced, or a plain MPUB
+    encoded once here (``encoded``: already encoded), whatever the retries."""
+    if encoded is not None:
+        return EncodedMPub(topic, partition, encoded, len(chunk))
+    if header is not None:
+        return MPubExt(topic, partition, chunk, header)
+    if trace_id is not None:
+        return MPubTrace(topic, partition, chunk, trace_id)
+    if traced:
+        return MPub(topic, partition, chunk, traced)
+    return EncodedMPub(topic, partition, mpub_body(chunk), len(chunk))

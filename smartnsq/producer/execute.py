@@ -60,6 +60,10 @@ class Executor:
     def run(self, op: Op, deadline: float) -> Coroutine[Any, Any, PublishReceipt | None]:
         """The retry loop for ``op`` (no coroutine of its own: one frame less per publish)."""
         if self._router is None:
+            if op.partition is None:
+                command = op.plain_command()
+                if command is not None:
+                    return self._plain_direct(op, command, deadline)
             return self._direct(op, deadline)
         return self._routed(op, deadline, self._router)
 
@@ -87,6 +91,38 @@ class Executor:
         fast path (:meth:`Producer.publish`), failed with ``exc``."""
         return await self._direct(op, deadline, (pool, exc))
 
+    async def direct_from(self, op: Op, deadline: float,
+                          pool: NodePool | None) -> PublishReceipt | None:
+        """The retry loop for ``op``, its first attempt on ``pool`` (the caller's fast path
+        picked it, but it had no connection ready; None: none was available)."""
+        return await self._direct(op, deadline, start=pool)
+
+    async def _plain_direct(self, op: Op, command: bytes, deadline: float) -> None:
+        """``op``, a plain publish encoded as ``command``: its first attempt goes straight to
+        a connection that can take it at once (no retry-loop or op coroutine in between);
+        a failure continues in the retry loop as attempt 1, and without a ready connection
+        the retry loop does it all."""
+        loop = self._loop if self._loop is not None else asyncio.get_running_loop()
+        now = loop.time()
+        pool = self._nodes.pick_direct(None, now)
+        conn = pool.pick() if pool is not None else None
+        if conn is None or conn.write_paused or deadline <= now:
+            # the picked pool takes the attempt: a second pick would skip it, and with two
+            # nodes every other pick (always the same one) would never be dialled
+            await self._direct(op, deadline, start=pool)
+            return
+        assert pool is not None
+        self._active += 1
+        try:
+            conn.check_publish_answer(
+                await conn.send_publish(command, deadline - now, op.topic), op.what)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._direct(op, deadline, (pool, exc))
+        finally:
+            self._done()
+
     def _after_failure(self, op: Op, attempt: int, exc: Exception, deadline: float,
                        pool: NodePool, now: float) -> None:
         """Raise the error that ends ``op`` when ``exc`` (its attempt number ``attempt``, on
@@ -101,8 +137,8 @@ class Executor:
                      op.topic, pool.address, attempt, action.value, exc)
 
     async def _direct(self, op: Op, deadline: float,
-                      first: tuple[NodePool, Exception] | None = None
-                      ) -> PublishReceipt | None:
+                      first: tuple[NodePool, Exception] | None = None,
+                      start: NodePool | None = None) -> PublishReceipt | None:
         self._active += 1
         try:
             nodes = self._nodes
@@ -120,7 +156,11 @@ class Executor:
                 avoid = {last_pool.address}
             while True:
                 now = loop.time()
-                pool = nodes.pick_direct(avoid, now)
+                pool: NodePool | None = start
+                if pool is not None:
+                    start = None
+                else:
+                    pool = nodes.pick_direct(avoid, now)
                 if pool is None:
                     # Every node is in its reconnect backoff and the pools redial by themselves.
                     # That refusal is our own backoff, not an attempt (chaos finding

@@ -40,7 +40,7 @@ from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.ordered.sharding import ShardKey, ShardRule, check_shard_key
-from smartnsq.producer.batcher import Batcher, split_batches
+from smartnsq.producer.batcher import Batcher, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.encoded import (
@@ -51,6 +51,7 @@ from smartnsq.producer.encoded import (
     ExtItem,
     check_encoded,
     check_ext_items,
+    mpub_op,
 )
 from smartnsq.producer.execute import Executor
 from smartnsq.producer.lanes import ShardLanes
@@ -58,8 +59,6 @@ from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.ops import (
     DPub,
     MPub,
-    MPubExt,
-    MPubTrace,
     Op,
     Pub,
     PubExt,
@@ -333,6 +332,9 @@ class Producer:
                                                      pool, exc)
                     finally:
                         ex.leave()
+                # in direct mode only a partition can make a PUB traced: plain, picked pool
+                return await self._executor.direct_from(Pub(topic, None, body, False),
+                                                        deadline, pool)
         traced = self.trace.is_on(topic)
         if ext is not None:
             header = ext_header_bytes(ext, trace_id)
@@ -358,11 +360,15 @@ class Producer:
         ``sent`` attribute says how many leading messages were acknowledged."""
         self._check_open()
         self._check_topic(topic)
-        if isinstance(bodies, bytes | str) or not isinstance(bodies, Sequence):
+        if type(bodies) is not list and (isinstance(bodies, bytes | str)
+                                         or not isinstance(bodies, Sequence)):
             raise ConfigError("bodies must be a sequence of bytes")
         if not bodies:
             raise ConfigError("publish_many needs at least one message")
-        checked = check_bodies(bodies, self._max_msg)
+        one = None
+        if ext is None and trace_id is None and not self.trace.is_on(topic):
+            one = one_mpub_body(bodies, self._max_msg, self._max_body)
+        checked = check_bodies(bodies, self._max_msg) if one is None else list(bodies)
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)
@@ -379,17 +385,10 @@ class Producer:
             extra = _TRACE_EXTRA  # may go out as MPUB_TRACE
         receipts: list[PublishReceipt] = []
         sent = 0
-        for chunk in split_batches(checked, self._max_body, extra):
-            op: Op
-            if header is not None:
-                op = MPubExt(topic, partition, chunk, header)
-            elif trace_id is not None:
-                op = MPubTrace(topic, partition, chunk, trace_id)
-            elif traced:
-                op = MPub(topic, partition, chunk, traced)
-            else:
-                # encoded once here, whatever the retries: the bodies are checked
-                op = EncodedMPub(topic, partition, mpub_body(chunk), len(chunk))
+        chunks = [checked] if one is not None else split_batches(checked, self._max_body, extra)
+        for chunk in chunks:
+            op = mpub_op(topic, partition, chunk, encoded=one, header=header,
+                         trace_id=trace_id, traced=traced)
             try:
                 receipt = await self._run(op, deadline)
             except PublishError as exc:

@@ -208,11 +208,19 @@ def _mpub_body(bodies: Sequence[bytes]) -> list[bytes]:
     return parts
 
 
-def mpub_body(bodies: Sequence[bytes]) -> bytes:
+def mpub_body(bodies: Sequence[bytes], sizes: Sequence[int] | None = None) -> bytes:
     """The MPUB body ``[count]([size][data])*`` of bodies already checked (non-empty bytes,
-    as the producer checks them), built by C iterators: no Python step per message."""
-    return b"".join([_pack_u32(len(bodies)), *chain.from_iterable(
-        zip(map(_pack_u32, map(len, bodies)), bodies, strict=True))])
+    as the producer checks them; ``sizes``: their lengths, when the caller has them), built
+    by C iterators: no Python step per message."""
+    if sizes is None:
+        sizes = list(map(len, bodies))
+    n = len(sizes)
+    if n and sizes.count(sizes[0]) == n:
+        # equal sizes: every body is preceded by the same size field, so one join with it
+        # as the separator writes the whole body ([count] first)
+        return _pack_u32(sizes[0]).join([_pack_u32(n), *bodies])
+    return b"".join([_pack_u32(n), *chain.from_iterable(
+        zip(map(_pack_u32, sizes), bodies, strict=True))])
 
 
 def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:

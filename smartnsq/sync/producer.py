@@ -14,8 +14,8 @@ from smartnsq._checks import check_optional_duration
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError
 from smartnsq.ordered.sharding import ShardKey, ShardRule
-from smartnsq.producer.producer import LookupdSpec
 from smartnsq.producer.producer import Producer as AsyncProducer
+from smartnsq.producer.routing import LookupdSpec
 from smartnsq.producer.trace import TraceSwitch
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
