@@ -5,6 +5,7 @@ it is left counted once it is over."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -18,14 +19,14 @@ CFG = ProducerConfig(publish_timeout=3.0, connections_per_nsqd=1, reconnect_min=
 
 
 async def _serve(peer: Peer, got: list[bytes]) -> None:
-    """After the handshake: answer every PUB with OK, CLS with CLOSE_WAIT."""
+    """After the handshake: answer every PUB and MPUB with OK, CLS with CLOSE_WAIT."""
     while True:
         cmd: Command = await peer.read_command()
         if cmd.name == b"CLS":
             peer.send_response(b"CLOSE_WAIT")
             await peer.drain()
             return
-        assert cmd.name == b"PUB" and cmd.body is not None
+        assert cmd.name in (b"PUB", b"MPUB") and cmd.body is not None
         got.append(cmd.body)
         peer.send_response(b"OK")
         await peer.drain()
@@ -177,19 +178,10 @@ async def test_round_robin_reaches_every_node_when_the_first_has_no_connection_y
     # dialled
     got: list[list[bytes]] = [[], []]
 
-    def serve(i: int) -> object:
+    def serve(i: int) -> Callable[[Peer], Awaitable[None]]:
         async def handler(peer: Peer) -> None:
             await peer.handshake()
-            while True:
-                cmd = await peer.read_command()
-                if cmd.name == b"CLS":
-                    peer.send_response(b"CLOSE_WAIT")
-                    await peer.drain()
-                    return
-                assert cmd.body is not None
-                got[i].append(cmd.body)
-                peer.send_response(b"OK")
-                await peer.drain()
+            await _serve(peer, got[i])
         return handler
 
     async with ScriptedServer(serve(0)) as s1, ScriptedServer(serve(1)) as s2:
