@@ -18,7 +18,7 @@ from smartnsq.conn import Connection
 from smartnsq.errors import ConfigError, Flavour, UnsupportedFeatureError
 from smartnsq.ordered.sharding import ShardKey, ShardRule
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.protocol.commands import encode_ext_header, pub
+from smartnsq.protocol.commands import encode_ext_header
 
 _MAX_U64 = (1 << 64) - 1
 
@@ -102,10 +102,6 @@ class Pub(Op):
         if self.traced and partition is not None and conn.flavour is Flavour.YOUZAN:
             return self._send_traced(conn, partition, timeout)
         return conn.publish(self.topic, self.body, partition, timeout)
-
-    def plain_command(self) -> bytes | None:
-        # partition None: plain PUB on any flavour (send only traces to a partition)
-        return pub(self.topic, self.body) if self.partition is None else None
 
     async def _send_traced(self, conn: Connection, partition: int,
                            timeout: float) -> PublishReceipt:

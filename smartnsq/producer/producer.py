@@ -487,4 +487,3 @@ class Producer:
         receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
         if receipt is not None:
             log_receipt(receipt)
-
