@@ -20,7 +20,7 @@ from smartnsq.protocol import (
     FrameDecoder,
     encode_frame,
 )
-from smartnsq.protocol.messages import RawMessage, decode_message, encode_message
+from smartnsq.protocol.messages import MessageLayout, RawMessage, decode_message, encode_message
 from tests.captures import capture, capture_frame
 
 
@@ -168,7 +168,7 @@ def test_arbitrary_bytes_give_frames_or_protocol_error_with_bounded_memory(
 
 
 def _stock_expected(frames: list[tuple[int, bytes]]) -> list[Frame | RawMessage]:
-    """What feed_stock() returns for ``frames``: stock messages decoded, the rest as frames
+    """What feed_messages() returns for ``frames``: stock messages decoded, the rest as frames
     (including message frames too short to decode, for decode_message to reject)."""
     return [decode_message(d) if t == FRAME_MESSAGE and len(d) >= 26 else Frame(t, d)
             for t, d in frames]
@@ -191,7 +191,7 @@ _stock_frames = st.lists(
 @given(_stock_frames,
        st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
 @settings(max_examples=300, deadline=None)
-def test_feed_stock_decodes_messages_in_order_under_any_chunking(
+def test_feed_messages_decodes_messages_in_order_under_any_chunking(
         frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
     stream = b"".join(encode_frame(t, d) for t, d in frames)
     dec = FrameDecoder()
@@ -200,20 +200,20 @@ def test_feed_stock_decodes_messages_in_order_under_any_chunking(
     i = 0
     while pos < len(stream):
         n = cuts[i % len(cuts)]
-        out += dec.feed_stock(stream[pos:pos + n])
+        out += dec.feed_messages(stream[pos:pos + n])
         pos += n
         i += 1
     assert out == _stock_expected(frames)
     assert dec.buffered == 0
 
 
-def test_feed_stock_message_fields_and_short_message_frame() -> None:
+def test_feed_messages_message_fields_and_short_message_frame() -> None:
     mid = b"0123456789abcdef"
     good = encode_frame(FRAME_MESSAGE, encode_message(1_700_000_000_000_000_000, 3, mid,
                                                       b"body"))
     short = encode_frame(FRAME_MESSAGE, b"x" * 25)
     ok = encode_frame(FRAME_RESPONSE, OK)
-    out = FrameDecoder().feed_stock(bytearray(ok + good + short))
+    out = FrameDecoder().feed_messages(bytearray(ok + good + short))
     assert out[0] == Frame(FRAME_RESPONSE, OK)
     assert out[1] == RawMessage(1_700_000_000_000_000_000, 3, mid, b"body")
     assert out[2] == Frame(FRAME_MESSAGE, b"x" * 25)
@@ -226,9 +226,70 @@ def test_feed_stock_message_fields_and_short_message_frame() -> None:
     (struct.pack(">ii", 300, FRAME_MESSAGE), "exceeds the maximum of 256"),
     (struct.pack(">ii", 40, 7), "unknown frame type 7"),
 ])
-def test_feed_stock_rejects_bad_headers(header: bytes, match: str) -> None:
+def test_feed_messages_rejects_bad_headers(header: bytes, match: str) -> None:
     dec = FrameDecoder(max_size=256)
     # a good message first: the bad header is found mid-buffer, not only at its start
     good = encode_frame(FRAME_MESSAGE, encode_message(1, 1, b"0123456789abcdef", b"x"))
     with pytest.raises(ProtocolError, match=match):
-        dec.feed_stock(good + header)
+        dec.feed_messages(good + header)
+
+
+_POSITION = MessageLayout(position=True)
+
+_position_frames = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
+                  st.binary(max_size=50)),
+        st.builds(lambda ts, att, mid, off, raw, body: (
+            FRAME_MESSAGE, encode_message(ts, att, mid, body, offset=off, raw_size=raw)),
+                  st.integers(min_value=-2**63, max_value=2**63 - 1),
+                  st.integers(min_value=0, max_value=65535),
+                  st.binary(min_size=16, max_size=16),
+                  st.integers(min_value=0, max_value=2**64 - 1),
+                  st.integers(min_value=0, max_value=2**32 - 1), st.binary(max_size=300)),
+    ),
+    max_size=20,
+)
+
+
+@given(_position_frames,
+       st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_feed_messages_with_positions_decodes_like_decode_message_under_any_chunking(
+        frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    out: list[Frame | RawMessage] = []
+    pos = 0
+    i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        out += dec.feed_messages(stream[pos:pos + n], position=True)
+        pos += n
+        i += 1
+    # a message frame too short for the position prefix stays a frame, for decode_message
+    # to reject
+    assert out == [decode_message(d, _POSITION) if t == FRAME_MESSAGE and len(d) >= 38
+                   else Frame(t, d) for t, d in frames]
+    assert dec.buffered == 0
+
+
+@pytest.mark.parametrize("name", ["message_frame_sub_ordered", "message_frame_sub_ordered_2",
+                                  "message_frame_sub_advanced"])
+def test_feed_messages_decodes_captured_position_frames(name: str) -> None:
+    data = capture(f"youzan/{name}.bin")
+    (msg,) = FrameDecoder().feed_messages(data, position=True)
+    ftype, payload = capture_frame(f"youzan/{name}.bin")
+    assert ftype == FRAME_MESSAGE
+    assert msg == decode_message(payload, _POSITION)
+    assert isinstance(msg, RawMessage) and msg.offset is not None and msg.raw_size
+    # the body is what follows the 38 bytes of head, id and position
+    assert msg.body == payload[38:]
+
+
+def test_a_position_frame_too_short_for_its_prefix_is_rejected() -> None:
+    short = encode_message(1, 1, b"0123456789abcdef", b"")[:26] + b"\x00" * 11
+    (out,) = FrameDecoder().feed_messages(encode_frame(FRAME_MESSAGE, short), position=True)
+    assert out == Frame(FRAME_MESSAGE, short)
+    with pytest.raises(ProtocolError, match="inside the 12-byte position prefix"):
+        decode_message(short, _POSITION)

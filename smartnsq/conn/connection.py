@@ -318,11 +318,12 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
         layout = self._layout
         frames: Sequence[Frame | RawMessage]
         try:
-            # stock layout: the decoder decodes message frames itself (the per-message path)
-            if layout.ext or layout.position:
+            # stock layout, or youzan's position prefix: the decoder decodes message frames
+            # itself (the per-message path); ext headers (variable length) take decode_message
+            if layout.ext:
                 frames = self._frames.feed(data)
             else:
-                frames = self._frames.feed_stock(data)
+                frames = self._frames.feed_messages(data, layout.position)
         except ProtocolError as exc:
             self._fail(exc)
             return

@@ -12,7 +12,12 @@ from functools import partial
 from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
-from smartnsq.protocol.messages import MIN_MESSAGE_SIZE, RawMessage
+from smartnsq.protocol.messages import (
+    MIN_MESSAGE_SIZE,
+    POSITION_SIZE,
+    RawMessage,
+    unpack_position,
+)
 
 MAGIC_V2 = b"  V2"
 
@@ -41,11 +46,13 @@ class Frame(NamedTuple):
 # Building a NamedTuple through its Python-level __new__ costs ~0.15 µs per frame on the
 # consume hot path; tuple.__new__ bound with partial constructs the same object in C.
 _new_frame = partial(tuple.__new__, Frame)
-#: the frame of an OK response (feed_stock hands out this one object for each)
+#: the frame of an OK response (feed_messages hands out this one object for each)
 OK_FRAME = Frame(FRAME_RESPONSE, OK)
 
 #: smallest size field of a decodable stock message frame: type + timestamp + attempts + id
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
+#: the same with youzan's 12-byte position prefix (offset, raw size) before the body
+_MIN_POSITION_MESSAGE_SIZE = _MIN_STOCK_MESSAGE_SIZE + POSITION_SIZE
 #: frame header + a message's timestamp and attempts (PROTOCOL.md §1.4), read in one call
 _MESSAGE_HEAD = struct.Struct(">iiqH")
 _unpack_message_head = _MESSAGE_HEAD.unpack_from
@@ -133,12 +140,15 @@ class FrameDecoder:
         self._keep(buf, pos, need)
         return frames
 
-    def feed_stock(self, data: bytes | bytearray | memoryview) -> list[Frame | RawMessage]:
+    def feed_messages(self, data: bytes | bytearray | memoryview,
+                      position: bool = False) -> list[Frame | RawMessage]:
         """:meth:`feed` for a connection whose message frames have the stock layout
-        (PROTOCOL.md §1.4): message frames come back decoded, as :class:`RawMessage`, in
-        order with the other frames. The consumer's receive path: it saves a frame tuple,
-        a copy of the payload and a call per message. A message frame too short to decode
-        comes back as a frame, for ``decode_message`` to reject."""
+        (PROTOCOL.md §1.4), or with ``position`` youzan's position prefix (disk-queue offset
+        and raw size, SUB_ORDERED/SUB_ADVANCED) before the body: message frames come back
+        decoded, as :class:`RawMessage`, in order with the other frames. The consumer's
+        receive path: it saves a frame tuple, a copy of the payload and a call per message.
+        A message frame too short to decode comes back as a frame, for ``decode_message``
+        to reject."""
         buf = self._join(data)
         if buf is None:
             return []
@@ -149,7 +159,7 @@ class FrameDecoder:
         unpack_head = _unpack_message_head
         types = FRAME_TYPES
         message = FRAME_MESSAGE
-        min_message = _MIN_STOCK_MESSAGE_SIZE
+        min_message = _MIN_POSITION_MESSAGE_SIZE if position else _MIN_STOCK_MESSAGE_SIZE
         ok_type, ok_frame = FRAME_RESPONSE, OK_FRAME
         pos = 0
         end = len(buf)
@@ -179,8 +189,13 @@ class FrameDecoder:
                 msg.timestamp = timestamp
                 msg.attempts = attempts
                 msg.id = buf[pos + 18:pos + 34]
-                msg.body = buf[pos + 34:stop]
-                msg.ext_version = msg.ext = msg.offset = msg.raw_size = None
+                msg.ext_version = msg.ext = None
+                if position:
+                    msg.offset, msg.raw_size = unpack_position(buf, pos + 34)
+                    msg.body = buf[pos + 46:stop]
+                else:
+                    msg.body = buf[pos + 34:stop]
+                    msg.offset = msg.raw_size = None
                 append(msg)
             elif size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
                 # a publisher's connection gets nothing else: one shared frame, no copy

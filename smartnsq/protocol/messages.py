@@ -17,6 +17,10 @@ _HEAD = struct.Struct(">qH")  # timestamp ns, attempts
 _unpack_head = _HEAD.unpack_from
 _POS = struct.Struct(">QI")  # disk-queue offset, raw size
 _unpack_pos = _POS.unpack_from
+#: youzan's 12-byte position prefix (SUB_ORDERED/SUB_ADVANCED): (offset, raw size) at a position
+unpack_position = _unpack_pos
+#: its size
+POSITION_SIZE = _POS.size
 _ID = struct.Struct(">QQ")  # youzan internal id, trace id
 _U16 = struct.Struct(">H")
 
