@@ -193,6 +193,13 @@ _stock_frames = st.lists(
 @settings(max_examples=300, deadline=None)
 def test_feed_messages_decodes_messages_in_order_under_any_chunking(
         frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    assert _feed_in_cuts(frames, cuts, position=False) == _stock_expected(frames)
+
+
+def _feed_in_cuts(frames: list[tuple[int, bytes]], cuts: list[int],
+                  position: bool) -> list[Frame | RawMessage]:
+    """feed_messages() over the encoded ``frames`` cut in pieces of the ``cuts`` sizes (in
+    turn); nothing may be left buffered."""
     stream = b"".join(encode_frame(t, d) for t, d in frames)
     dec = FrameDecoder()
     out: list[Frame | RawMessage] = []
@@ -200,11 +207,11 @@ def test_feed_messages_decodes_messages_in_order_under_any_chunking(
     i = 0
     while pos < len(stream):
         n = cuts[i % len(cuts)]
-        out += dec.feed_messages(stream[pos:pos + n])
+        out += dec.feed_messages(stream[pos:pos + n], position)
         pos += n
         i += 1
-    assert out == _stock_expected(frames)
     assert dec.buffered == 0
+    return out
 
 
 def test_feed_messages_message_fields_and_short_message_frame() -> None:
@@ -257,21 +264,11 @@ _position_frames = st.lists(
 @settings(max_examples=300, deadline=None)
 def test_feed_messages_with_positions_decodes_like_decode_message_under_any_chunking(
         frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
-    stream = b"".join(encode_frame(t, d) for t, d in frames)
-    dec = FrameDecoder()
-    out: list[Frame | RawMessage] = []
-    pos = 0
-    i = 0
-    while pos < len(stream):
-        n = cuts[i % len(cuts)]
-        out += dec.feed_messages(stream[pos:pos + n], position=True)
-        pos += n
-        i += 1
     # a message frame too short for the position prefix stays a frame, for decode_message
     # to reject
-    assert out == [decode_message(d, _POSITION) if t == FRAME_MESSAGE and len(d) >= 38
-                   else Frame(t, d) for t, d in frames]
-    assert dec.buffered == 0
+    assert _feed_in_cuts(frames, cuts, position=True) == [
+        decode_message(d, _POSITION) if t == FRAME_MESSAGE and len(d) >= 38 else Frame(t, d)
+        for t, d in frames]
 
 
 @pytest.mark.parametrize("name", ["message_frame_sub_ordered", "message_frame_sub_ordered_2",
