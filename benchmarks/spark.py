@@ -297,8 +297,11 @@ def run(args: argparse.Namespace) -> list[Row]:
                 # both source ways read the nsq topic, the hand way the hand topic's channel
                 # (which both hand-written sinks would have filled): publish instead
                 bg.call(fill(lookupd, topic.name, n * args.repeat))
-                bg.call(fill(lookupd, hand.name, n * args.repeat))
             for rep in range(args.repeat):
+                if "sink" not in args.sides:
+                    # the hand way consumes: exactly this repeat's rows, as gnsq goes on
+                    # delivering while it closes and would take a later repeat's too
+                    bg.call(fill(lookupd, hand.name, n))
                 # the ways interleaved, so that each repeat sees the same machine load
                 w = ways(topic, hand, df, src, n, f"p{parts}r{rep}")
                 if "sink" in args.sides:
