@@ -188,8 +188,11 @@ _stock_frames = st.lists(
 )
 
 
-@given(_stock_frames,
-       st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+#: read sizes, used in turn: every way a stream can arrive in pieces
+_cuts = st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50)
+
+
+@given(_stock_frames, _cuts)
 @settings(max_examples=300, deadline=None)
 def test_feed_messages_decodes_messages_in_order_under_any_chunking(
         frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
@@ -259,8 +262,7 @@ _position_frames = st.lists(
 )
 
 
-@given(_position_frames,
-       st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+@given(_position_frames, _cuts)
 @settings(max_examples=300, deadline=None)
 def test_feed_messages_with_positions_decodes_like_decode_message_under_any_chunking(
         frames: list[tuple[int, bytes]], cuts: list[int]) -> None:

@@ -152,6 +152,11 @@ class Batcher:
                 await t
 
 
+def _max_count(max_body_size: int) -> int:
+    """The most messages nsqd takes in one MPUB of ``max_body_size`` (PROTOCOL.md §2.11)."""
+    return max(1, (max_body_size - _BODY_OVERHEAD) // 5)
+
+
 def split_batches(bodies: list[bytes], max_body_size: int,
                   extra_per_message: int = 0) -> list[list[bytes]]:
     """Split ``bodies`` into MPUB-sized chunks, in order: each chunk's body (count field plus
@@ -159,7 +164,7 @@ def split_batches(bodies: list[bytes], max_body_size: int,
     the server's ``(max_body_size - 4) // 5`` (PROTOCOL.md §2.11). ``extra_per_message`` is
     what each element carries besides the body (8 for MPUB_TRACE, 2 + header for
     MPUB_EXT)."""
-    max_count = max(1, (max_body_size - _BODY_OVERHEAD) // 5)
+    max_count = _max_count(max_body_size)
     per = _MSG_OVERHEAD + extra_per_message
     n = len(bodies)
     if n <= max_count and _BODY_OVERHEAD + per * n + sum(map(len, bodies)) <= max_body_size:
@@ -194,7 +199,7 @@ def one_mpub_body(bodies: Sequence[object], max_msg_size: int,
         lo = hi = sizes[0]
     else:
         lo, hi = min(sizes), max(sizes)
-    if not lo or hi > max_msg_size or n > max(1, (max_body_size - _BODY_OVERHEAD) // 5) \
+    if not lo or hi > max_msg_size or n > _max_count(max_body_size) \
             or _BODY_OVERHEAD + _MSG_OVERHEAD * n + sum(sizes) > max_body_size:
         return None
     # encoded at once: later changes to the caller's list cannot reach the wire

@@ -16,9 +16,8 @@ from smartnsq.errors import ProtocolError
 _HEAD = struct.Struct(">qH")  # timestamp ns, attempts
 _unpack_head = _HEAD.unpack_from
 _POS = struct.Struct(">QI")  # disk-queue offset, raw size
-_unpack_pos = _POS.unpack_from
 #: youzan's 12-byte position prefix (SUB_ORDERED/SUB_ADVANCED): (offset, raw size) at a position
-unpack_position = _unpack_pos
+unpack_position = _POS.unpack_from
 #: its size
 POSITION_SIZE = _POS.size
 _ID = struct.Struct(">QQ")  # youzan internal id, trace id
@@ -99,7 +98,7 @@ def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMess
     if layout.position:
         if n < pos + 12:
             raise ProtocolError("message frame truncated inside the 12-byte position prefix")
-        offset, raw_size = _unpack_pos(data, pos)
+        offset, raw_size = unpack_position(data, pos)
         pos += 12
     return RawMessage(timestamp, attempts, data[10:26], data[pos:], ext_version, ext,
                       offset, raw_size)
