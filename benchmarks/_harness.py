@@ -23,6 +23,8 @@ class Result:
     messages: int
     wall: float
     cpu: float
+    #: the kernel's share of ``cpu`` (system time: mostly socket reads and writes)
+    sys: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -46,19 +48,25 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def sys_seconds() -> float:
+    """System (kernel) CPU time of this process only."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 class Meter:
     """Wall and CPU time of this process between start() and stop()."""
 
     def __init__(self) -> None:
-        self.wall0 = self.cpu0 = 0.0
-        self.wall = self.cpu = 0.0
+        self.wall0 = self.cpu0 = self.sys0 = 0.0
+        self.wall = self.cpu = self.sys = 0.0
 
     def start(self) -> None:
-        self.wall0, self.cpu0 = time.perf_counter(), cpu_seconds()
+        self.wall0, self.cpu0, self.sys0 = time.perf_counter(), cpu_seconds(), sys_seconds()
 
     def stop(self) -> None:
         self.wall = time.perf_counter() - self.wall0
         self.cpu = cpu_seconds() - self.cpu0
+        self.sys = sys_seconds() - self.sys0
 
 
 @contextmanager

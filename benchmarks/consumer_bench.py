@@ -111,7 +111,7 @@ async def _measure(scenario: str, consumer: Consumer, counter: Counter,
         finished = consumer.stats().finished
     if finished < counter.target:
         raise RuntimeError(f"{scenario}: only {finished} of {counter.target} finished")
-    return Result("smartnsq", scenario, counter.target, meter.wall, meter.cpu)
+    return Result("smartnsq", scenario, counter.target, meter.wall, meter.cpu, meter.sys)
 
 
 def _config() -> ConsumerConfig:

@@ -37,7 +37,7 @@ def publish(addr: str, topic: str, count: int, scenario: str) -> Result:
     meter.stop()
     producer.close()
     producer.join(timeout=5)
-    return Result("gnsq", scenario, count, meter.wall, meter.cpu)
+    return Result("gnsq", scenario, count, meter.wall, meter.cpu, meter.sys)
 
 
 def consume(addr: str, topic: str, count: int) -> Result:
@@ -60,7 +60,7 @@ def consume(addr: str, topic: str, count: int) -> Result:
     gevent.sleep(0.2)  # let the last FINs go out
     consumer.close()
     consumer.join(timeout=5)
-    return Result("gnsq", "consume_fin", count, meter.wall, meter.cpu)
+    return Result("gnsq", "consume_fin", count, meter.wall, meter.cpu, meter.sys)
 
 
 if __name__ == "__main__":

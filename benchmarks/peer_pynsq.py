@@ -48,7 +48,7 @@ def publish(addr: str, topic: str, count: int, scenario: str) -> Result:
 
     loop.add_callback(start)
     loop.start()
-    return Result("pynsq", scenario, count, meter.wall, meter.cpu)
+    return Result("pynsq", scenario, count, meter.wall, meter.cpu, meter.sys)
 
 
 def consume(addr: str, topic: str, count: int) -> Result:
@@ -69,7 +69,7 @@ def consume(addr: str, topic: str, count: int) -> Result:
                         message_handler=handler, max_in_flight=2500)
     loop.start()
     reader.close()
-    return Result("pynsq", "consume_fin", count, meter.wall, meter.cpu)
+    return Result("pynsq", "consume_fin", count, meter.wall, meter.cpu, meter.sys)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
     meter.stop()
     assert proto.transport is not None
     proto.transport.close()
-    return Result("raw", scenario, count, meter.wall, meter.cpu)
+    return Result("raw", scenario, count, meter.wall, meter.cpu, meter.sys)
 
 
 async def _consume(addr: str, topic: str, count: int) -> Result:
@@ -170,7 +170,7 @@ async def _consume(addr: str, topic: str, count: int) -> Result:
     await asyncio.wait_for(proto.done, _TIMEOUT)
     await asyncio.sleep(0.2)  # let the last FINs go out
     proto.transport.close()
-    return Result("raw", "consume_fin", count, meter.wall, meter.cpu)
+    return Result("raw", "consume_fin", count, meter.wall, meter.cpu, meter.sys)
 
 
 #: the event loop (same choice as smartnsq's row: uvloop when installed)

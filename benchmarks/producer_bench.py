@@ -22,11 +22,10 @@ import asyncio
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import BODY, Result, cpu_seconds, embedded_cluster
+from _harness import BODY, Meter, Result, embedded_cluster
 
 from smartnsq.config import ProducerConfig
 from smartnsq.producer import Producer
@@ -38,10 +37,11 @@ YOUZAN_PARTITIONS = 4
 
 async def measure(scenario: str, messages: int,
                   run: Callable[[], Awaitable[None]]) -> Result:
-    wall0, cpu0 = time.perf_counter(), cpu_seconds()
+    meter = Meter()
+    meter.start()
     await run()
-    return Result("smartnsq", scenario, messages, time.perf_counter() - wall0,
-                  cpu_seconds() - cpu0)
+    meter.stop()
+    return Result("smartnsq", scenario, messages, meter.wall, meter.cpu, meter.sys)
 
 
 def cluster_process(flavour: str, nodes: int,
