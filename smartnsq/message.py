@@ -14,7 +14,21 @@ from typing import Any, Protocol
 
 from smartnsq._checks import check_duration
 from smartnsq.errors import ProtocolError
-from smartnsq.protocol.messages import EXT_VERSION_JSON, RawMessage
+from smartnsq.protocol.messages import (
+    ATTEMPTS,
+    BODY,
+    EXT,
+    EXT_VERSION,
+    EXT_VERSION_JSON,
+    ID,
+    OFFSET,
+    RAW_SIZE,
+    TIMESTAMP,
+    MessageRecord,
+    RawMessage,
+    record_of,
+    split_youzan_id,
+)
 
 __all__ = ["Message", "MessageOwner"]
 
@@ -51,39 +65,52 @@ class Message:
     __slots__ = ("_auto", "_ext", "_owner", "_raw", "_state")
 
     def __init__(self, raw: RawMessage, owner: MessageOwner) -> None:
-        self._raw = raw
+        #: the decoded frame as a record (smartnsq.protocol.messages): the consumer's queue
+        #: holds records, and a message is made of one only when its handler is called
+        self._raw: MessageRecord = record_of(raw)
         self._owner = owner
         self._state = _PENDING
         self._auto = True
         self._ext: Any = None
 
+    @classmethod
+    def of_record(cls, record: MessageRecord, owner: MessageOwner) -> Message:
+        """The message of a decoded frame in record form (the consumer's receive path)."""
+        msg = cls.__new__(cls)
+        msg._raw = record
+        msg._owner = owner
+        msg._state = _PENDING
+        msg._auto = True
+        msg._ext = None
+        return msg
+
     def __repr__(self) -> str:
         where = self._owner.address
         if self._owner.partition is not None:
             where += f" partition {self._owner.partition}"
-        return (f"<Message id={self._raw.id.hex()} attempts={self._raw.attempts} "
-                f"{len(self._raw.body)} bytes from {where}>")
+        return (f"<Message id={self._raw[ID].hex()} attempts={self._raw[ATTEMPTS]} "
+                f"{len(self._raw[BODY])} bytes from {where}>")
 
-    # -- content -------------------------------------------------------------------------
+    # -- content (record fields: see MessageRecord) ----------------------------------------
 
     @property
     def body(self) -> bytes:
-        return self._raw.body
+        return self._raw[BODY]
 
     @property
     def id(self) -> bytes:
         """The 16-byte message id (ASCII hex on stock nsqd, binary on youzan)."""
-        return self._raw.id
+        return self._raw[ID]
 
     @property
     def attempts(self) -> int:
         """Delivery count: 1 on the first delivery."""
-        return self._raw.attempts
+        return self._raw[ATTEMPTS]
 
     @property
     def timestamp(self) -> int:
         """Publish time in nanoseconds since the Unix epoch."""
-        return self._raw.timestamp
+        return self._raw[TIMESTAMP]
 
     @property
     def topic(self) -> str:
@@ -106,32 +133,32 @@ class Message:
     @property
     def internal_id(self) -> int | None:
         """youzan: the per-partition internal id; None on stock nsqd."""
-        return self._raw.internal_id if self._owner.youzan else None
+        return split_youzan_id(self._raw[ID])[0] if self._owner.youzan else None
 
     @property
     def trace_id(self) -> int | None:
         """youzan: the publisher's trace id (0 when untraced); None on stock nsqd."""
-        return self._raw.trace_id if self._owner.youzan else None
+        return split_youzan_id(self._raw[ID])[1] if self._owner.youzan else None
 
     @property
     def offset(self) -> int | None:
         """youzan: disk-queue offset (SUB_ORDERED / SUB_ADVANCED subscriptions), else None."""
-        return self._raw.offset
+        return self._raw[OFFSET]
 
     @property
     def raw_size(self) -> int | None:
         """youzan: stored record size (SUB_ORDERED / SUB_ADVANCED subscriptions), else None."""
-        return self._raw.raw_size
+        return self._raw[RAW_SIZE]
 
     @property
     def ext_version(self) -> int | None:
         """youzan ext topics: 0 (no header), 2 (tag bytes) or 4 (JSON); None otherwise."""
-        return self._raw.ext_version
+        return self._raw[EXT_VERSION]
 
     @property
     def ext_raw(self) -> bytes | None:
         """The ext header bytes as received (None without a header)."""
-        return self._raw.ext
+        return self._raw[EXT]
 
     @property
     def ext(self) -> dict[str, Any] | None:
@@ -140,16 +167,17 @@ class Message:
         Raises :class:`ProtocolError` if the server sent a header that is not a JSON object.
         """
         raw = self._raw
-        if raw.ext_version != EXT_VERSION_JSON or raw.ext is None:
+        header = raw[EXT]
+        if raw[EXT_VERSION] != EXT_VERSION_JSON or header is None:
             return None
         if self._ext is None:
             try:
-                doc = json.loads(raw.ext)
+                doc = json.loads(header)
             except ValueError as exc:
-                raise ProtocolError(f"ext header of message {raw.id.hex()} is not JSON: "
+                raise ProtocolError(f"ext header of message {raw[ID].hex()} is not JSON: "
                                     f"{exc}") from None
             if not isinstance(doc, dict):
-                raise ProtocolError(f"ext header of message {raw.id.hex()} is not a JSON "
+                raise ProtocolError(f"ext header of message {raw[ID].hex()} is not a JSON "
                                     "object")
             self._ext = doc
         return dict(self._ext)

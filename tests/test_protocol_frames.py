@@ -20,7 +20,13 @@ from smartnsq.protocol import (
     FrameDecoder,
     encode_frame,
 )
-from smartnsq.protocol.messages import MessageLayout, RawMessage, decode_message, encode_message
+from smartnsq.protocol.messages import (
+    MessageLayout,
+    RawMessage,
+    decode_message,
+    encode_message,
+    record_of,
+)
 from tests.captures import capture, capture_frame
 
 
@@ -292,3 +298,35 @@ def test_a_position_frame_too_short_for_its_prefix_is_rejected() -> None:
     assert out == Frame(FRAME_MESSAGE, short)
     with pytest.raises(ProtocolError, match="inside the 12-byte position prefix"):
         decode_message(short, _POSITION)
+
+
+@given(st.one_of(_stock_frames.map(lambda f: (f, False)),
+                 _position_frames.map(lambda f: (f, True))), _cuts)
+@settings(max_examples=200, deadline=None)
+def test_feed_records_gives_plain_tuples_of_decode_messages_fields_under_any_chunking(
+        case: tuple[list[tuple[int, bytes]], bool], cuts: list[int]) -> None:
+    frames, position = case
+    layout = _POSITION if position else MessageLayout()
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    out: list[object] = []
+    records = 0
+    pos = i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        got = dec.feed_records(stream[pos:pos + n], position)
+        # the count covers exactly the plain tuples of this call
+        assert dec.records == sum(type(x) is tuple for x in got)
+        records += dec.records
+        out += got
+        pos += n
+        i += 1
+    shortest = 38 if position else 26
+    assert out == [record_of(decode_message(d, layout))
+                   if t == FRAME_MESSAGE and len(d) >= shortest else Frame(t, d)
+                   for t, d in frames]
+    assert records == sum(type(x) is tuple for x in out)
+    # records are exact tuples (so the garbage collector stops tracking them), frames not
+    assert all(type(x) is tuple or type(x) is Frame for x in out)
+    assert all(RawMessage(*x) == decode_message(d, layout)
+               for x, (_, d) in zip(out, frames, strict=True) if type(x) is tuple)

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from smartnsq._checks import check_duration
 from smartnsq.config import ConnectionConfig
@@ -59,17 +59,24 @@ from smartnsq.protocol.frames import (
     Frame,
     FrameDecoder,
 )
-from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout, RawMessage, decode_message
+from smartnsq.protocol.messages import (
+    STOCK_LAYOUT,
+    MessageLayout,
+    MessageRecord,
+    RawMessage,
+    decode_message,
+    record_of,
+)
 from smartnsq.protocol.responses import AuthResponse, IdentifyResponse
 
 __all__ = ["Connection", "ConnectionStats", "ExtHeader", "OnClose", "OnError", "OnMessage",
-           "OnMessages",
-           "State", "SubscribeMode"]
+           "OnMessages", "OnRecords", "State", "SubscribeMode"]
 
 logger = logging.getLogger("smartnsq.connection")
 
 OnMessage = Callable[["Connection", RawMessage], None]
 OnMessages = Callable[["Connection", list[RawMessage]], None]
+OnRecords = Callable[["Connection", list[MessageRecord]], None]
 OnError = Callable[["Connection", ServerError], None]
 OnClose = Callable[["Connection", BaseException | None], None]
 
@@ -93,6 +100,9 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
     * ``on_messages(conn, raw_messages)``: instead of ``on_message`` when set: one call per
       run of message frames in a read (a consumer's: one call instead of one per message).
       Each message is counted against RDY first; frames between runs are handled in order.
+    * ``on_records(conn, records)``: instead of both when set: ``on_messages`` with each
+      message as a :data:`~smartnsq.protocol.messages.MessageRecord` tuple (the consumer's:
+      no object per message; ``RawMessage(*record)`` makes one).
     * ``on_error(conn, server_error)``: non-fatal error frames no caller is waiting for
       (``E_FIN_FAILED``, ``E_REQ_FAILED``, ``E_TOUCH_FAILED``, errors answering a publish
       whose caller timed out or was cancelled).
@@ -108,6 +118,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
         *,
         on_message: OnMessage | None = None,
         on_messages: OnMessages | None = None,
+        on_records: OnRecords | None = None,
         on_error: OnError | None = None,
         on_close: OnClose | None = None,
     ) -> None:
@@ -117,6 +128,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
         self.config = config if config is not None else ConnectionConfig()
         self.on_message = on_message
         self.on_messages = on_messages
+        self.on_records = on_records
         self.on_error = on_error
         self.on_close = on_close
 
@@ -316,21 +328,39 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                 waiter.set_result(None)
             return
         layout = self._layout
-        frames: Sequence[Frame | RawMessage]
+        records = self.on_records is not None
+        frames: Sequence[Frame | RawMessage | MessageRecord]
+        decoder = self._frames
         try:
             # stock layout, or youzan's position prefix: the decoder decodes message frames
             # itself (the per-message path); ext headers (variable length) take decode_message
             if layout.ext:
-                frames = self._frames.feed(data)
+                frames = decoder.feed(data)
+            elif records:
+                frames = decoder.feed_records(data, layout.position)
+                n = decoder.records
+                if n == len(frames) and n:
+                    in_flight = self._in_flight + n
+                    if in_flight <= self._rdy_max:
+                        # the common read of a consumer: messages only, within RDY (so each
+                        # one on its own was too), handed on as they are
+                        if in_flight == n:
+                            self._busy_since = self._loop.time()  # type: ignore[union-attr]
+                        self._in_flight = in_flight
+                        self._frames_in += n
+                        self._messages_in += n
+                        self._deliver(frames)
+                        return
             else:
-                frames = self._frames.feed_messages(data, layout.position)
+                frames = decoder.feed_messages(data, layout.position)
         except ProtocolError as exc:
             self._fail(exc)
             return
         self._frames_in += len(frames)
-        on_message = self.on_message
-        on_messages = self.on_messages
-        batch: list[RawMessage] = []  # with on_messages: this run of messages
+        on_message = None if records else self.on_message
+        batching = records or self.on_messages is not None
+        # with on_records / on_messages: this run of messages
+        batch: list[Any] = []
         n_messages = 0
         for frame in frames:
             if frame is OK_FRAME:
@@ -341,8 +371,9 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                 if self._exc is not None:
                     break
                 continue
-            if isinstance(frame, RawMessage):
-                msg = frame
+            msg: Any
+            if type(frame) is not Frame:
+                msg = frame  # decoded by the decoder: a record or a RawMessage
             else:
                 ftype, payload = frame
                 if ftype != FRAME_MESSAGE and batch:
@@ -368,8 +399,10 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                     self._deliver(batch)
                     self._fail(exc)
                     return
+                if records:
+                    msg = record_of(msg)
             n_messages += 1
-            if on_messages is None and on_message is None:
+            if not batching and on_message is None:
                 self._fail(ProtocolError(
                     f"nsqd {self.address} delivered a message on a connection without "
                     "a subscriber"))
@@ -384,11 +417,11 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                 in_flight = self._in_flight
             if in_flight == 1:
                 self._busy_since = self._loop.time()  # type: ignore[union-attr]
-            if on_messages is not None:
+            if batching:
                 batch.append(msg)
                 continue
             try:
-                on_message(self, msg)
+                on_message(self, msg)  # type: ignore[misc]
             except Exception:
                 logger.exception("on_message callback failed (nsqd %s)", self.address)
         if batch:

@@ -33,7 +33,7 @@ from smartnsq.errors import (
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.frames import CLOSE_WAIT
-from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout, RawMessage
+from smartnsq.protocol.messages import STOCK_LAYOUT, MessageLayout
 
 if TYPE_CHECKING:
     from smartnsq.conn.transport import Wire
@@ -59,6 +59,7 @@ class SubscribeCommands:
         config: ConnectionConfig
         on_message: Any
         on_messages: Any
+        on_records: Any
 
         @property
         def msg_timeout(self) -> float: ...
@@ -110,8 +111,8 @@ class SubscribeCommands:
         if self._subscribed or self._sub_pending:
             raise ConfigError(f"connection to nsqd {self.address} is already subscribed "
                               "(one subscription per connection)")
-        if self.on_message is None and self.on_messages is None:
-            raise ConfigError("set on_message (or on_messages) before subscribe()")
+        if self.on_message is None and self.on_messages is None and self.on_records is None:
+            raise ConfigError("set on_message (or on_messages, on_records) before subscribe()")
         if mode == "plain":
             if offset is not None:
                 raise ConfigError("an offset needs mode='advanced'")
@@ -238,21 +239,28 @@ class SubscribeCommands:
         if data != CLOSE_WAIT:
             raise ProtocolError(f"nsqd {self.address} answered CLS with {data[:32]!r}")
 
-    def _deliver(self, batch: list[RawMessage]) -> None:
-        """Hand a run of received messages (already counted against RDY) to ``on_messages``;
-        the receive path calls it before handling the next non-message frame, so the
-        callback sees the stream's order. Its errors are logged."""
-        on_messages = self.on_messages
-        if on_messages is None or not batch:
+    def _deliver(self, batch: list[Any]) -> None:
+        """Hand a run of received messages (already counted against RDY) to ``on_records``
+        (records) or ``on_messages`` (RawMessage objects); the receive path calls it before
+        handling the next non-message frame, so the callback sees the stream's order. Its
+        errors are logged."""
+        if not batch:
             return
+        callback = self.on_records
+        if callback is None:
+            callback = self.on_messages
+            if callback is None:
+                return
         try:
-            on_messages(self, batch)
+            callback(self, batch)
         except Exception:
-            logger.exception("on_messages callback failed (nsqd %s)", self.address)
+            logger.exception("%s callback failed (nsqd %s)",
+                             "on_records" if callback is self.on_records else "on_messages",
+                             self.address)
 
     # ------------------------------------------------------------------ RDY accounting
 
-    def _rdy_exceeded(self, batch: list[RawMessage]) -> bool:
+    def _rdy_exceeded(self, batch: list[Any]) -> bool:
         """A message took in_flight over RDY. As if each was handed on alone, the run before
         it goes to ``on_messages`` first: the callback may answer some at once (a youzan
         read-ahead copy, PROTOCOL.md §13.1). True, the connection failed, if still over."""

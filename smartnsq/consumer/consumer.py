@@ -227,7 +227,7 @@ class Consumer:
         return self._dispatch.workers
 
     @property
-    def _queue(self) -> Collection[Message]:
+    def _queue(self) -> Collection[object]:
         return self._dispatch.queue
 
     @property

@@ -2,18 +2,17 @@
 
 Per-message path (kept flat on purpose; a consume+FIN loop spends most of its time here):
 
-1. ``Connection`` decodes the message frames of a read and hands them to
-   :meth:`Dispatcher.on_messages` synchronously from its receive path.
-2. ``on_message`` wraps each in a :class:`Message`, counts it for RDY (reported once per
-   loop turn, see :class:`~smartnsq.consumer.rdy_driver.RdyDriver`), applies the start
-   guard and the policy's admission (:mod:`smartnsq.consumer.policy`) and queues it
-   (``on_messages`` does the same for a whole read in one loop when only the attempt cap
-   is to check).
-3. A worker task awaits the handler for each queued message: no task per message. A
-   callback scheduled once per batch notices when a handler suspends (inline handlers never
-   yield to the loop); the worker then stays with that handler and other workers take over
-   the queue, so slow handlers run concurrently (at most ``max_in_flight`` of them, which
-   is all RDY can let in anyway).
+1. ``Connection`` decodes the message frames of a read into records (plain tuples) and
+   hands them to :meth:`Dispatcher.on_records` synchronously from its receive path.
+2. ``on_records`` counts them for RDY (reported once per loop turn, see
+   :class:`~smartnsq.consumer.rdy_driver.RdyDriver`) and, in the common case, queues them
+   as they are behind a marker, their subscription: the :class:`Message` is made by the
+   worker that takes one, so nothing per message waits in the queue for the garbage
+   collector to scan. With tracing, a start guard, the policy's admission
+   (:mod:`smartnsq.consumer.policy`) or a message over the attempt cap, each becomes a
+   :class:`Message` at once and goes through those checks (:meth:`Dispatcher._receive`).
+3. A worker task (:mod:`smartnsq.consumer.workers`) awaits the handler for each queued
+   message: no task per message.
 4. Returning finishes the message (FIN), raising requeues it (REQ with the policy's delay);
    FIN/REQ writes of one loop iteration go out in one socket write.
 
@@ -32,6 +31,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from operator import itemgetter
 from typing import Any
 
 from smartnsq import trace as _trace
@@ -41,8 +41,9 @@ from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.trace import log_consumed
+from smartnsq.consumer.workers import HandlerWorkers
 from smartnsq.message import Message
-from smartnsq.protocol.messages import RawMessage
+from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord, RawMessage, record_of
 
 __all__ = ["Dispatcher", "Handler"]
 
@@ -51,26 +52,12 @@ log = logging.getLogger("smartnsq.consumer")
 #: ``async def handler(message) -> Any``: returning finishes, raising requeues
 Handler = Callable[[Message], Awaitable[object]]
 
+#: a record's attempts count
+_attempts = itemgetter(ATTEMPTS)
+
 _PENDING = 0  # Message._state values (smartnsq.message)
 _FINISHED = 1
 _REQUEUED = 2
-
-#: handler messages processed inline before the worker lets the loop run other callbacks
-_INLINE_BATCH = 512
-#: most workers one stalled handler wakes at once
-_WAKE_BURST = 64
-
-
-class _Stall:
-    """A worker's batch, as its stall check sees it."""
-
-    __slots__ = ("batch", "msg", "stalled")
-
-    def __init__(self) -> None:
-        self.batch = 0
-        self.msg: Message | None = None
-        self.stalled = False
-
 
 def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
                spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
@@ -89,7 +76,7 @@ def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
         spawn(run(result))
 
 
-class Dispatcher(DrainSteps):
+class Dispatcher(HandlerWorkers, DrainSteps):
     """Queue, workers and answers of one consumer (see the module docstring)."""
 
     def __init__(self, topic: str, channel: str, handler: Handler | None,
@@ -111,7 +98,11 @@ class Dispatcher(DrainSteps):
         self._tracing = False
         #: on_message has admission work beyond the start guard (see _admit)
         self._checking = self._screen is not None or bool(self._max_attempts)
-        self.queue: deque[Message] = deque()
+        #: handler work in arrival order: messages, and records behind a marker, their
+        #: subscription (see on_records); the owner of the last marker queued and taken
+        self.queue: deque[Message | MessageRecord | Sub] = deque()
+        self._tail_owner: Sub | None = None
+        self.head_owner: Sub | None = None
         self.workers: set[asyncio.Task[None]] = set()
         self._idle: list[asyncio.Future[None]] = []
         self._pumping = 0
@@ -135,52 +126,57 @@ class Dispatcher(DrainSteps):
 
     # ------------------------------------------------------------------ receiving
 
-    def on_message(self, sub: Sub, conn: Connection, raw: RawMessage) -> None:
+    def on_records(self, sub: Sub, conn: Connection | None,
+                   records: list[MessageRecord]) -> None:
+        """The messages of one read (``Connection.on_records``). In the common case (a
+        handler, no tracing, start guard or admission hook, nothing over the attempt cap)
+        the records join the queue as they are, behind their subscription as a marker:
+        a :class:`Message` is made by the worker that takes one (see the module
+        docstring). Otherwise each goes through :meth:`_receive` as a message."""
+        if not sub.dirty:
+            self._mark(sub)  # first: it may switch tracing on, which needs the slow path
+        cap = self._max_attempts
+        if (self._handler is None or self._tracing or self._screen is not None
+                or sub.guard is not None or (cap and max(map(_attempts, records)) > cap)):
+            of_record = Message.of_record
+            for rec in records:
+                self._receive(sub, of_record(rec, sub))
+            return
+        n = len(records)
+        sub.recv_pending += n
+        self.outstanding += n
+        sub.outstanding += n
+        queue = self.queue
+        if self._tail_owner is not sub:
+            queue.append(sub)
+            self._tail_owner = sub
+        queue.extend(records)
+        if not self._pumping and not self._waking:
+            self._wake()
+
+    def on_messages(self, sub: Sub, conn: Connection | None, raws: list[RawMessage]) -> None:
+        """:meth:`on_records` for messages in object form."""
+        self.on_records(sub, conn, list(map(record_of, raws)))
+
+    def on_message(self, sub: Sub, conn: Connection | None, raw: RawMessage) -> None:
+        """One message in object form: :meth:`_receive`."""
+        self._receive(sub, Message(raw, sub))
+
+    def _receive(self, sub: Sub, msg: Message) -> None:
+        """One delivery: counted, traced, screened, then queued (or iterated)."""
         sub.recv_pending += 1
         if not sub.dirty:
             self._mark(sub)
-        msg = Message(raw, sub)
-        # one test on the common path: no tracing, start guard, admission hook or attempt cap
         if (self._checking or sub.guard is not None) and not self._admit(sub, msg):
             return
         self.outstanding += 1
         sub.outstanding += 1
-        # deliver() inlined: this runs for every message
         if self._handler is not None:
             self.queue.append(msg)
             if not self._pumping and not self._waking:
                 self._wake()
         else:
             self.deliver(msg)
-
-    def on_messages(self, sub: Sub, conn: Connection, raws: list[RawMessage]) -> None:
-        """The messages of one read (``Connection.on_messages``): :meth:`on_message` for
-        each, with the common case (a handler, at most the attempt cap to check) in one
-        loop."""
-        if not sub.dirty:
-            self._mark(sub)  # first: it may switch tracing on, which needs the slow path
-        if (self._handler is None or self._tracing or self._screen is not None
-                or sub.guard is not None):
-            for raw in raws:
-                self.on_message(sub, conn, raw)
-            return
-        n = len(raws)
-        sub.recv_pending += n
-        self.outstanding += n
-        sub.outstanding += n
-        append = self.queue.append
-        cap = self._max_attempts
-        for raw in raws:
-            msg = Message(raw, sub)
-            if cap and raw.attempts > cap:
-                # not outstanding through the queue after all: give_up() holds it
-                self.outstanding -= 1
-                sub.outstanding -= 1
-                self._policy.give_up(sub, msg)
-            else:
-                append(msg)
-        if not self._pumping and not self._waking:
-            self._wake()
 
     def _admit(self, sub: Sub, msg: Message) -> bool:
         """Trace, start guard, admission: False when the message went elsewhere."""
@@ -193,7 +189,7 @@ class Dispatcher(DrainSteps):
         if self._screen is not None:
             if not self._screen(sub, msg):
                 return False
-        elif self._max_attempts and msg._raw.attempts > self._max_attempts:
+        elif self._max_attempts and msg.attempts > self._max_attempts:
             self._policy.give_up(sub, msg)
             return False
         return True
@@ -250,7 +246,7 @@ class Dispatcher(DrainSteps):
         else:
             conn = sub.conn
             if conn is not None:
-                conn.req(msg._raw.id, 0)
+                conn.req(msg.id, 0)
             self._requeued(sub, msg, False)
 
     # ------------------------------------------------------------------ background work
@@ -271,7 +267,7 @@ class Dispatcher(DrainSteps):
 
     def _fin(self, sub: Sub, msg: Message) -> bool:
         conn = sub.conn
-        ok = conn is not None and conn.fin(msg._raw.id)
+        ok = conn is not None and conn.fin(msg._raw[ID])
         sub.outstanding -= 1
         sub.fin_pending += 1
         if not sub.dirty:
@@ -294,7 +290,7 @@ class Dispatcher(DrainSteps):
 
     def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool) -> bool:
         conn = sub.conn
-        ok = conn is not None and conn.req(msg._raw.id, delay_ms)
+        ok = conn is not None and conn.req(msg._raw[ID], delay_ms)
         self._requeued(sub, msg, backoff)
         return ok
 
@@ -317,141 +313,6 @@ class Dispatcher(DrainSteps):
             self._drained.set()
         if sub.drained is not None and not sub.outstanding:
             sub.drained.set()
-
-    # ------------------------------------------------------------------ handler workers
-
-    def _wake(self, count: int = 1) -> None:
-        """Get ``count`` more workers going (idle ones first), within the worker cap."""
-        while count > 0 and self._idle:
-            fut = self._idle.pop()
-            if not fut.done():
-                self._waking = True
-                fut.set_result(None)
-                count -= 1
-        if count <= 0 or self.closed:
-            return
-        room = max(1, self.max_workers) - len(self.workers)
-        assert self.loop is not None
-        for _ in range(min(count, room)):
-            self._waking = True
-            task = self.loop.create_task(self._worker())
-            self.workers.add(task)
-            task.add_done_callback(self.workers.discard)
-
-    def wake_if_idle(self) -> None:
-        """Caller: the consumer, after raising max_in_flight."""
-        if self.queue and not self._pumping:
-            self._wake()
-
-    async def _worker(self) -> None:
-        queue = self.queue
-        popleft = queue.popleft
-        handler = self._handler
-        # with a policy hook on FIN, finish() runs it; without, _fin() is inlined below
-        finish = None if self._finished is None else self.finish
-        failed = self._policy.failed
-        tracked = self.tracked
-        assert handler is not None and self.loop is not None
-        loop = self.loop
-        me = asyncio.current_task()
-        assert me is not None
-        st = _Stall()
-        while True:
-            # whoever woke this worker is answered: the next arrival may wake another
-            self._waking = False
-            if not queue:
-                if self.closed:
-                    return
-                fut: asyncio.Future[None] = loop.create_future()
-                self._idle.append(fut)
-                try:
-                    await fut
-                finally:
-                    if fut in self._idle:
-                        self._idle.remove(fut)
-                continue
-            self._pumping += 1
-            st.batch += 1
-            st.stalled = False
-            # runs at the next loop turn: if this batch is still going then, a handler
-            # suspended (inline handlers never yield to the loop)
-            loop.call_soon(self._stall_check, st, st.batch)
-            inline = 0
-            try:
-                while queue:
-                    msg = popleft()
-                    sub: Sub = msg._owner  # type: ignore[assignment]
-                    if sub.closed and msg._state == _PENDING:
-                        self._discard(sub)
-                        continue
-                    st.msg = msg
-                    try:
-                        await handler(msg)
-                    except asyncio.CancelledError as exc:
-                        if me.cancelling():
-                            raise
-                        failed(msg, exc)
-                    except Exception as exc:
-                        failed(msg, exc)
-                    else:
-                        if msg._state == _PENDING:
-                            if msg._auto:
-                                # Message.finish() without its indirections
-                                msg._state = _FINISHED
-                                if finish is not None:
-                                    finish(sub, msg)
-                                else:
-                                    # _fin() inlined: one call less per message
-                                    conn = sub.conn
-                                    if conn is not None:
-                                        conn.fin(msg._raw.id)
-                                    sub.outstanding -= 1
-                                    sub.fin_pending += 1
-                                    if not sub.dirty:
-                                        self._mark(sub)
-                                    self.outstanding -= 1
-                                    if tracked:
-                                        tracked.discard(msg)
-                                    if self._drained is not None or sub.drained is not None:
-                                        self._settled(sub)
-                            else:
-                                tracked.add(msg)
-                    if st.stalled:
-                        # back from a suspension: pumping again, watched again
-                        st.stalled = False
-                        if msg._state != _PENDING:
-                            tracked.discard(msg)
-                        self._pumping += 1
-                        st.batch += 1
-                        loop.call_soon(self._stall_check, st, st.batch)
-                    inline += 1
-                    if inline >= _INLINE_BATCH:
-                        # let I/O in; not a handler suspension, so the check is re-armed
-                        inline = 0
-                        st.batch += 1
-                        await asyncio.sleep(0)
-                        st.batch += 1
-                        loop.call_soon(self._stall_check, st, st.batch)
-            finally:
-                st.msg = None
-                st.batch += 1
-                if not st.stalled:
-                    self._pumping -= 1
-
-    def _stall_check(self, st: _Stall, batch: int) -> None:
-        """A worker's handler suspended: let other workers take the queue meanwhile."""
-        if st.batch != batch or st.stalled:
-            return
-        st.stalled = True
-        self._pumping -= 1
-        msg = st.msg
-        if msg is not None and msg._state == _PENDING:
-            # outstanding outside the queue: stop() must be able to find it
-            self.tracked.add(msg)
-        if self.queue and not self._waking:
-            # handlers that suspend probably all do: start several workers at once rather
-            # than one per loop turn (each of them does the same when it stalls)
-            self._wake(min(len(self.queue), _WAKE_BURST))
 
     # ------------------------------------------------------------------ iteration
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.sub import Sub
 from smartnsq.message import Message
+from smartnsq.protocol.messages import MessageRecord
 
 __all__ = ["DrainSteps"]
 
@@ -27,7 +28,8 @@ class DrainSteps:
         topic: str
         channel: str
         loop: asyncio.AbstractEventLoop | None
-        queue: deque[Message]
+        queue: deque[Message | MessageRecord | Sub]
+        head_owner: Sub | None
         tracked: set[Message]
         workers: set[asyncio.Task[None]]
         outstanding: int
@@ -64,9 +66,20 @@ class DrainSteps:
             self._requeue_outstanding()
 
     def _requeue_outstanding(self) -> None:
-        while self.queue:
-            msg = self.queue.popleft()
-            owner: Sub = msg._owner  # type: ignore[assignment]
+        queue = self.queue
+        owner: Sub | None
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, Sub):
+                self.head_owner = item
+                continue
+            if isinstance(item, Message):
+                msg = item
+                owner = msg._owner  # type: ignore[assignment]
+            else:
+                owner = self.head_owner
+                msg = Message.of_record(item, owner)  # type: ignore[arg-type]
+            assert owner is not None
             if owner.closed:
                 self._discard(owner)
             else:

@@ -150,7 +150,7 @@ class AttemptsPolicy:
 
     def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
         assert self._host is not None
-        delay_ms = self._attempts.requeue_delay_ms(msg._raw.attempts, delay)
+        delay_ms = self._attempts.requeue_delay_ms(msg.attempts, delay)
         return self._host.req(sub, msg, delay_ms, backoff)
 
     def failed(self, msg: Message, exc: BaseException) -> None:

@@ -15,7 +15,6 @@ __all__ = ["log_consumed"]
 
 def log_consumed(topic: str, channel: str, sub: Sub, msg: Message) -> None:
     """One line in the trace log per consumed message (while tracing is on for the topic)."""
-    raw = msg._raw
     fields = {
         "event": "consume",
         "topic": topic,
@@ -23,15 +22,15 @@ def log_consumed(topic: str, channel: str, sub: Sub, msg: Message) -> None:
         "partition": sub.partition,
         "nsqd": sub.address,
         "local_address": sub.local_address,
-        "internal_id": raw.internal_id if sub.youzan else None,
-        "trace_id": raw.trace_id if sub.youzan else None,
-        "offset": raw.offset,
-        "raw_size": raw.raw_size,
-        "attempts": raw.attempts,
-        "message_id": raw.id.hex(),
+        "internal_id": msg.internal_id,
+        "trace_id": msg.trace_id,
+        "offset": msg.offset,
+        "raw_size": msg.raw_size,
+        "attempts": msg.attempts,
+        "message_id": msg.id.hex(),
     }
     trace_logger.info(
         "consumed topic=%s channel=%s partition=%s nsqd=%s local=%s internal_id=%s "
         "trace_id=%s offset=%s raw_size=%s attempts=%d", topic, channel,
         sub.partition, sub.address, sub.local_address, fields["internal_id"],
-        fields["trace_id"], raw.offset, raw.raw_size, raw.attempts, extra=fields)
+        fields["trace_id"], fields["offset"], fields["raw_size"], fields["attempts"], extra=fields)

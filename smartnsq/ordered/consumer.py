@@ -42,12 +42,22 @@ from smartnsq.ordered.policy import (
     ViolationAction,
     decide,
 )
+from smartnsq.protocol.messages import ATTEMPTS, ID, OFFSET, RAW_SIZE, split_youzan_id
 
 __all__ = ["OrderedConsumer", "OrderedPolicy"]
 
 log = logging.getLogger("smartnsq.ordered")
 
 _PENDING = 0  # Message._state values (smartnsq.message)
+
+
+def _position(msg: Message) -> Position | None:
+    """Where ``msg`` lies in its partition (None without a position: not SUB_ORDERED)."""
+    raw = msg._raw
+    offset, size = raw[OFFSET], raw[RAW_SIZE]
+    if offset is None or size is None:
+        return None
+    return Position(split_youzan_id(raw[ID])[0], offset, size, raw[ATTEMPTS])
 
 
 class OrderedConsumer(Consumer):
@@ -175,12 +185,10 @@ class OrderedPolicy:
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         if self._twins:
             self._answer_twin(msg, fin=True)
-        raw = msg._raw
+        position = _position(msg)
         # a FIN that could not be written does not move the position: the server redelivers
-        if written and sub.partition is not None and raw.offset is not None \
-                and raw.raw_size is not None:
-            self.validator(sub.partition).finished(
-                Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
+        if written and sub.partition is not None and position is not None:
+            self.validator(sub.partition).finished(position)
 
     # ------------------------------------------------------------------ validation
 
@@ -188,13 +196,13 @@ class OrderedPolicy:
         raise AssertionError("max_attempts does not apply to ordered consumption")
 
     def admit(self, sub: Sub, msg: Message) -> bool:
-        raw = msg._raw
-        if sub.partition is None or raw.offset is None or raw.raw_size is None:
+        position = _position(msg)
+        if sub.partition is None or position is None:
             return True  # not an ordered subscription (cannot happen: SUB_ORDERED only)
         v = self.validator(sub.partition)
-        check = v.check(Position(raw.internal_id, raw.offset, raw.raw_size, raw.attempts))
+        check = v.check(position)
         if check.kind is CheckKind.REDELIVERY and check.previous is not None and \
-                check.previous.attempts == raw.attempts and self._twin(sub, msg):
+                check.previous.attempts == position.attempts and self._twin(sub, msg):
             return False
         host = self.host
         if check.accepted:
@@ -224,8 +232,8 @@ class OrderedPolicy:
         taken in charge."""
         assert sub.partition is not None
         first = self._last.get(sub.partition)
-        if first is None or first._raw.internal_id != msg._raw.internal_id or \
-                first._raw.offset != msg._raw.offset:
+        # the same internal id (the id's first 8 bytes) at the same offset
+        if first is None or first.id[:8] != msg.id[:8] or first.offset != msg.offset:
             return False
         if first.finished:
             self.host.drop(sub, msg)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import struct
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.messages import (
     MIN_MESSAGE_SIZE,
     POSITION_SIZE,
+    MessageRecord,
     RawMessage,
     unpack_position,
 )
@@ -53,8 +54,8 @@ OK_FRAME = Frame(FRAME_RESPONSE, OK)
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
 #: the same with youzan's 12-byte position prefix (offset, raw size) before the body
 _MIN_POSITION_MESSAGE_SIZE = _MIN_STOCK_MESSAGE_SIZE + POSITION_SIZE
-#: frame header + a message's timestamp and attempts (PROTOCOL.md §1.4), read in one call
-_MESSAGE_HEAD = struct.Struct(">iiqH")
+#: frame header + a message's timestamp, attempts and id (PROTOCOL.md §1.4), read in one call
+_MESSAGE_HEAD = struct.Struct(">iiqH16s")
 _unpack_message_head = _MESSAGE_HEAD.unpack_from
 
 
@@ -66,7 +67,7 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
 class FrameDecoder:
     """Incremental frame decoder; see the module docstring."""
 
-    __slots__ = ("_max_size", "_need", "_pending", "_pending_len")
+    __slots__ = ("_max_size", "_need", "_pending", "_pending_len", "records")
 
     def __init__(self, max_size: int = 16 * 1024 * 1024) -> None:
         if max_size < 4:
@@ -77,6 +78,8 @@ class FrameDecoder:
         self._pending: list[bytes] = []
         self._pending_len = 0
         self._need = 8
+        #: records returned by the last feed_records() call
+        self.records = 0
 
     @property
     def max_size(self) -> int:
@@ -140,22 +143,23 @@ class FrameDecoder:
         self._keep(buf, pos, need)
         return frames
 
-    def feed_messages(self, data: bytes | bytearray | memoryview,
-                      position: bool = False) -> list[Frame | RawMessage]:
+    def feed_records(self, data: bytes | bytearray | memoryview,
+                     position: bool = False) -> list[Frame | MessageRecord]:
         """:meth:`feed` for a connection whose message frames have the stock layout
         (PROTOCOL.md §1.4), or with ``position`` youzan's position prefix (disk-queue offset
         and raw size, SUB_ORDERED/SUB_ADVANCED) before the body: message frames come back
-        decoded, as :class:`RawMessage`, in order with the other frames. The consumer's
-        receive path: it saves a frame tuple, a copy of the payload and a call per message.
-        A message frame too short to decode comes back as a frame, for ``decode_message``
-        to reject."""
+        decoded, as plain :data:`MessageRecord` tuples (``type(x) is tuple``; other frames
+        are :class:`Frame`), in order with the other frames. The consumer's receive path:
+        no frame object, payload copy or call per message. A message frame too short to
+        decode comes back as a frame, for ``decode_message`` to reject.
+
+        After each call :attr:`records` is the number of records returned."""
+        self.records = 0
         buf = self._join(data)
         if buf is None:
             return []
-        frames: list[Frame | RawMessage] = []
+        frames: list[Frame | MessageRecord] = []
         append = frames.append
-        raw_cls = RawMessage
-        new_raw = raw_cls.__new__
         unpack_head = _unpack_message_head
         types = FRAME_TYPES
         message = FRAME_MESSAGE
@@ -165,14 +169,17 @@ class FrameDecoder:
         end = len(buf)
         max_size = self._max_size
         need = 8
+        records = 0
         timestamp = attempts = 0
+        msg_id = b""
         while True:
             left = end - pos
             if left < 8:
                 break
-            if left >= 18:
-                # header and message head at once; meaningless unless it is a message
-                size, ftype, timestamp, attempts = unpack_head(buf, pos)
+            if left >= _MESSAGE_HEAD.size:
+                # header, timestamp, attempts and id in one call; meaningless unless it is
+                # a message
+                size, ftype, timestamp, attempts, msg_id = unpack_head(buf, pos)
             else:
                 size, ftype = _unpack_header(buf, pos)
             if size < 4 or size > max_size or ftype not in types:
@@ -182,21 +189,14 @@ class FrameDecoder:
                 need = 4 + size
                 break
             if ftype == message and size >= min_message:
-                # RawMessage's fields stored here rather than through its __init__: ~40% of
-                # the cost of building it. Every field is set (the tests compare whole
-                # messages with decode_message's, so a field added there fails them)
-                msg = new_raw(raw_cls)
-                msg.timestamp = timestamp
-                msg.attempts = attempts
-                msg.id = buf[pos + 18:pos + 34]
-                msg.ext_version = msg.ext = None
                 if position:
-                    msg.offset, msg.raw_size = unpack_position(buf, pos + 34)
-                    msg.body = buf[pos + 46:stop]
+                    offset, raw_size = unpack_position(buf, pos + 34)
+                    append((timestamp, attempts, msg_id, buf[pos + 46:stop], None, None,
+                            offset, raw_size))
                 else:
-                    msg.body = buf[pos + 34:stop]
-                    msg.offset = msg.raw_size = None
-                append(msg)
+                    append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None,
+                            None, None))
+                records += 1
             elif size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
                 # a publisher's connection gets nothing else: one shared frame, no copy
                 append(ok_frame)
@@ -204,6 +204,21 @@ class FrameDecoder:
                 append(_new_frame((ftype, buf[pos + 8:stop])))
             pos = stop
         self._keep(buf, pos, need)
+        self.records = records
+        return frames
+
+    def feed_messages(self, data: bytes | bytearray | memoryview,
+                      position: bool = False) -> list[Frame | RawMessage]:
+        """:meth:`feed_records` with the records as :class:`RawMessage` objects."""
+        frames: list[Any] = self.feed_records(data, position)
+        if self.records:
+            new_raw, raw_cls = RawMessage.__new__, RawMessage
+            for i, rec in enumerate(frames):
+                if type(rec) is tuple:
+                    # RawMessage's __init__ would cost more than the tuple's unpacking
+                    msg = frames[i] = new_raw(raw_cls)
+                    (msg.timestamp, msg.attempts, msg.id, msg.body, msg.ext_version, msg.ext,
+                     msg.offset, msg.raw_size) = rec
         return frames
 
     def _keep(self, buf: bytes, pos: int, need: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 from smartnsq.errors import ProtocolError
 
@@ -41,6 +42,22 @@ class MessageLayout:
 
 STOCK_LAYOUT = MessageLayout()
 
+#: A decoded message frame as a plain tuple, :class:`RawMessage`'s fields in its order:
+#: ``(timestamp, attempts, id, body, ext_version, ext, offset, raw_size)``. The consumer's
+#: form: a plain tuple of ints, bytes and None costs the garbage collector one look (it then
+#: stops tracking it), where an object per message waiting in a queue is scanned again and
+#: again as it ages; ``RawMessage(*record)`` is the object form.
+MessageRecord = tuple[int, int, bytes, bytes, int | None, bytes | None, int | None, int | None]
+# indexes into a MessageRecord
+TIMESTAMP: Final = 0
+ATTEMPTS: Final = 1
+ID: Final = 2
+BODY: Final = 3
+EXT_VERSION: Final = 4
+EXT: Final = 5
+OFFSET: Final = 6
+RAW_SIZE: Final = 7
+
 
 @dataclass(slots=True)
 class RawMessage:
@@ -60,12 +77,18 @@ class RawMessage:
     @property
     def internal_id(self) -> int:
         """youzan: the per-partition internal id (first 8 bytes of the binary id)."""
-        return int(_ID.unpack(self.id)[0])
+        return split_youzan_id(self.id)[0]
 
     @property
     def trace_id(self) -> int:
         """youzan: the trace id (last 8 bytes of the binary id)."""
-        return int(_ID.unpack(self.id)[1])
+        return split_youzan_id(self.id)[1]
+
+
+def record_of(raw: RawMessage) -> MessageRecord:
+    """The :data:`MessageRecord` of ``raw``."""
+    return (raw.timestamp, raw.attempts, raw.id, raw.body, raw.ext_version, raw.ext,
+            raw.offset, raw.raw_size)
 
 
 def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMessage:
@@ -107,6 +130,12 @@ def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMess
 def youzan_id(internal_id: int, trace_id: int = 0) -> bytes:
     """The 16-byte binary youzan message id."""
     return _ID.pack(internal_id, trace_id)
+
+
+def split_youzan_id(msg_id: bytes) -> tuple[int, int]:
+    """(internal id, trace id) of a 16-byte binary youzan message id."""
+    internal_id, trace_id = _ID.unpack(msg_id)
+    return int(internal_id), int(trace_id)
 
 
 def encode_message(
