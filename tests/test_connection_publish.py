@@ -14,6 +14,7 @@ from smartnsq.errors import (
     BadTopicError,
     ClientClosedError,
     CommandKind,
+    ConfigError,
     ConnectionClosedError,
     ExtNotSupportError,
     NotLeaderError,
@@ -505,3 +506,73 @@ async def test_a_plain_publish_answered_with_anything_but_ok_breaks_the_connecti
             await conn.publish("t", b"c", 0)
         await conn.close()
     assert not leftover_tasks()
+
+
+@pytest.mark.parametrize("cut", [None, 5])
+async def test_a_read_of_many_oks_answers_the_oldest_publishes_in_order(cut: int | None) -> None:
+    """A publisher's usual read, OK frames only, is taken in one step; a read that ends
+    inside a frame takes the per-frame path. Either way each OK answers the next publish."""
+    n = 300
+    ok = struct.pack(">ii", 6, 0) + b"OK"
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        for _ in range(n):
+            await p.expect(b"PUB")
+        if cut is None:
+            p.writer.write(ok * n)
+        else:
+            p.writer.write(ok * 100 + ok[:cut])
+            await p.writer.drain()
+            await asyncio.sleep(0.05)
+            p.writer.write(ok[cut:] + ok * (n - 101))
+        await p.expect(b"PUB")
+        p.send_error(b"E_BAD_MESSAGE the last one")
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        futs = [conn.send_pub("t", b"m%d" % i, 3.0) for i in range(n)]
+        async with asyncio.timeout(3):
+            assert await asyncio.gather(*futs) == [b"OK"] * n
+        assert conn.pending == 0
+        with pytest.raises(ServerError, match="the last one"):
+            await conn.publish("t", b"x", timeout=3)
+        await conn.close()
+
+
+async def test_more_oks_in_one_read_than_publishes_waiting_fails_the_connection() -> None:
+    ok = struct.pack(">ii", 6, 0) + b"OK"
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"PUB")
+        await p.expect(b"PUB")
+        p.writer.write(ok * 3)  # one too many
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        a, b = conn.send_pub("t", b"a", 3.0), conn.send_pub("t", b"b", 3.0)
+        async with asyncio.timeout(3):
+            assert await a == await b == b"OK"
+            await conn.wait_closed()
+    assert isinstance(conn.error, ProtocolError)
+    assert "nothing waits for" in str(conn.error)
+
+
+async def test_send_pub_refuses_a_bad_body_before_writing() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        for bad in (b"", "text", None):
+            with pytest.raises(ConfigError):
+                conn.send_pub("t", bad, 3.0)  # type: ignore[arg-type]
+        assert conn.pending == 0 and conn.is_connected
+        await conn.close()

@@ -330,3 +330,18 @@ def test_feed_records_gives_plain_tuples_of_decode_messages_fields_under_any_chu
     assert all(type(x) is tuple or type(x) is Frame for x in out)
     assert all(RawMessage(*x) == decode_message(d, layout)
                for x, (_, d) in zip(out, frames, strict=True) if type(x) is tuple)
+
+
+def test_feed_oks_takes_whole_runs_of_ok_frames_only() -> None:
+    ok = encode_frame(FRAME_RESPONSE, OK)
+    dec = FrameDecoder()
+    assert dec.feed_oks(ok) == 1 and dec.buffered == 0
+    assert dec.feed_oks(bytearray(ok * 700)) == 700
+    # anything else is left for another method, untouched: a cut frame, another frame, a
+    # run longer than the comparison covers, a frame pending from an earlier read
+    for data in (ok[:-1], ok * 3 + ok[:4], ok + encode_frame(FRAME_RESPONSE, b"NO"),
+                 encode_frame(FRAME_ERROR, b"E_BAD_X"), ok * 5000, b""):
+        assert dec.feed_oks(data) == 0 and dec.buffered == 0
+    assert dec.feed(ok[:3]) == [] and dec.buffered == 3
+    assert dec.feed_oks(ok) == 0
+    assert dec.feed(ok[3:] + ok) == [Frame(FRAME_RESPONSE, OK)] * 2

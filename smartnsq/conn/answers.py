@@ -11,12 +11,16 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from smartnsq.errors import CommandKind, NSQError, ProtocolError, ServerError, error_from_frame
+from smartnsq.protocol.frames import OK
 
 if TYPE_CHECKING:
     from smartnsq.conn.waiters import ResponseQueue, Waiter
     from smartnsq.errors import Flavour
 
 __all__ = ["AnswerRouting"]
+
+#: bound once (EnumType's __getattr__ makes CommandKind.SUBSCRIBE slow on a hot path)
+_SUBSCRIBE = CommandKind.SUBSCRIBE
 
 logger = logging.getLogger("smartnsq.connection")
 
@@ -39,6 +43,8 @@ class AnswerRouting:
         _waiters: deque[Waiter]
         _sub_answered: bool
         _error_frames: int
+        _frames_in: int
+        _exc: NSQError | None
 
         def _fail(self, exc: NSQError) -> None: ...
 
@@ -52,10 +58,32 @@ class AnswerRouting:
             return
         w = waiters.popleft()
         fut = w[0]
-        if w[2] is CommandKind.SUBSCRIBE:
+        if w[2] is _SUBSCRIBE:
             self._sub_answered = True
         if not fut.done():
             fut.set_result(payload)
+        if not waiters and self._fifo.idle_fut is not None:
+            self._fifo.wake_idle()
+
+    def _on_oks(self, n: int) -> None:
+        """``n`` OK responses in a row (a publisher's read, ``FrameDecoder.feed_oks``): the
+        ``n`` oldest waiters are answered, as ``n`` calls of :meth:`_on_response` would."""
+        self._frames_in += n
+        waiters = self._waiters
+        if len(waiters) < n:
+            for _ in range(n):
+                self._on_response(OK)  # fails the connection when it runs out of waiters
+                if self._exc is not None:
+                    return
+            return
+        popleft = waiters.popleft
+        for _ in range(n):
+            w = popleft()
+            if w[2] is _SUBSCRIBE:
+                self._sub_answered = True
+            fut = w[0]
+            if not fut.done():
+                fut.set_result(OK)
         if not waiters and self._fifo.idle_fut is not None:
             self._fifo.wake_idle()
 

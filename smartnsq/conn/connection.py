@@ -80,7 +80,9 @@ OnRecords = Callable[["Connection", list[MessageRecord]], None]
 OnError = Callable[["Connection", ServerError], None]
 OnClose = Callable[["Connection", BaseException | None], None]
 
+# enum members bound once: EnumType has a __getattr__, so State.CONNECTED costs ~4x a global
 _PUBLISH = CommandKind.PUBLISH
+_CONNECTED = State.CONNECTED
 _NOP = commands.NOP
 _DEFAULT_MSG_TIMEOUT = 60.0
 
@@ -199,7 +201,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
     @property
     def is_connected(self) -> bool:
         """Handshake done and not closing: commands can be sent."""
-        return self._state is State.CONNECTED
+        return self._state is _CONNECTED
 
     @property
     def is_closing(self) -> bool:
@@ -352,6 +354,10 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                         self._deliver(frames)
                         return
             else:
+                n = decoder.feed_oks(data)
+                if n:
+                    self._on_oks(n)  # the common read of a publisher
+                    return
                 frames = decoder.feed_messages(data, layout.position)
         except ProtocolError as exc:
             self._fail(exc)
@@ -436,7 +442,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
               close_on_error: bool = False) -> asyncio.Future[bytes]:
         """Write ``command`` and queue its waiter; the future resolves with the response data
         or the typed error. A timed-out or cancelled waiter keeps its FIFO slot."""
-        if self._state is not State.CONNECTED:
+        if self._state is not _CONNECTED:
             raise self._unusable()
         loop = self._loop
         assert loop is not None and self._wire is not None

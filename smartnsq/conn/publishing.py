@@ -32,6 +32,8 @@ __all__ = ["ExtHeader", "PublishCommands"]
 ExtHeader = Mapping[str, Any] | bytes
 
 _PUBLISH = CommandKind.PUBLISH
+_pub_line = commands.pub_line
+_pack_size = commands.pack_size
 
 
 class PublishCommands:
@@ -67,7 +69,10 @@ class PublishCommands:
         """PUB without a coroutine of its own (the producer's hot path): the caller made sure
         the write buffer is below its high-water mark (:attr:`write_paused`), awaits the
         answer and hands it to :meth:`check_publish_answer`."""
-        return self._send(commands.pub(topic, body), _PUBLISH, timeout, topic, None)
+        if type(body) is not bytes or not body:
+            commands.pub(topic, body)  # raises the ConfigError that says what is wrong
+        return self._send(_pub_line(topic) + _pack_size(len(body)) + body, _PUBLISH, timeout,
+                          topic, None)
 
     def send_publish(self, command: bytes, timeout: float, topic: str) -> asyncio.Future[bytes]:
         """An encoded plain publish (PUB or MPUB, no partition) like :meth:`send_pub`."""

@@ -49,6 +49,10 @@ class Frame(NamedTuple):
 _new_frame = partial(tuple.__new__, Frame)
 #: the frame of an OK response (feed_messages hands out this one object for each)
 OK_FRAME = Frame(FRAME_RESPONSE, OK)
+#: OK response frames back to back, as a publisher's connection reads them (feed_oks)
+_OK_RUN = _HEADER.pack(4 + len(OK), FRAME_RESPONSE) + OK
+_OK_RUN_SIZE = len(_OK_RUN)
+_OK_RUN *= 1024
 
 #: smallest size field of a decodable stock message frame: type + timestamp + attempts + id
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
@@ -142,6 +146,17 @@ class FrameDecoder:
             pos = stop
         self._keep(buf, pos, need)
         return frames
+
+    def feed_oks(self, data: bytes | bytearray | memoryview) -> int:
+        """If nothing is buffered and ``data`` is whole OK response frames and nothing else
+        (a publisher's usual read), take it and return how many; else take nothing and
+        return 0 (then feed ``data`` to another method). One comparison instead of a step
+        per frame."""
+        n = len(data)
+        if n % _OK_RUN_SIZE or self._pending or n > len(_OK_RUN) or \
+                not _OK_RUN.startswith(data):
+            return 0
+        return n // _OK_RUN_SIZE
 
     def feed_records(self, data: bytes | bytearray | memoryview,
                      position: bool = False) -> list[Frame | MessageRecord]:
