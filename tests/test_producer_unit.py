@@ -246,3 +246,22 @@ def test_one_mpub_body_is_encoded_at_once() -> None:
     body = one_mpub_body(bodies, 10, 1 << 20)
     bodies[0] = b"zz"  # the caller reuses its list: what was published stays as it was
     assert body == b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x02cd"
+
+
+def test_pool_ready_round_robins_and_skips_a_connection_above_its_high_water_mark() -> None:
+    from smartnsq.producer.pool import NodePool
+
+    class Conn:
+        def __init__(self, paused: bool) -> None:
+            self.write_paused = paused
+
+    pool = NodePool("127.0.0.1:1", ProducerConfig(connections_per_nsqd=2))
+    assert pool.ready() is None  # nothing connected (and no loop needed: no dial here)
+    a, b = Conn(False), Conn(True)
+    pool._up = [a, b]  # type: ignore[list-item]
+    got = [pool.ready() for _ in range(4)]
+    # b's writes are paused: the fast path gets None and leaves the publish to the retry
+    # loop, which waits for the buffer to drain
+    assert got == [None, a, None, a]
+    b.write_paused = False
+    assert {id(pool.ready()) for _ in range(2)} == {id(a), id(b)}

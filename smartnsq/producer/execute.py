@@ -44,7 +44,8 @@ class Executor:
         self._max_attempts = config.max_attempts
         self._nodes = nodes
         self._router = router
-        self._active = 0
+        #: publishes in flight (retry loops, and the producer's fast path, which counts itself)
+        self.active = 0
         self._idle: asyncio.Future[None] | None = None
         #: the producer's loop, once bound (asyncio.get_running_loop costs a getpid system
         #: call per call on Python 3.11)
@@ -53,9 +54,6 @@ class Executor:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def enter(self) -> None:
-        """A publish outside the retry loops is in flight (the producer's fast path)."""
-        self._active += 1
 
     def run(self, op: Op, deadline: float) -> Coroutine[Any, Any, PublishReceipt | None]:
         """The retry loop for ``op`` (no coroutine of its own: one frame less per publish)."""
@@ -69,19 +67,20 @@ class Executor:
 
     async def wait_idle(self) -> None:
         """Until no publish is in flight."""
-        while self._active:
+        while self.active:
             if self._idle is None or self._idle.done():
                 self._idle = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._idle)
 
-    def leave(self) -> None:
-        """The end of a publish counted by :meth:`enter`."""
-        self._done()
+    def wake_idle(self) -> None:
+        """Caller: whoever brought :attr:`active` to 0 (wait_idle() may be waiting)."""
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     def _done(self) -> None:
-        self._active -= 1
-        if not self._active and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+        self.active -= 1
+        if not self.active:
+            self.wake_idle()
 
     # ------------------------------------------------------------------ direct nsqd addresses
 
@@ -112,7 +111,7 @@ class Executor:
             await self._direct(op, deadline, start=pool)
             return
         assert pool is not None
-        self._active += 1
+        self.active += 1
         try:
             conn.check_publish_answer(
                 await conn.send_publish(command, deadline - now, op.topic), op.what)
@@ -139,7 +138,7 @@ class Executor:
     async def _direct(self, op: Op, deadline: float,
                       first: tuple[NodePool, Exception] | None = None,
                       start: NodePool | None = None) -> PublishReceipt | None:
-        self._active += 1
+        self.active += 1
         try:
             nodes = self._nodes
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()
@@ -207,7 +206,7 @@ class Executor:
     # ------------------------------------------------------------------ lookupd (routes)
 
     async def _routed(self, op: Op, deadline: float, router: Router) -> PublishReceipt | None:
-        self._active += 1
+        self.active += 1
         try:
             routes = router.routes
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()

@@ -138,6 +138,23 @@ class NodePool:
         self._rr += 1
         return up[self._rr % n]
 
+    def ready(self) -> Connection | None:
+        """:meth:`pick` for a publish that is to go out at once (the producer's fast path):
+        None also while the node is in its backoff or the picked connection's write buffer is
+        above its high-water mark."""
+        up = self._up
+        n = len(up)
+        if not n:
+            return None
+        if n < self._size and self._dialing is None and not self._closed:
+            self._start_dial()
+        if n == 1:
+            conn = up[0]
+        else:
+            self._rr += 1
+            conn = up[self._rr % n]
+        return None if conn.write_paused else conn
+
     async def get(self) -> Connection:
         """A connected connection, dialling one if needed. Raises NSQConnectionError (cause:
         the last failure) while the node is in backoff, or the dial's error."""

@@ -74,6 +74,7 @@ from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, SentBatch
 from smartnsq.protocol.commands import mpub_body
+from smartnsq.protocol.frames import OK
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
@@ -267,9 +268,6 @@ class Producer:
             if len(self._topics_ok) < 10000:
                 self._topics_ok.add(topic)
 
-    def _check_body(self, body: object) -> bytes:
-        return check_body(body, self._max_msg)
-
     def _deadline(self, timeout: float | None) -> float:
         """After :meth:`_check_open` (the loop is bound)."""
         assert self._loop is not None
@@ -292,14 +290,16 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
-        self._check_open()
         loop = self._loop
-        assert loop is not None
+        if loop is None or get_ident() != self._thread or not loop.is_running():
+            loop = self._on_loop()  # _check_open() without its call, this being the hot path
+        if self._closed:
+            raise ClientClosedError("the producer is closed")
         # the type test first: an unhashable topic must not reach the set lookup
         if topic.__class__ is not str or topic not in self._topics_ok:
             self._check_topic(topic)
         if type(body) is not bytes or not 0 < len(body) <= self._max_msg:
-            body = self._check_body(body)
+            body = check_body(body, self._max_msg)
         if partition is not None:
             check_partition(partition)
         now = loop.time()
@@ -307,8 +307,7 @@ class Producer:
         op: Op
         if ext is None and trace_id is None:
             if self._batcher is not None:
-                # tracing is decided per batch when it is sent
-                # the key: the topic alone for "any partition" (no tuple per message)
+                # tracing is decided per batch; key: the topic alone for any partition
                 await self._batcher.add(topic if partition is None else (topic, partition),
                                         body, deadline)
                 return None
@@ -316,14 +315,15 @@ class Producer:
                 # direct mode, plain PUB: the first attempt without the retry loop's frames
                 # when a connection can take it at once; a failure continues in that loop
                 pool = self._nodes.pick_direct(None, now)
-                conn = pool.pick() if pool is not None else None
-                if conn is not None and not conn.write_paused and deadline > now:
+                conn = pool.ready() if pool is not None else None
+                if conn is not None and deadline > now:
                     assert pool is not None
                     ex = self._executor
-                    ex.enter()
+                    ex.active += 1
                     try:
-                        conn.check_publish_answer(
-                            await conn.send_pub(topic, body, deadline - now), "PUB")
+                        data = await conn.send_pub(topic, body, deadline - now)
+                        if data is not OK:
+                            conn.check_publish_answer(data, "PUB")
                         return None
                     except asyncio.CancelledError:
                         raise
@@ -331,7 +331,9 @@ class Producer:
                         return await ex.retry_direct(Pub(topic, None, body, False), deadline,
                                                      pool, exc)
                     finally:
-                        ex.leave()
+                        ex.active -= 1
+                        if not ex.active:
+                            ex.wake_idle()
                 # in direct mode only a partition can make a PUB traced: plain, picked pool
                 return await self._executor.direct_from(Pub(topic, None, body, False),
                                                         deadline, pool)
@@ -442,7 +444,7 @@ class Producer:
         no DPUB and raises UnsupportedFeatureError)."""
         self._check_open()
         self._check_topic(topic)
-        body = self._check_body(body)
+        body = check_body(body, self._max_msg)
         ms = dpub_delay_ms(delay)
         deadline = self._deadline(timeout)
         await self._run(DPub(topic, None, body, ms), deadline)
@@ -460,7 +462,7 @@ class Producer:
         """
         self._check_open()
         self._check_topic(topic)
-        body = self._check_body(body)
+        body = check_body(body, self._max_msg)
         rule = self.config.shard_hash if rule is None else rule
         if rule not in ("murmur3", "java"):
             raise ConfigError(f"rule must be 'murmur3' or 'java', got {rule!r}")
