@@ -9,7 +9,9 @@ objects, handler dispatch, RDY management, error handling), not the wire's or th
 
 Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|asyncio]
   pub_sequential, pub_inflight (1000 PUBs in flight), mpub (50 MPUB x100 in flight),
-  consume_fin (SUB T/bench, RDY 2500, FIN each message; N messages must already wait)
+  pub_autobatch (the auto-batching row's callers: 5000 tasks, each awaiting a future per
+  message; MPUB of up to 500 bodies, or after 1 ms), consume_fin (SUB T/bench, RDY 2500, FIN
+  each message; N messages must already wait)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import os
 import struct
 import sys
+from collections import deque
 from collections.abc import Awaitable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +29,7 @@ from _harness import BODY, Meter, Result, peer_main
 from producer_bench import _run
 
 _HEAD = struct.Struct(">ii")
+_SIZE = struct.Struct(">i")
 _FRAME_RESPONSE, _FRAME_ERROR, _FRAME_MESSAGE = 0, 1, 2
 _HEARTBEAT = b"_heartbeat_"
 _TIMEOUT = 600.0
@@ -102,6 +106,55 @@ class _Publisher(_Raw):
             self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 
+class _AutoBatcher(_Raw):
+    """The auto-batching row's floor: callers get a future per message; their bodies go out
+    in MPUBs of ``max_batch`` (or after ``linger``), and each OK answers one MPUB's callers.
+    What is left of the client is the caller's own asyncio cost and one MPUB's encoding."""
+
+    def __init__(self, topic: str, linger: float, max_batch: int) -> None:
+        super().__init__()
+        self.head = b"MPUB %s\n" % topic.encode()
+        self.linger, self.max_batch = linger, max_batch
+        self.bodies: list[bytes] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.sent: deque[list[asyncio.Future[None]]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def publish(self, body: bytes) -> asyncio.Future[None]:
+        fut = self.loop.create_future()
+        self.bodies.append(body)
+        self.futures.append(fut)
+        if len(self.bodies) >= self.max_batch:
+            self.flush()
+        elif self.timer is None:
+            self.timer = self.loop.call_later(self.linger, self.flush)
+        return fut
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.bodies or self.transport is None:
+            return
+        # every body is BODY: one join with the size field as separator
+        body = _SIZE.pack(len(BODY)).join([_SIZE.pack(len(self.bodies)), *self.bodies])
+        self.transport.write(self.head + _SIZE.pack(len(body)) + body)
+        self.sent.append(self.futures)
+        self.bodies, self.futures = [], []
+
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        if ftype == _FRAME_RESPONSE:
+            if buf[start:stop] == _HEARTBEAT:
+                out.append(b"NOP\n")
+                return
+            for f in self.sent.popleft():
+                f.set_result(None)
+        elif not self.done.done():
+            self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+
 class _Consumer(_Raw):
     """FINs every message until ``count`` were received."""
 
@@ -137,7 +190,30 @@ async def _connect(addr: str, proto: _Raw) -> None:
     proto.transport.write(b"  V2")
 
 
+async def _autobatch(addr: str, topic: str, count: int) -> Result:
+    proto = _AutoBatcher(topic, linger=0.001, max_batch=500)
+    await _connect(addr, proto)
+    callers = 5000
+    per, extra = divmod(count, callers)
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await proto.publish(BODY)
+
+    await asyncio.wait_for(caller(1), _TIMEOUT)  # the topic exists, the connection is warm
+    meter = Meter()
+    meter.start()
+    await asyncio.wait_for(asyncio.gather(*(caller(per + (i < extra))
+                                            for i in range(callers))), _TIMEOUT)
+    meter.stop()
+    assert proto.transport is not None
+    proto.transport.close()
+    return Result("raw", "pub_autobatch", count, meter.wall, meter.cpu, meter.sys)
+
+
 async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
+    if scenario == "pub_autobatch":
+        return await _autobatch(addr, topic, count)
     pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
     if scenario == "mpub":
         batch = 100

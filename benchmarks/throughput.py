@@ -65,9 +65,10 @@ STOCK = [
     Scenario("pub_inflight", "PUB many in flight", 1.0, CLIENTS, "PUB (pipelined)",
              "smartnsq: 1000 concurrent callers on one Producer; pynsq/gnsq: all N issued "
              "at once"),
-    Scenario("pub_autobatch", "auto-batched publish", 2.0, ("smartnsq",), "MPUB x100",
-             "smartnsq only (5000 concurrent publish() callers, linger 1 ms, max_batch 500); "
-             "ratios against pynsq's PUB many in flight, what a pynsq user would do"),
+    Scenario("pub_autobatch", "auto-batched publish", 2.0, ("smartnsq", "raw"), "MPUB x100",
+             "smartnsq (5000 concurrent publish() callers, linger 1 ms, max_batch 500) and the "
+             "raw loop with the same callers (a future each); ratios against pynsq's PUB many "
+             "in flight, what a pynsq user would do"),
     Scenario("mpub", "MPUB x100 pipelined", 5.0, CLIENTS, "MPUB x100",
              "smartnsq: 50 MPUBs in flight; pynsq/gnsq: all N/100 issued at once"),
     Scenario("consume_fin", "consume + FIN", 1.0, CLIENTS, "consume + FIN (RDY 2500)",
