@@ -204,7 +204,7 @@ def _k(x: float) -> str:
 def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario],
                       ceiling: dict[str, float] | None) -> None:
     head = (f"{'scenario':<24} {'client':<9} {'msgs':>9} {'msg/s':>11} {'µs/msg':>8} "
-            f"{'1-core cap':>11} {'msg/s ×pynsq':>12} {'CPU ×pynsq':>10}")
+            f"{'sys':>5} {'1-core cap':>11} {'msg/s ×pynsq':>12} {'CPU ×pynsq':>10}")
     print(head)
     print("-" * len(head))
     marks: list[str] = []
@@ -219,8 +219,10 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
         for r in rows:
             bound = cap is not None and r.rate >= 0.8 * cap
             rate = f"{r.rate:,.0f}{'*' if bound else ' '}"
+            sys_us = r.sys / r.messages * 1e6 if r.messages else 0.0
             print(f"{label:<24} {r.client:<9} {r.messages:>9,} {rate:>11} "
-                  f"{r.cpu_us_per_msg:>8.2f} {1e6 / r.cpu_us_per_msg if r.cpu else 0:>11,.0f} "
+                  f"{r.cpu_us_per_msg:>8.2f} {sys_us:>5.2f} "
+                  f"{1e6 / r.cpu_us_per_msg if r.cpu else 0:>11,.0f} "
                   f"{_ratio(r.rate, base.rate) if base else '—':>12} "
                   f"{_ratio(base.cpu_us_per_msg, r.cpu_us_per_msg) if base else '—':>10}")
             label = ""
@@ -229,6 +231,8 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
     print("raw = a raw asyncio loop on the same wire and event loop (benchmarks/peer_raw.py: "
           "struct parsing, one write per read, no client library): the ceiling; the distance "
           "to it is the client's own cost.")
+    print("sys = the kernel's share of µs/msg (socket reads and writes; on loopback a write "
+          "also delivers to nsqd).")
     print("msg/s ×pynsq = rate ÷ pynsq's rate; CPU ×pynsq = pynsq's µs/msg ÷ this client's "
           "µs/msg (both: higher is better).\n1-core cap = 10⁶ ÷ µs/msg, the rate the client's "
           "CPU cost would allow on one core if the server kept up.")
