@@ -576,3 +576,31 @@ async def test_send_pub_refuses_a_bad_body_before_writing() -> None:
                 conn.send_pub("t", bad, 3.0)  # type: ignore[arg-type]
         assert conn.pending == 0 and conn.is_connected
         await conn.close()
+
+
+async def test_send_publish_writes_a_body_piece_right_after_its_head() -> None:
+    """The head and the body of one command go out in order, between the other commands
+    of the same loop turn: the server reads whole commands."""
+    body = commands.mpub_body([b"x" * 300, b"y"])
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        first = await p.read_command()
+        second = await p.read_command()
+        third = await p.read_command()
+        assert (first.name, first.body) == (b"PUB", b"before")
+        assert second.name == b"MPUB" and second.body == body
+        assert (third.name, third.body) == (b"PUB", b"after")
+        for _ in range(3):
+            p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        futs = [conn.send_pub("t", b"before", 3.0),
+                conn.send_publish(commands.mpub_head("t", len(body)), 3.0, "t", body),
+                conn.send_pub("t", b"after", 3.0)]
+        async with asyncio.timeout(3):
+            assert await asyncio.gather(*futs) == [b"OK"] * 3
+        await conn.close()

@@ -265,3 +265,22 @@ def test_pool_ready_round_robins_and_skips_a_connection_above_its_high_water_mar
     assert got == [None, a, None, a]
     b.write_paused = False
     assert {id(pool.ready()) for _ in range(2)} == {id(a), id(b)}
+
+
+def test_a_plain_encoded_mpub_goes_out_as_head_and_body_and_a_mutable_body_as_a_snapshot() -> None:
+    from smartnsq.producer.encoded import EncodedMPub
+    from smartnsq.protocol.commands import mpub_encoded
+
+    body = struct.pack(">I", 2) + struct.pack(">I", 1) + b"a" + struct.pack(">I", 1) + b"b"
+    parts = EncodedMPub("t", None, body, 2).plain_command()
+    assert parts is not None
+    head, rest = parts
+    # written as two pieces, the command is the same bytes
+    assert rest is body and head + body == mpub_encoded("t", body)
+    buf = bytearray(body)
+    parts = EncodedMPub("t", None, buf, 2).plain_command()
+    assert parts is not None and parts[1] is None and parts[0] == mpub_encoded("t", body)
+    buf[-1:] = b"z"  # the caller's later change does not reach what was built
+    assert parts[0] == mpub_encoded("t", body)
+    # a partition or a traced body: the op sends itself
+    assert EncodedMPub("t", 1, body, 2).plain_command() is None

@@ -10,7 +10,7 @@ response FIFO and checks or decodes the answer; the connection owns the FIFO and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.errors import (
@@ -43,6 +43,7 @@ class PublishCommands:
         address: str
         _flavour: Flavour
         _wire: Wire | None
+        _write: Callable[[bytes], None]
 
         def _send(self, command: bytes, kind: CommandKind, timeout: float | None,
                   topic: str | None = None, partition: int | None = None,
@@ -74,9 +75,15 @@ class PublishCommands:
         return self._send(_pub_line(topic) + _pack_size(len(body)) + body, _PUBLISH, timeout,
                           topic, None)
 
-    def send_publish(self, command: bytes, timeout: float, topic: str) -> asyncio.Future[bytes]:
-        """An encoded plain publish (PUB or MPUB, no partition) like :meth:`send_pub`."""
-        return self._send(command, _PUBLISH, timeout, topic, None)
+    def send_publish(self, command: bytes, timeout: float, topic: str,
+                     body: bytes | None = None) -> asyncio.Future[bytes]:
+        """An encoded plain publish (PUB or MPUB, no partition) like :meth:`send_pub`;
+        ``body``: the rest of the command, written right after ``command`` as a piece of its
+        own (so a large MPUB body is copied once, into the socket write)."""
+        fut = self._send(command, _PUBLISH, timeout, topic, None)
+        if body is not None:
+            self._write(body)
+        return fut
 
     def check_publish_answer(self, data: bytes, what: str) -> None:
         """Fail the connection (and raise) unless ``data`` is the OK a plain publish gets."""

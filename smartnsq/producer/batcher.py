@@ -190,17 +190,20 @@ def one_mpub_body(bodies: Sequence[object], max_msg_size: int,
     """The MPUB body of ``bodies`` when all are non-empty ``bytes`` within ``max_msg_size``
     and fit one MPUB (the common case, checked and encoded without a Python step per
     message); None otherwise: check them one by one and :func:`split_batches` them."""
-    if set(map(type, bodies)) != {bytes}:
+    n = len(bodies)
+    # C iterators only (a list and a count cost less than a set of the types)
+    if not n or list(map(type, bodies)).count(bytes) != n:
         return None
     checked = cast("Sequence[bytes]", bodies)
     sizes = list(map(len, checked))
-    n = len(sizes)
     if sizes.count(sizes[0]) == n:
         lo = hi = sizes[0]
+        total = n * lo
     else:
         lo, hi = min(sizes), max(sizes)
+        total = sum(sizes)
     if not lo or hi > max_msg_size or n > _max_count(max_body_size) \
-            or _BODY_OVERHEAD + _MSG_OVERHEAD * n + sum(sizes) > max_body_size:
+            or _BODY_OVERHEAD + _MSG_OVERHEAD * n + total > max_body_size:
         return None
     # encoded at once: later changes to the caller's list cannot reach the wire
     return mpub_body(checked, sizes)

@@ -30,7 +30,7 @@ from smartnsq.errors import CommandKind, ConfigError
 from smartnsq.producer.checks import check_body
 from smartnsq.producer.ops import MPub, MPubExt, MPubTrace, Op, check_trace_id
 from smartnsq.producer.types import PublishReceipt
-from smartnsq.protocol.commands import encode_ext_header, mpub_body, mpub_encoded
+from smartnsq.protocol.commands import encode_ext_header, mpub_body, mpub_encoded, mpub_head
 from smartnsq.protocol.responses import decode_trace_response
 
 __all__ = ["Encoded", "EncodedMPub", "EncodedMPubTrace", "ExtBatch", "ExtItem", "check_encoded",
@@ -173,10 +173,14 @@ class EncodedMPub(Op):
         conn.check_publish_answer(data, self.what)
         return None
 
-    def plain_command(self) -> bytes | None:
+    def plain_command(self) -> tuple[bytes, bytes | None] | None:
         if self.traced or self.partition is not None:
             return None
-        return mpub_encoded(self.topic, self.body)
+        body = self.body
+        if type(body) is bytes:
+            # immutable: written after the head as it is
+            return mpub_head(self.topic, len(body)), body
+        return mpub_encoded(self.topic, body), None  # a snapshot of a mutable buffer
 
 
 class EncodedMPubTrace(EncodedMPub):

@@ -59,9 +59,9 @@ class Executor:
         """The retry loop for ``op`` (no coroutine of its own: one frame less per publish)."""
         if self._router is None:
             if op.partition is None:
-                command = op.plain_command()
-                if command is not None:
-                    return self._plain_direct(op, command, deadline)
+                parts = op.plain_command()
+                if parts is not None:
+                    return self._plain_direct(op, parts, deadline)
             return self._direct(op, deadline)
         return self._routed(op, deadline, self._router)
 
@@ -96,8 +96,9 @@ class Executor:
         picked it, but it had no connection ready; None: none was available)."""
         return await self._direct(op, deadline, start=pool)
 
-    async def _plain_direct(self, op: Op, command: bytes, deadline: float) -> None:
-        """``op``, a plain publish encoded as ``command``: its first attempt goes straight to
+    async def _plain_direct(self, op: Op, parts: tuple[bytes, bytes | None],
+                            deadline: float) -> None:
+        """``op``, a plain publish encoded as ``parts``: its first attempt goes straight to
         a connection that can take it at once (no retry-loop or op coroutine in between);
         a failure continues in the retry loop as attempt 1, and without a ready connection
         the retry loop does it all."""
@@ -114,7 +115,7 @@ class Executor:
         self.active += 1
         try:
             conn.check_publish_answer(
-                await conn.send_publish(command, deadline - now, op.topic), op.what)
+                await conn.send_publish(parts[0], deadline - now, op.topic, parts[1]), op.what)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

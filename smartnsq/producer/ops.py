@@ -63,10 +63,11 @@ class Op:
              timeout: float) -> Awaitable[PublishReceipt | None]:
         raise NotImplementedError
 
-    def plain_command(self) -> bytes | None:
-        """The whole command when this op is a plain publish that any node answers with OK
-        (no partition, nothing traced), so that the executor's first attempt can send it
-        without the op's coroutine; None otherwise."""
+    def plain_command(self) -> tuple[bytes, bytes | None] | None:
+        """The command, as its head and the rest (None: all in the head), when this op is a
+        plain publish that any node answers with OK (no partition, nothing traced), so that
+        the executor's first attempt can send it without the op's coroutine; None
+        otherwise."""
         return None
 
     def _youzan_partition(self, conn: Connection, partition: int | None) -> int:

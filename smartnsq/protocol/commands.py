@@ -265,14 +265,21 @@ def mpub_trace(topic: str, partition: int, items: Sequence[tuple[int, bytes]]) -
     return _line(b"MPUB_TRACE", topic, partition) + b"".join(parts)
 
 
+def mpub_head(topic: str, size: int, partition: int | None = None, *,
+              traced: bool = False) -> bytes:
+    """What precedes an MPUB (``traced``: MPUB_TRACE) body of ``size`` bytes: the command
+    line and the body size. Written before the body as its own piece, the body is copied
+    once, into the socket write."""
+    return _line(b"MPUB_TRACE" if traced else b"MPUB", topic, partition) + _pack_u32(size)
+
+
 def mpub_encoded(topic: str, body: bytes | bytearray | memoryview, partition: int | None = None,
                  *, traced: bool = False) -> bytes:
     """MPUB (``traced``: MPUB_TRACE, which needs ``partition``) whose body the caller encoded:
     ``[count]([size][data])*``, each MPUB_TRACE ``data`` starting with its 8-byte trace id.
     The body is not walked here: the producer checks it (nsqd trusts the element sizes)."""
     # one copy of the body (a + b + c would make two)
-    return b"".join((_line(b"MPUB_TRACE" if traced else b"MPUB", topic, partition),
-                     _pack_u32(len(body)), body))
+    return b"".join((mpub_head(topic, len(body), partition, traced=traced), body))
 
 
 def encode_ext_header(header: Mapping[str, Any] | bytes | None) -> bytes:
