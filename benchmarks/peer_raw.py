@@ -56,7 +56,10 @@ class _Raw(asyncio.Protocol, abc.ABC):
             size, ftype = _HEAD.unpack_from(buf, pos)
             if end - pos < 4 + size:
                 break
-            self.frame(ftype, buf, pos + 8, pos + 4 + size, out)
+            if ftype == _FRAME_RESPONSE and buf[pos + 8:pos + 4 + size] == _HEARTBEAT:
+                out.append(b"NOP\n")
+            else:
+                self.frame(ftype, buf, pos + 8, pos + 4 + size, out)
             pos += 4 + size
         del buf[:pos]
         if out and self.transport is not None:
@@ -65,7 +68,8 @@ class _Raw(asyncio.Protocol, abc.ABC):
     @abc.abstractmethod
     def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
               out: list[bytes]) -> None:
-        """Handle the frame at ``buf[start:stop]`` (its data, after size and type)."""
+        """Handle the frame at ``buf[start:stop]`` (its data, after size and type); heartbeats
+        are answered before."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
@@ -93,9 +97,6 @@ class _Publisher(_Raw):
     def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
               out: list[bytes]) -> None:
         if ftype == _FRAME_RESPONSE:
-            if buf[start:stop] == _HEARTBEAT:
-                out.append(b"NOP\n")
-                return
             self.left_to_answer -= 1
             if self.left_to_send:
                 self.left_to_send -= 1
@@ -146,9 +147,6 @@ class _AutoBatcher(_Raw):
     def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
               out: list[bytes]) -> None:
         if ftype == _FRAME_RESPONSE:
-            if buf[start:stop] == _HEARTBEAT:
-                out.append(b"NOP\n")
-                return
             for f in self.sent.popleft():
                 f.set_result(None)
         elif not self.done.done():
@@ -176,10 +174,7 @@ class _Consumer(_Raw):
             if not self.left and not self.done.done():
                 self.meter.stop()
                 self.done.set_result(None)
-        elif ftype == _FRAME_RESPONSE:
-            if buf[start:stop] == _HEARTBEAT:
-                out.append(b"NOP\n")
-        elif not self.done.done():
+        elif ftype != _FRAME_RESPONSE and not self.done.done():
             self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 

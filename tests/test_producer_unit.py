@@ -248,7 +248,8 @@ def test_one_mpub_body_is_encoded_at_once() -> None:
     assert body == b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x02cd"
 
 
-def test_pool_ready_round_robins_and_skips_a_connection_above_its_high_water_mark() -> None:
+def test_pool_pick_writable_round_robins_and_skips_a_connection_above_its_high_water_mark(
+        ) -> None:
     from smartnsq.producer.pool import NodePool
 
     class Conn:
@@ -256,15 +257,17 @@ def test_pool_ready_round_robins_and_skips_a_connection_above_its_high_water_mar
             self.write_paused = paused
 
     pool = NodePool("127.0.0.1:1", ProducerConfig(connections_per_nsqd=2))
-    assert pool.ready() is None  # nothing connected (and no loop needed: no dial here)
+    assert pool.pick(writable=True) is None  # nothing connected (no loop needed: no dial)
     a, b = Conn(False), Conn(True)
     pool._up = [a, b]  # type: ignore[list-item]
-    got = [pool.ready() for _ in range(4)]
+    got = [pool.pick(writable=True) for _ in range(4)]
     # b's writes are paused: the fast path gets None and leaves the publish to the retry
     # loop, which waits for the buffer to drain
     assert got == [None, a, None, a]
     b.write_paused = False
-    assert {id(pool.ready()) for _ in range(2)} == {id(a), id(b)}
+    assert {id(pool.pick(writable=True)) for _ in range(2)} == {id(a), id(b)}
+    b.write_paused = True
+    assert [pool.pick() for _ in range(2)] == [b, a]  # without writable: any connection
 
 
 def test_a_plain_encoded_mpub_goes_out_as_head_and_body_and_a_mutable_body_as_a_snapshot() -> None:

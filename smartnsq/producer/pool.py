@@ -124,23 +124,10 @@ class NodePool:
 
     # ------------------------------------------------------------------ getting a connection
 
-    def pick(self) -> Connection | None:
+    def pick(self, writable: bool = False) -> Connection | None:
         """A connected connection without waiting (round-robin), or None. Grows the pool in
-        the background when it is below its size."""
-        up = self._up
-        n = len(up)
-        if not n:
-            return None
-        if n < self._size and self._dialing is None and not self._closed:
-            self._start_dial()
-        if n == 1:
-            return up[0]
-        self._rr += 1
-        return up[self._rr % n]
-
-    def ready(self) -> Connection | None:
-        """:meth:`pick` for a publish that is to go out at once (the producer's fast path):
-        None also while the node is in its backoff or the picked connection's write buffer is
+        the background when it is below its size. ``writable`` (the producer's fast path, a
+        publish to go out at once): None also when the picked connection's write buffer is
         above its high-water mark."""
         up = self._up
         n = len(up)
@@ -153,7 +140,7 @@ class NodePool:
         else:
             self._rr += 1
             conn = up[self._rr % n]
-        return None if conn.write_paused else conn
+        return None if writable and conn.write_paused else conn
 
     async def get(self) -> Connection:
         """A connected connection, dialling one if needed. Raises NSQConnectionError (cause:

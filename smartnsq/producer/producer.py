@@ -315,7 +315,7 @@ class Producer:
                 # direct mode, plain PUB: the first attempt without the retry loop's frames
                 # when a connection can take it at once; a failure continues in that loop
                 pool = self._nodes.pick_direct(None, now)
-                conn = pool.ready() if pool is not None else None
+                conn = pool.pick(writable=True) if pool is not None else None
                 if conn is not None and deadline > now:
                     assert pool is not None
                     ex = self._executor
