@@ -65,9 +65,12 @@ class Message:
     __slots__ = ("_auto", "_ext", "_owner", "_raw", "_state")
 
     def __init__(self, raw: RawMessage, owner: MessageOwner) -> None:
+        self._init(record_of(raw), owner)
+
+    def _init(self, record: MessageRecord, owner: MessageOwner) -> None:
         #: the decoded frame as a record (smartnsq.protocol.messages): the consumer's queue
         #: holds records, and a message is made of one only when its handler is called
-        self._raw: MessageRecord = record_of(raw)
+        self._raw = record
         self._owner = owner
         self._state = _PENDING
         self._auto = True
@@ -77,11 +80,7 @@ class Message:
     def of_record(cls, record: MessageRecord, owner: MessageOwner) -> Message:
         """The message of a decoded frame in record form (the consumer's receive path)."""
         msg = cls.__new__(cls)
-        msg._raw = record
-        msg._owner = owner
-        msg._state = _PENDING
-        msg._auto = True
-        msg._ext = None
+        msg._init(record, owner)
         return msg
 
     def __repr__(self) -> str:

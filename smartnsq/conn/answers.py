@@ -11,7 +11,6 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from smartnsq.errors import CommandKind, NSQError, ProtocolError, ServerError, error_from_frame
-from smartnsq.protocol.frames import OK
 
 if TYPE_CHECKING:
     from smartnsq.conn.waiters import ResponseQueue, Waiter
@@ -43,47 +42,29 @@ class AnswerRouting:
         _waiters: deque[Waiter]
         _sub_answered: bool
         _error_frames: int
-        _frames_in: int
-        _exc: NSQError | None
 
         def _fail(self, exc: NSQError) -> None: ...
 
         def _report(self, exc: ServerError) -> None: ...
 
-    def _on_response(self, payload: bytes) -> None:
+    def _on_response(self, payload: bytes, n: int = 1) -> None:
+        """``n`` response frames with ``payload`` in a row (more than one: a publisher's run
+        of OKs, ``FrameDecoder.feed_oks``) answer the ``n`` oldest waiters; a response
+        nothing waits for fails the connection."""
         waiters = self._waiters
-        if not waiters:
-            self._fail(ProtocolError(f"nsqd {self.address} sent a response nothing waits for: "
-                                     f"{payload[:32]!r}"))
-            return
-        w = waiters.popleft()
-        fut = w[0]
-        if w[2] is _SUBSCRIBE:
-            self._sub_answered = True
-        if not fut.done():
-            fut.set_result(payload)
-        if not waiters and self._fifo.idle_fut is not None:
-            self._fifo.wake_idle()
-
-    def _on_oks(self, n: int) -> None:
-        """``n`` OK responses in a row (a publisher's read, ``FrameDecoder.feed_oks``): the
-        ``n`` oldest waiters are answered, as ``n`` calls of :meth:`_on_response` would."""
-        self._frames_in += n
-        waiters = self._waiters
-        if len(waiters) < n:
-            for _ in range(n):
-                self._on_response(OK)  # fails the connection when it runs out of waiters
-                if self._exc is not None:
-                    return
-            return
+        answered = min(n, len(waiters))
         popleft = waiters.popleft
-        for _ in range(n):
+        for _ in range(answered):
             w = popleft()
             if w[2] is _SUBSCRIBE:
                 self._sub_answered = True
             fut = w[0]
             if not fut.done():
-                fut.set_result(OK)
+                fut.set_result(payload)
+        if answered < n:
+            self._fail(ProtocolError(f"nsqd {self.address} sent a response nothing waits for: "
+                                     f"{payload[:32]!r}"))
+            return
         if not waiters and self._fifo.idle_fut is not None:
             self._fifo.wake_idle()
 

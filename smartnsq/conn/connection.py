@@ -355,8 +355,9 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                         return
             else:
                 n = decoder.feed_oks(data)
-                if n:
-                    self._on_oks(n)  # the common read of a publisher
+                if n:  # the common read of a publisher
+                    self._frames_in += n
+                    self._on_response(OK, n)
                     return
                 frames = decoder.feed_messages(data, layout.position)
         except ProtocolError as exc:

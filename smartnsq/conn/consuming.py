@@ -262,7 +262,7 @@ class SubscribeCommands:
 
     def _rdy_exceeded(self, batch: list[Any]) -> bool:
         """A message took in_flight over RDY. As if each was handed on alone, the run before
-        it goes to ``on_messages`` first: the callback may answer some at once (a youzan
+        it goes to the callback first (``_deliver``): it may answer some at once (a youzan
         read-ahead copy, PROTOCOL.md §13.1). True, the connection failed, if still over."""
         self._deliver(batch)
         if self._in_flight > self._rdy_max and not self._may_exceed_rdy():

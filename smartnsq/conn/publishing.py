@@ -32,8 +32,6 @@ __all__ = ["ExtHeader", "PublishCommands"]
 ExtHeader = Mapping[str, Any] | bytes
 
 _PUBLISH = CommandKind.PUBLISH
-_pub_line = commands.pub_line
-_pack_size = commands.pack_size
 
 
 class PublishCommands:
@@ -70,10 +68,7 @@ class PublishCommands:
         """PUB without a coroutine of its own (the producer's hot path): the caller made sure
         the write buffer is below its high-water mark (:attr:`write_paused`), awaits the
         answer and hands it to :meth:`check_publish_answer`."""
-        if type(body) is not bytes or not body:
-            commands.pub(topic, body)  # raises the ConfigError that says what is wrong
-        return self._send(_pub_line(topic) + _pack_size(len(body)) + body, _PUBLISH, timeout,
-                          topic, None)
+        return self._send(commands.pub(topic, body), _PUBLISH, timeout, topic, None)
 
     def send_publish(self, command: bytes, timeout: float, topic: str,
                      body: bytes | None = None) -> asyncio.Future[bytes]:

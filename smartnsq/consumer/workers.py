@@ -137,7 +137,7 @@ class HandlerWorkers:
                     item = popleft()
                     if type(item) is tuple:
                         # a record (see on_records): its message is made here, and lives
-                        # only until it is answered
+                        # only until it is answered (Message.of_record without its calls)
                         sub = self.head_owner  # type: ignore[assignment]
                         if sub.closed:
                             self._discard(sub)

@@ -185,9 +185,8 @@ class OrderedPolicy:
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         if self._twins:
             self._answer_twin(msg, fin=True)
-        position = _position(msg)
         # a FIN that could not be written does not move the position: the server redelivers
-        if written and sub.partition is not None and position is not None:
+        if written and sub.partition is not None and (position := _position(msg)) is not None:
             self.validator(sub.partition).finished(position)
 
     # ------------------------------------------------------------------ validation
@@ -232,8 +231,7 @@ class OrderedPolicy:
         taken in charge."""
         assert sub.partition is not None
         first = self._last.get(sub.partition)
-        # the same internal id (the id's first 8 bytes) at the same offset
-        if first is None or first.id[:8] != msg.id[:8] or first.offset != msg.offset:
+        if first is None or first.internal_id != msg.internal_id or first.offset != msg.offset:
             return False
         if first.finished:
             self.host.drop(sub, msg)

@@ -72,15 +72,11 @@ class Executor:
                 self._idle = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._idle)
 
-    def wake_idle(self) -> None:
-        """Caller: whoever brought :attr:`active` to 0 (wait_idle() may be waiting)."""
-        if self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
-
-    def _done(self) -> None:
+    def leave(self) -> None:
+        """The end of a publish counted in :attr:`active` (wait_idle() may be waiting)."""
         self.active -= 1
-        if not self.active:
-            self.wake_idle()
+        if not self.active and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     # ------------------------------------------------------------------ direct nsqd addresses
 
@@ -121,7 +117,7 @@ class Executor:
         except Exception as exc:
             await self._direct(op, deadline, (pool, exc))
         finally:
-            self._done()
+            self.leave()
 
     def _after_failure(self, op: Op, attempt: int, exc: Exception, deadline: float,
                        pool: NodePool, now: float) -> None:
@@ -202,7 +198,7 @@ class Executor:
                         avoid = set()
                     avoid.add(pool.address)
         finally:
-            self._done()
+            self.leave()
 
     # ------------------------------------------------------------------ lookupd (routes)
 
@@ -321,7 +317,7 @@ class Executor:
                         continue
                     route = await router.refreshed(topic, route, deadline)
         finally:
-            self._done()
+            self.leave()
 
     async def _wait_reconnect(self, op: Op, pool: NodePool, partition: int | None,
                               deadline: float, last: BaseException | None) -> None:

@@ -79,8 +79,7 @@ class Nodes:
         n = len(pools)
         if n == 1:
             p = pools[0]
-            # connected (the common case) without the call of available()
-            return p if p._up or p.available(now) else None
+            return p if p.available(now) else None
         fallback: NodePool | None = None
         for _ in range(n):
             self._rr += 1

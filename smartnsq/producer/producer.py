@@ -74,7 +74,6 @@ from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
 from smartnsq.producer.types import PublishReceipt, SentBatch
 from smartnsq.protocol.commands import mpub_body
-from smartnsq.protocol.frames import OK
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
@@ -290,11 +289,9 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
+        self._check_open()
         loop = self._loop
-        if loop is None or get_ident() != self._thread or not loop.is_running():
-            loop = self._on_loop()  # _check_open() without its call, this being the hot path
-        if self._closed:
-            raise ClientClosedError("the producer is closed")
+        assert loop is not None
         # the type test first: an unhashable topic must not reach the set lookup
         if topic.__class__ is not str or topic not in self._topics_ok:
             self._check_topic(topic)
@@ -321,9 +318,8 @@ class Producer:
                     ex = self._executor
                     ex.active += 1
                     try:
-                        data = await conn.send_pub(topic, body, deadline - now)
-                        if data is not OK:
-                            conn.check_publish_answer(data, "PUB")
+                        conn.check_publish_answer(
+                            await conn.send_pub(topic, body, deadline - now), "PUB")
                         return None
                     except asyncio.CancelledError:
                         raise
@@ -331,9 +327,7 @@ class Producer:
                         return await ex.retry_direct(Pub(topic, None, body, False), deadline,
                                                      pool, exc)
                     finally:
-                        ex.active -= 1
-                        if not ex.active:
-                            ex.wake_idle()
+                        ex.leave()
                 # in direct mode only a partition can make a PUB traced: plain, picked pool
                 return await self._executor.direct_from(Pub(topic, None, body, False),
                                                         deadline, pool)

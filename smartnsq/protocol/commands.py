@@ -27,8 +27,6 @@ from smartnsq.protocol.validation import (
 
 _U32 = struct.Struct(">I")
 _pack_u32 = _U32.pack
-#: the 4-byte big-endian size field in front of a body
-pack_size: Final = _pack_u32
 _U64 = struct.Struct(">Q")
 _pack_u64 = _U64.pack
 _U16 = struct.Struct(">H")

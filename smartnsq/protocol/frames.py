@@ -49,10 +49,9 @@ class Frame(NamedTuple):
 _new_frame = partial(tuple.__new__, Frame)
 #: the frame of an OK response (feed_messages hands out this one object for each)
 OK_FRAME = Frame(FRAME_RESPONSE, OK)
-#: OK response frames back to back, as a publisher's connection reads them (feed_oks)
-_OK_RUN = _HEADER.pack(4 + len(OK), FRAME_RESPONSE) + OK
-_OK_RUN_SIZE = len(_OK_RUN)
-_OK_RUN *= 1024
+#: one OK response frame as it arrives, and 1024 of them back to back (feed_oks)
+_OK_BYTES = _HEADER.pack(4 + len(OK), FRAME_RESPONSE) + OK
+_OK_RUN = _OK_BYTES * 1024
 
 #: smallest size field of a decodable stock message frame: type + timestamp + attempts + id
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
@@ -82,7 +81,7 @@ class FrameDecoder:
         self._pending: list[bytes] = []
         self._pending_len = 0
         self._need = 8
-        #: records returned by the last feed_records() call
+        #: messages returned by the last feed_records() or feed_messages() call
         self.records = 0
 
     @property
@@ -153,10 +152,10 @@ class FrameDecoder:
         return 0 (then feed ``data`` to another method). One comparison instead of a step
         per frame."""
         n = len(data)
-        if n % _OK_RUN_SIZE or self._pending or n > len(_OK_RUN) or \
+        if n % len(_OK_BYTES) or self._pending or n > len(_OK_RUN) or \
                 not _OK_RUN.startswith(data):
             return 0
-        return n // _OK_RUN_SIZE
+        return n // len(_OK_BYTES)
 
     def feed_records(self, data: bytes | bytearray | memoryview,
                      position: bool = False) -> list[Frame | MessageRecord]:
