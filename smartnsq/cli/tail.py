@@ -187,8 +187,10 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
                                "youzan partitions, which the lookupds publish)")
     if count is not None:
         max_in_flight = min(max_in_flight, count)
+    # max_attempts=0: an inspection tool never gives a message up (FIN without printing it)
+    # because other readers of the channel already took it several times
     config = ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
-                            lookupd_poll_interval=15.0)
+                            lookupd_poll_interval=15.0, max_attempts=0)
     printer = Printer(fmt, count, sys.stdout.buffer)
     chan = channel or ephemeral_channel()
     stop = stop_event()
