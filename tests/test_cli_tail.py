@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -17,7 +19,13 @@ import pytest
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.messages import decode_message
 from tests.devcluster_helpers import client
-from tests.real_servers import StockServer, stock, unique  # noqa: F401
+from tests.real_servers import (  # noqa: F401  (the fixtures)
+    StockServer,
+    YouzanCluster,
+    stock,
+    unique,
+    youzan,
+)
 
 #: bound on one tail run in these tests (they are expected to end in a few seconds)
 TAIL_BOUND = 20.0
@@ -94,3 +102,68 @@ async def test_tail_prints_a_message_past_the_default_max_attempts(
         assert (ch["depth"], ch["in_flight_count"], ch["deferred_count"]) == (0, 0, 0)
     finally:
         await http_post(stock.nsqd_http, "/topic/delete", topic=topic)
+
+
+# -- an nsqd that cannot be reached ----------------------------------------------------------
+
+
+def closed_port() -> str:
+    """A local address nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_tail_help_documents_the_connect_bound() -> None:
+    code, out, _ = await smartnsq("tail", "--help")
+    assert code == 0 and b"--connect-timeout" in out and b"10" in out
+
+
+async def test_tail_at_a_wrong_port_says_so_at_once_and_gives_up(
+        stock: StockServer) -> None:  # noqa: F811
+    """A closed port, and nsqd's HTTP port given for its TCP port: each named on stderr within
+    seconds, then a non-zero exit once the bound passes without a connection."""
+    if stock.real:
+        pytest.skip("the double's addresses suffice: nothing here reaches the server")
+    for addr, why in [(closed_port(), b"Connect call failed"),
+                      (stock.nsqd_http, b"HTTP port")]:
+        began = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "tail", "t", "--nsqd", addr,
+            "--connect-timeout", "3", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stderr is not None
+            first = await asyncio.wait_for(proc.stderr.readline(), 6.0)
+            # promptly, while it is still trying
+            assert first.startswith(b"smartnsq: warning: ") and addr.encode() in first, first
+            assert why in first and proc.returncode is None, first
+            rest = await asyncio.wait_for(proc.stderr.read(), TAIL_BOUND)
+            code = await asyncio.wait_for(proc.wait(), TAIL_BOUND)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert code == 1, (first, rest)
+        assert time.monotonic() - began < 3 + 10  # the bound plus start-up and a retry
+        last = rest.decode().splitlines()[-1]
+        assert last.startswith("smartnsq: error: ") and "within 3 s" in last, rest
+        assert addr in last and "Traceback" not in rest.decode()
+
+
+# -- ordered topics --------------------------------------------------------------------------
+
+
+@pytest.mark.real_youzan
+async def test_tail_on_an_ordered_topic_names_the_flag(
+        youzan: YouzanCluster) -> None:  # noqa: F811
+    topic = await youzan.create_topic("tailord", partition_num=1, ordered=True)
+    code, _, err = await smartnsq("tail", topic.name, "--lookupd", youzan.lookupd, "-n", "1")
+    (line,) = err.decode().splitlines()
+    assert code == 1 and line.startswith("smartnsq: error: "), err
+    assert "--ordered" in line and "OrderedConsumer" not in line, line
+    # straight at the nsqd (where --ordered is not available): the same advice
+    leader = topic.leaders[0]
+    code, _, err = await smartnsq("tail", topic.name, "--nsqd", leader.tcp, "-n", "1")
+    (line,) = err.decode().splitlines()
+    assert code == 1 and "--ordered" in line and "--lookupd" in line, err

@@ -242,22 +242,33 @@ def stop_event() -> asyncio.Event:
     return event
 
 
-async def consume_until(consumer: Consumer, *events: asyncio.Event) -> None:
-    """Start ``consumer`` and run it until one of ``events`` is set or it stops by itself;
-    then stop it (draining what is in flight) and raise the error it stopped on, if any."""
+async def consume_until(consumer: Consumer, *events: asyncio.Event,
+                        guard: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Start ``consumer`` and run it until one of ``events`` is set, it stops by itself, or
+    ``guard()`` (run beside it once started) raises; then stop it (draining what is in
+    flight) and raise the error it or the guard stopped on, if any."""
     await consumer.start()
+    failed: BaseException | None = None
     try:
-        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(e.wait()) for e in events]
         waits.append(asyncio.ensure_future(_stopped_by_itself(consumer)))
+        watching: asyncio.Future[None] | None = None
+        if guard is not None:
+            watching = asyncio.ensure_future(guard())
+            waits.append(watching)
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
+        if watching is not None and watching.done() and not watching.cancelled():
+            failed = watching.exception()
     finally:
         await consumer.stop()
     if consumer.error is not None:
         raise consumer.error
+    if failed is not None:
+        raise failed
 
 
 async def _stopped_by_itself(consumer: Consumer) -> None:
@@ -307,6 +318,8 @@ def cli_logging(verbose: int) -> Iterator[None]:
     root = logging.getLogger("smartnsq")
     saved = (root.level, root.propagate)
     handler = RichHandler(console=stderr_console(), show_path=False)
+    # the level on the handler too: commands lower single loggers to watch them (connections)
+    handler.setLevel(level)
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False

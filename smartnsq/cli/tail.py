@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import random
 import sys
@@ -24,9 +25,10 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
+from smartnsq.cli.connections import consumer_warnings, watch_connections
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
-from smartnsq.errors import Flavour
+from smartnsq.errors import Flavour, SubOrderIsMustError
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.message import Message
 from smartnsq.ordered import OrderedConsumer
@@ -39,6 +41,13 @@ Examples:
   smartnsq tail orders --lookupd 127.0.0.1:4161 --ordered --from timestamp:2026-11-23T10:00
   smartnsq tail events --nsqd 127.0.0.1:4150 --channel audit
 """
+
+
+#: seconds a tail waits for its first connection before giving up (``--connect-timeout``)
+CONNECT_TIMEOUT = 10.0
+
+ORDERED_HINT = ("topic {topic!r} is ordered: it is read one message at a time per partition "
+                "(SUB_ORDERED); {how}")
 
 
 def ephemeral_channel() -> str:
@@ -175,12 +184,19 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
               help="body: the raw body per line; json: id, partition, offset, raw size, trace "
                    "id, attempts, timestamp, ext and body")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--connect-timeout", type=click.FloatRange(min=0), default=CONNECT_TIMEOUT,
+              show_default=True, metavar="SECONDS",
+              help="exit with an error when no nsqd accepted the subscription within SECONDS "
+                   "(0: keep trying). Until one does, connection errors are shown on "
+                   "stderr; a connection lost later is retried for ever, also shown")
 @command_runner
 async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], channel: str | None,
                partitions: tuple[int, ...], ordered: bool, start: StartAt | None,
-               count: int | None, fmt: str, max_in_flight: int) -> None:
+               count: int | None, fmt: str, max_in_flight: int,
+               connect_timeout: float) -> None:
     """Print the messages of TOPIC as they arrive. Ctrl-C stops cleanly: messages already
-    printed are finished, nothing is left in flight."""
+    printed are finished, nothing is left in flight, and a message is never consumed
+    without being printed."""
     cluster = pick_cluster(lookupd, nsqd)
     if cluster.nsqd and (partitions or ordered or start is not None):
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
@@ -198,10 +214,12 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     if cluster.nsqd:
         consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
                             config=config)
-        await consume_until(consumer, stop, printer.done)
+        await _run(consumer, stop, printer, connect_timeout)
         return
     async with cluster.lookup(poll_interval=15.0) as lookup:
         view = await topic_view(lookup, topic)
+        if view.ordered and not ordered:
+            raise CliError(ORDERED_HINT.format(topic=topic, how="add --ordered"))
         check_partitions(view, partitions)
         check_start(view, start)
         start = await skip_empty_partitions(view, start, partitions)
@@ -212,4 +230,17 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         else:
             consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
                                 start_at=start, partitions=only)
-        await consume_until(consumer, stop, printer.done)
+        await _run(consumer, stop, printer, connect_timeout)
+
+
+async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,
+               connect_timeout: float) -> None:
+    began = asyncio.get_running_loop().time()
+    with consumer_warnings() as warnings:
+        try:
+            await consume_until(consumer, stop, printer.done, guard=functools.partial(
+                watch_connections, consumer, warnings, bound=connect_timeout, began=began))
+        except SubOrderIsMustError:
+            # the nsqd refused a plain SUB: say what the operator types, not the class to use
+            raise CliError(ORDERED_HINT.format(
+                topic=consumer.topic, how="use --lookupd with --ordered")) from None
