@@ -3,11 +3,18 @@
 ``acquire()`` starts it on first use and counts users; ``release()`` stops it (and joins the
 thread) when the last user is gone. ``run(coro)`` submits a coroutine and blocks for its
 result; if the waiting thread is interrupted (KeyboardInterrupt) the coroutine is cancelled.
+
+After ``fork`` (gunicorn --preload, Celery prefork, multiprocessing) the child has no loop
+thread: the shared loop is forgotten there, so the child's first facade starts its own. A
+facade the parent made is bound to the parent's loop, whose thread, connections and selector
+are the parent's: in the child its calls raise :class:`EventLoopError` at once (see
+:meth:`BackgroundLoop.run`) instead of waiting forever, and closing it only lets go of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -31,6 +38,8 @@ def check_blocking_allowed(what: str) -> None:
 
 class BackgroundLoop:
     def __init__(self) -> None:
+        #: the process whose thread runs the loop (a forked child has no such thread)
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._main, name="smartnsq-loop", daemon=True)
         self._thread.start()
@@ -47,8 +56,21 @@ class BackgroundLoop:
     def thread(self) -> threading.Thread:
         return self._thread
 
+    @property
+    def in_this_process(self) -> bool:
+        """False in a child forked after the loop started: nothing may touch it there (its
+        selector and sockets are shared with the parent, which still uses them)."""
+        return self.pid == os.getpid()
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it (not callable from the loop's thread)."""
+        if not self.in_this_process:
+            coro.close()
+            raise EventLoopError(
+                f"this smartnsq.sync client was made in process {self.pid} before it forked "
+                f"this one ({os.getpid()}); its event loop thread and connections stay in "
+                "the parent. Make a new client in the child (after the fork, e.g. in a "
+                "post-fork hook or the worker's initialiser)")
         if threading.current_thread() is self._thread:
             coro.close()
             raise EventLoopError("a blocking smartnsq call was made from its own event loop "
@@ -76,6 +98,23 @@ class BackgroundLoop:
 _lock = threading.Lock()
 _shared: BackgroundLoop | None = None
 _users = 0
+#: in a forked child, the loops of the parent: kept referenced so that no finaliser runs on
+#: them there (they share the parent's selector, self-pipe and sockets)
+_parents_loops: list[BackgroundLoop] = []
+
+
+def _forget_parents_loop() -> None:
+    """After fork, in the child: the next facade starts a loop of its own. The lock is new
+    too: another thread of the parent may have held it at the fork."""
+    global _lock, _shared, _users
+    _lock = threading.Lock()
+    if _shared is not None:
+        _parents_loops.append(_shared)
+    _shared = None
+    _users = 0
+
+
+os.register_at_fork(after_in_child=_forget_parents_loop)
 
 
 def acquire() -> BackgroundLoop:

@@ -9,19 +9,28 @@ to call from the handler's thread. Same rules as the asyncio consumer: returning
 the message, raising requeues it.
 
 A consumer that is still running when the interpreter exits (no ``stop()``) is stopped
-promptly by a hook that runs before the thread pools are joined: RDY 0, handlers not
-started yet are skipped and their messages requeued, the connections closed.
+promptly by an ``atexit`` hook: RDY 0, handlers not started yet are skipped and their
+messages requeued, the connections closed, the running handlers joined. ``atexit`` runs once
+the main thread and every non-daemon thread have finished (the consumer serves them until
+then), while the loop thread and the handler threads, daemon threads, still run. The handler
+threads are not a ``ThreadPoolExecutor``'s: its own exit hook runs before ``atexit`` and
+would first run every queued handler (``_threads.py``).
+
+A forked child makes its own consumer: in the child, a consumer the parent started raises
+:class:`~smartnsq.errors.EventLoopError`, ``stop()`` only lets go of it (its connections
+are the parent's), and the exit hook leaves it alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self
 
@@ -35,6 +44,7 @@ from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer
 from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
+from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
 
 __all__ = ["Consumer", "ThreadMessage"]
@@ -74,10 +84,9 @@ def _stop_running_at_exit() -> None:
         consumer._stop_at_exit()
 
 
-# threading's exit hooks run in reverse order of registration, before non-daemon threads
-# are joined: registered after concurrent.futures.thread (imported above), this runs before
-# the thread pools' own hook, which would otherwise first run every queued handler
-threading._register_atexit(_stop_running_at_exit)  # type: ignore[attr-defined]
+atexit.register(_stop_running_at_exit)
+# a forked child does not run the parent's consumers (and must not wait on them at its exit)
+os.register_at_fork(after_in_child=_running.clear)
 
 
 class ThreadMessage:
@@ -165,13 +174,12 @@ class Consumer:
             raise ConfigError(f"{', '.join(sorted(ordered_options))}: only for ordered=True")
         cfg = config if config is not None else ConsumerConfig()
         self._handler = handler
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: HandlerThreads | None = None
         wrapped: Callable[[Message], Any] = handler
         if not _is_async_callable(handler):
             n = threads if threads is not None else min(32, max(1, getattr(
                 cfg, "max_in_flight", 1)))
-            self._pool = ThreadPoolExecutor(max_workers=n,
-                                            thread_name_prefix="smartnsq-handler")
+            self._pool = HandlerThreads(n, "smartnsq-handler")
             wrapped = self._in_thread
         # validated here, in the caller's thread, before the loop is touched
         self._async: AsyncConsumer
@@ -266,7 +274,8 @@ class Consumer:
 
     def stop(self, drain_timeout: float | None = None) -> None:
         """Stop gracefully (see :meth:`smartnsq.consumer.Consumer.stop`), then release the
-        loop and the handler threads. Idempotent."""
+        loop and the handler threads. Idempotent. In a process forked after the consumer
+        started it only lets go of it: the consumer runs on in the parent."""
         # checked before anything is released: a bad value must leave the consumer running
         drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
         check_blocking_allowed("smartnsq.sync.Consumer.stop()")
@@ -274,6 +283,12 @@ class Consumer:
             if self._closed:
                 return
             loop = self._loop
+            if loop is not None and not loop.in_this_process:
+                # nothing of it runs here (no loop thread, no handler threads) and its
+                # connections are the parent's
+                self._closed = True
+                self._loop = None
+                return
         if loop is not None:
             try:
                 loop.run(self._async.stop(drain_timeout))
@@ -311,8 +326,8 @@ class Consumer:
             log.warning("consumer of %s/%s: stop at interpreter exit failed: %r",
                         self._async.topic, self._async.channel, exc)
         finally:
-            # handlers already running are joined by the pool's own exit hook
-            self._shutdown_resources(wait=False)
+            # the handlers already running finish (their threads are daemon threads)
+            self._shutdown_resources()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the consumer stops (another thread called ``stop()``, or an error
@@ -365,4 +380,4 @@ class Consumer:
 
     @property
     def is_running(self) -> bool:
-        return self._async.is_running
+        return not self._closed and self._async.is_running

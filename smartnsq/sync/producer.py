@@ -1,7 +1,8 @@
 """Blocking facade of :class:`smartnsq.producer.Producer` for scripts, web apps and Spark
 executors: the asyncio producer runs on a shared background thread (``_loop.py``); every
 method blocks until the asyncio call returns and has the same semantics, errors and
-timeouts. Safe to call from several threads at once.
+timeouts. Safe to call from several threads at once. A forked child makes its own producer:
+one made before the fork raises :class:`~smartnsq.errors.EventLoopError` there.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Let accepted publishes finish (see the asyncio ``close``), close the connections
-        and give the background thread back. Idempotent."""
+        and give the background thread back. Idempotent. In a process forked after the
+        producer was made it only lets go of it: the connections are the parent's."""
         # checked first: a bad value must not leave the producer half closed
         timeout = check_optional_duration(timeout, "timeout")
         check_blocking_allowed("smartnsq.sync.Producer.close()")
@@ -94,6 +96,8 @@ class Producer:
         if loop is None:
             return
         self._loop = None
+        if not loop.in_this_process:
+            return
         try:
             loop.run(self._async.close(timeout))
         finally:
