@@ -385,7 +385,10 @@ class Lookup:
             params["metainfo"] = "true"
         try:
             payload = await self._client.get(lookupd, "/lookup", params)
-            answer = parse_lookup(payload, lookupd=lookupd, received_at=self._clock())
+            previous = state.answers.get(lookupd)
+            answer = parse_lookup(payload, lookupd=lookupd, received_at=self._clock(),
+                                  topic=state.topic,
+                                  reported=previous.skipped if previous is not None else ())
         except LookupdError as exc:
             reason = not_found_reason(exc)
             if reason is None:

@@ -1,15 +1,25 @@
 """Pydantic models of the JSON payloads nsqlookupd returns (PROTOCOL.md §3.3, §6.1).
 
-Strict about types (a port sent as a string, or a hostname sent as a number, rejects the
-whole payload: that lookupd is broken or is not a lookupd), lenient about unknown keys (both
-servers add keys over time). Lists and maps that a server may send as ``null`` are optional.
+Strict about types (a port sent as a string, or a hostname sent as a number, is wrong),
+lenient about unknown keys (both servers add keys over time). Lists and maps that a server
+may send as ``null`` are optional. A wrong type rejects the whole payload (that lookupd is
+broken or is not a lookupd), except inside one ``/lookup`` producer or partition entry:
+those are validated one by one (:class:`PeerModel`), so one bad entry costs only itself.
 These models describe one payload; turning them into the merged view is ``parse.py``'s and
 ``view.py``'s job.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from smartnsq.protocol.validation import MAX_PARTITION
+
+#: most partitions a youzan topic can have: youzan nsqd keeps the partition id in ten bits
+#: of every message id, so ids run 0..1023 (its lookupd refuses to create 255 or more)
+MAX_PARTITION_NUM = MAX_PARTITION + 1
 
 
 class _Payload(BaseModel):
@@ -33,6 +43,12 @@ class PeerModel(_Payload):
     id: str = ""
     distributed_id: str = ""
 
+    @model_validator(mode="after")
+    def _has_host(self) -> Self:
+        if not (self.broadcast_address or self.address):
+            raise ValueError("no broadcast_address or address")
+        return self
+
 
 class TopicMetaModel(_Payload):
     """youzan ``meta`` object; older lookupds send only the first three keys."""
@@ -49,9 +65,12 @@ class LookupModel(_Payload):
     """``GET /lookup`` payload, stock or youzan."""
 
     channels: list[str] | None = None
-    producers: list[PeerModel] | None = None
-    #: youzan only: decimal partition id → that partition's leader
-    partitions: dict[str, PeerModel] | None = None
+    #: :class:`PeerModel` objects, validated one by one (``parse.py``)
+    producers: list[Any] | None = None
+    #: youzan only: decimal partition id → that partition's leader (a :class:`PeerModel`)
+    partitions: dict[str, Any] | None = None
+    #: ``partition_num`` is checked against :data:`MAX_PARTITION_NUM` by ``parse.py``, which
+    #: can name the topic in its refusal
     meta: TopicMetaModel | None = None
 
 

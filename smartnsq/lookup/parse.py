@@ -1,14 +1,18 @@
 """Validated payloads → lookup answers and lookupd lists.
 
-Everything here is pure: payloads in, values out, :class:`LookupdError` for a payload that
-cannot be used. Entries that are individually unusable but harmless (a partition id that is
-not a number) are skipped with a logged reason, as youzan go-nsq does.
+Payloads in, values out, :class:`LookupdError` for a payload that cannot be used. Entries
+that are individually unusable (a partition id that is not a number, a producer on port 0)
+are skipped with a logged reason, as youzan go-nsq does, unless nothing usable is left.
+A partition count beyond what youzan can have is refused outright: everything downstream
+(producer routes, missing-partition lists) is sized by it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -16,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from smartnsq.lookup.envelope import LookupdError, quote
 from smartnsq.lookup.models import (
+    MAX_PARTITION_NUM,
     ListLookupModel,
     LookupdNodeModel,
     LookupModel,
@@ -36,6 +41,11 @@ _PORT = re.compile(r"^[0-9]{1,5}$")
 _NOT_FOUND_TEXTS = ("topic_not_found", "key not found", "has no channel")
 
 
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                     for e in exc.errors()[:3])
+
+
 def validate(model: type[M], payload: object, *, lookupd: str, path: str) -> M:
     """``payload`` as ``model`` or a :class:`LookupdError` naming the first problems."""
     if not isinstance(payload, dict):
@@ -44,11 +54,7 @@ def validate(model: type[M], payload: object, *, lookupd: str, path: str) -> M:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
-            for e in exc.errors()[:3]
-        )
-        raise LookupdError(f"unexpected payload shape: {quote(problems)}",
+        raise LookupdError(f"unexpected payload shape: {quote(_problems(exc))}",
                            lookupd=lookupd, path=path, status=200) from None
 
 
@@ -64,11 +70,13 @@ def not_found_reason(err: LookupdError) -> str | None:
     return err.reason if any(t in text for t in _NOT_FOUND_TEXTS) else None
 
 
-def _node(peer: PeerModel, *, lookupd: str) -> Node:
-    host = peer.broadcast_address or peer.address
-    if not host:
-        raise LookupdError("producer without broadcast_address or address",
-                           lookupd=lookupd, path="/lookup", status=200)
+def _node(entry: object) -> Node:
+    """A producer or partition entry as a node; ValueError saying what is wrong with it."""
+    try:
+        peer = PeerModel.model_validate(entry)
+    except ValidationError as exc:
+        raise ValueError(_problems(exc)) from None
+    host = peer.broadcast_address or peer.address or ""
     return Node(
         address=join_host_port(host, peer.tcp_port),
         broadcast_address=host,
@@ -80,22 +88,70 @@ def _node(peer: PeerModel, *, lookupd: str) -> Node:
     )
 
 
-def parse_lookup(payload: object, *, lookupd: str, received_at: float) -> LookupAnswer:
-    """A ``/lookup`` payload (stock or youzan, any §3.3/§6.1.2 shape) as an answer."""
+def _show(entry: object) -> str:
+    try:
+        return quote(json.dumps(entry, sort_keys=True))
+    except (TypeError, ValueError):
+        return quote(repr(entry))
+
+
+class _Skips:
+    """Entries of one answer left out, each logged once: at warning unless the lookupd's
+    previous answer already left the same entry out (then at debug, so a lookupd that keeps
+    one bad entry is not reported every poll)."""
+
+    def __init__(self, lookupd: str, topic: str, reported: Collection[str]) -> None:
+        self.lookupd = lookupd
+        self.topic = topic
+        self.reported = reported
+        self.entries: list[str] = []
+
+    def skip(self, what: str) -> None:
+        self.entries.append(what)
+        level = logging.DEBUG if what in self.reported else logging.WARNING
+        log.log(level, "lookupd %s, /lookup of topic %r: skipping %s", self.lookupd,
+                self.topic, what)
+
+
+def _check_partition_num(model: LookupModel, *, lookupd: str, topic: str) -> None:
+    n = model.meta.partition_num if model.meta is not None else 0
+    if n > MAX_PARTITION_NUM:
+        raise LookupdError(
+            f"topic {topic!r}: partition_num {n} is more than youzan allows "
+            f"({MAX_PARTITION_NUM}: partition ids are 10 bits of a message id); refused",
+            lookupd=lookupd, path="/lookup", status=200)
+
+
+def parse_lookup(payload: object, *, lookupd: str, received_at: float, topic: str = "",
+                 reported: Collection[str] = ()) -> LookupAnswer:
+    """A ``/lookup`` payload (stock or youzan, any §3.3/§6.1.2 shape) for ``topic`` as an
+    answer. ``reported``: the entries the lookupd's previous answer skipped (logged then)."""
     model = validate(LookupModel, payload, lookupd=lookupd, path="/lookup")
+    _check_partition_num(model, lookupd=lookupd, topic=topic)
+    skips = _Skips(lookupd, topic, reported)
     partitions: dict[int, Node] = {}
-    for key, peer in (model.partitions or {}).items():
+    for key, entry in (model.partitions or {}).items():
         if not _PARTITION_ID.match(key) or int(key) > MAX_PARTITION:
-            log.warning("lookupd %s: skipping partition id %r in /lookup (not 0..%d)",
-                        lookupd, quote(key), MAX_PARTITION)
+            skips.skip(f"partition id {quote(key)!r} (not 0..{MAX_PARTITION})")
             continue
-        partitions[int(key)] = _node(peer, lookupd=lookupd)
+        try:
+            partitions[int(key)] = _node(entry)
+        except ValueError as exc:
+            skips.skip(f"partitions[{key}] {_show(entry)}: {exc}")
     leaders = {n.address for n in partitions.values()}
     legacy: dict[str, Node] = {}
-    for peer in model.producers or []:
-        node = _node(peer, lookupd=lookupd)
+    for i, entry in enumerate(model.producers or ()):
+        try:
+            node = _node(entry)
+        except ValueError as exc:
+            skips.skip(f"producers[{i}] {_show(entry)}: {exc}")
+            continue
         if node.address not in leaders:
             legacy.setdefault(node.address, node)
+    if skips.entries and not partitions and not legacy:
+        # every entry was unusable: this lookupd is broken, not one of its entries
+        raise LookupdError(f"unexpected payload shape: no usable entry; {skips.entries[0]}",
+                           lookupd=lookupd, path="/lookup", status=200)
     meta = None
     if model.meta is not None:
         m = model.meta
@@ -116,6 +172,7 @@ def parse_lookup(payload: object, *, lookupd: str, received_at: float) -> Lookup
         channels=tuple(model.channels or ()),
         meta=meta,
         partitioned=partitioned,
+        skipped=tuple(skips.entries),
     )
 
 

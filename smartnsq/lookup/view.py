@@ -104,6 +104,8 @@ class LookupAnswer:
     #: set when the lookupd said the topic is unknown (stock 404 TOPIC_NOT_FOUND, youzan
     #: "Key not found", "Topic has no channel ...")
     not_found: str | None = None
+    #: entries left out as unusable (where, the entry, why), as logged
+    skipped: tuple[str, ...] = ()
 
 
 class Target(NamedTuple):
