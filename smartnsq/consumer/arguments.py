@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Collection, Mapping
+from typing import Literal
 
 from smartnsq.consumer.discovery import Discovery
 from smartnsq.errors import ConfigError
@@ -13,8 +14,11 @@ from smartnsq.protocol.commands import OffsetSpec
 
 __all__ = ["StartAt", "check_partitions", "check_start_at", "is_async_callable"]
 
-#: a start position for every partition, or per partition id
-StartAt = OffsetSpec | Mapping[int, OffsetSpec]
+#: a start position for every partition ("earliest", "end" or an OffsetSpec), or per
+#: partition id
+StartAt = Literal["earliest", "end"] | OffsetSpec | Mapping[int, OffsetSpec]
+
+_NAMED = {"earliest": OffsetSpec.earliest, "end": OffsetSpec.end}
 
 
 def is_async_callable(fn: object) -> bool:
@@ -46,13 +50,20 @@ def check_start_at(start_at: StartAt | None,
     if start_at is None:
         return None
     if discovery.kind != "lookupd":
-        raise ConfigError("start_at needs lookupd_http_addresses or lookup= (positions "
-                          "are per partition, and seeking uses the leader's HTTP port)")
+        raise ConfigError("start_at needs lookupd_http_addresses or lookup= (youzan: "
+                          "positions are per partition, and seeking uses the leader's HTTP "
+                          "port)")
+    if isinstance(start_at, str):
+        named = _NAMED.get(start_at)
+        if named is None:
+            raise ConfigError(f"start_at must be 'earliest', 'end', an OffsetSpec or a "
+                              f"{{partition: OffsetSpec}} mapping, got {start_at!r}")
+        return named()
     if isinstance(start_at, OffsetSpec):
         return start_at
     if not isinstance(start_at, Mapping):
-        raise ConfigError("start_at must be an OffsetSpec or a {partition: OffsetSpec} "
-                          "mapping")
+        raise ConfigError("start_at must be 'earliest', 'end', an OffsetSpec or a "
+                          "{partition: OffsetSpec} mapping")
     out: dict[int, OffsetSpec] = {}
     for p, spec in start_at.items():
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:

@@ -195,10 +195,10 @@ class Consumer:
         self._max_in_flight = config.max_in_flight
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._driver = RdyDriver(config, self._rng, f"{self.topic}/{self.channel}")
+        self._driver = RdyDriver(config, self._rng, f"{self.topic}/{self.channel}",
+                                 one_per_connection=policy.ordered)
         self._dispatch = Dispatcher(self.topic, self.channel, handler, policy, self._driver,
                                     self.trace, self._fatal)
-        self._dispatch.max_workers = self._max_in_flight
         self._subscriptions = SubscriptionSet(
             self.topic, self.channel, config, policy, self._dispatch, self._driver,
             self._start_at, self.trace, discovery, is_fatal=self._is_fatal,
@@ -210,6 +210,8 @@ class Consumer:
         self._stopping = False
         self._closed = False
         self._stop_task: asyncio.Task[None] | None = None
+        #: started with no endpoint to subscribe to (logged once, and when it appears)
+        self._waiting = False
         self._closed_event: asyncio.Event | None = None
         self._error: BaseException | None = None
 
@@ -276,6 +278,10 @@ class Consumer:
         self._closed_event = asyncio.Event()
         try:
             topology = await self._discovery.start(self._on_topology)
+            self._waiting = not topology.endpoints
+            if self._waiting:
+                log.warning("consumer of %s/%s: %s; waiting for it to appear",
+                            self.topic, self.channel, self._discovery.describe_empty())
             self._subscriptions.check_topology(topology)
             self._conns.reconcile(topology)
             await self._conns.wait_first_attempts(self._subscriptions.start_bound())
@@ -300,6 +306,10 @@ class Consumer:
         except NSQError as exc:
             self._fatal(exc)
             return
+        if self._waiting and topology.endpoints:
+            self._waiting = False
+            log.info("consumer of %s/%s: the topic appeared (%d endpoint(s))", self.topic,
+                     self.channel, len(topology.endpoints))
         self._conns.reconcile(topology)
 
     @property
@@ -368,12 +378,14 @@ class Consumer:
         self._dispatch.stopping = True
         loop = self._loop
         assert loop is not None
+        # 1. no more deliveries, before anything else can happen: RDY 0 now (max_in_flight 0
+        # in the flow keeps it from raising RDY again), so nothing returned below can come
+        # straight back to us; what is already on its way waits in the buffer until step 3
         self._driver.close()
-        await self._conns.close()
-        await self._discovery.close()
-        # 1. no more deliveries: max_in_flight 0 in the flow keeps it from raising RDY again
         self._driver.set_max_in_flight(0)
         self._subscriptions.rdy_zero()
+        await self._conns.close()
+        await self._discovery.close()
         # 2. CLS: only CLOSE_WAIT proves that no message is still on its way to us. CLS and
         # the final close share one close_timeout, so stop() takes at most drain_timeout +
         # close_timeout however the server behaves
@@ -403,9 +415,8 @@ class Consumer:
         check_count(max_in_flight, "max_in_flight")
         self._check_open()
         self._max_in_flight = max_in_flight
-        self._dispatch.max_workers = max_in_flight
+        self._driver.set_max_in_flight(max_in_flight)
         if self._driver.flow is not None:
-            self._driver.set_max_in_flight(max_in_flight)
             self._dispatch.wake_if_idle()
 
     @property

@@ -112,6 +112,10 @@ class Discovery(abc.ABC):
     async def close(self) -> None:
         """Stop background work. Idempotent."""
 
+    def describe_empty(self) -> str:
+        """Why a topology has no endpoint, for the log."""
+        return "nothing to subscribe to"
+
 
 class DirectDiscovery(Discovery):
     """A fixed list of nsqd TCP addresses."""
@@ -192,6 +196,8 @@ class LookupDiscovery(Discovery):
         self._sub: Subscription | None = None
         self._on_update: OnUpdate | None = None
         self._closed = False
+        #: why the first lookup failed (polling goes on in the background)
+        self._unanswered: LookupFailedError | None = None
 
     @property
     def lookup(self) -> Lookup:
@@ -204,8 +210,7 @@ class LookupDiscovery(Discovery):
             view = await self._lookup.lookup(self._topic, "r")
         except LookupFailedError as exc:
             # keep polling in the background: lookupds may come up later
-            log.warning("topic %r: no lookupd answered yet (%s); retrying every poll",
-                        self._topic, exc)
+            self._unanswered = exc
             return Topology()
         return topology_from_view(view, self._partitions)
 
@@ -219,6 +224,15 @@ class LookupDiscovery(Discovery):
             return
         partition = endpoint.partition if endpoint.partition != NO_PARTITION else None
         self._lookup.report_stale(self._topic, partition, access="r")
+
+    def describe_empty(self) -> str:
+        where = ", ".join(self._lookup.config.addresses)
+        if self._unanswered is not None:
+            return f"no lookupd answered yet ({self._unanswered}; lookupds: {where})"
+        if self._partitions is not None:
+            return (f"no nsqd leads partition(s) {sorted(self._partitions)} of topic "
+                    f"{self._topic!r} (lookupds: {where})")
+        return f"no nsqd has topic {self._topic!r} yet (lookupds: {where})"
 
     async def still_wanted(self, endpoint: Endpoint) -> bool:
         if self._closed:

@@ -41,6 +41,7 @@ from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.trace import log_consumed
+from smartnsq.consumer.unseen import unseen
 from smartnsq.consumer.workers import HandlerWorkers
 from smartnsq.message import Message
 from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord, RawMessage, record_of
@@ -90,8 +91,6 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self._trace = trace
         self._fatal = fatal
         self.loop: asyncio.AbstractEventLoop | None = None
-        #: the worker cap (the consumer's max_in_flight)
-        self.max_workers = 1
         self._screen = policy.admit if policy.screens else None
         self._finished = policy.finished if policy.screens else None
         self._max_attempts = policy.max_attempts
@@ -118,8 +117,12 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         #: deliveries finished without the handler: from before the start position, or a
         #: repositioned channel's read-ahead again (ConsumerStats.dropped_before_start)
         self.dropped_before_start = 0
-        #: no more handing out to the iterator (stop() began)
+        #: stop() began: what arrives now waits in the buffer until :meth:`requeue_buffered`
         self.stopping = False
+        #: stop() returned the buffer (after CLS): a late arrival goes straight back
+        self.returning = False
+        #: deliveries handed back to nsqd without the application seeing them
+        self.returned_unseen = 0
         #: no more workers (stop() ended)
         self.closed = False
         policy.attach(self)
@@ -189,7 +192,10 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         if self._screen is not None:
             if not self._screen(sub, msg):
                 return False
-        elif self._max_attempts and msg.attempts > self._max_attempts:
+        elif self._max_attempts and msg.attempts > self._max_attempts and \
+                unseen.handled_attempts(self.topic, self.channel, msg._raw[ID],
+                                        msg.attempts) > self._max_attempts:
+            # only deliveries the application handled count (consumer.unseen)
             self._policy.give_up(sub, msg)
             return False
         return True
@@ -208,15 +214,14 @@ class Dispatcher(HandlerWorkers, DrainSteps):
             self.queue.append(msg)
             if not self._pumping and not self._waking:
                 self._wake()
-        elif self.stopping:
-            msg.requeue(0, backoff=False)
+        elif self.returning:
+            self.return_unseen(msg)
         else:
+            # also while stopping: RDY 0 went out first, so what still arrives is returned
+            # once, after CLS (requeue_buffered), rather than bounced back and forth
             self.tracked.add(msg)
             self._buffer.append(msg)
-            if self._iter_waiters:
-                fut = self._iter_waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
+            self._wake_iterator()
 
     def hold(self, sub: Sub, msg: Message, *, track: bool) -> None:
         self.outstanding += 1
@@ -302,8 +307,16 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self._driver.requeued(sub, backoff)
         self._settled(sub)
 
-    def _discard(self, sub: Sub) -> None:
-        """A queued message whose connection is gone: the server redelivers it."""
+    def return_unseen(self, msg: Message) -> None:
+        """REQ 0 for a message the application never saw (see :mod:`.unseen`)."""
+        self.returned_unseen += 1
+        unseen.returned(self.topic, self.channel, msg._raw[ID])
+        msg.requeue(0, backoff=False)
+
+    def _discard(self, sub: Sub, msg_id: bytes) -> None:
+        """A queued message whose connection is gone: the server redelivers it, unseen."""
+        self.returned_unseen += 1
+        unseen.returned(self.topic, self.channel, msg_id)
         sub.outstanding -= 1
         self.outstanding -= 1
         self._settled(sub)
@@ -325,19 +338,37 @@ class Dispatcher(HandlerWorkers, DrainSteps):
                 owner: Sub = msg._owner  # type: ignore[assignment]
                 if owner.closed and msg._state == _PENDING:
                     self.tracked.discard(msg)
-                    self._discard(owner)
+                    self._discard(owner, msg._raw[ID])
                     continue
                 return msg
             if self.stopping or self.closed:
                 return None
             assert self.loop is not None
             fut: asyncio.Future[None] = self.loop.create_future()
-            self._iter_waiters.append(fut)
+            waiters = self._iter_waiters
+            waiters.append(fut)
             try:
                 await fut
+            except asyncio.CancelledError:
+                # woken and cancelled in the same turn (``asyncio.timeout`` around
+                # ``anext``): the wake-up belongs to the next waiter, not to nobody
+                if fut.done() and not fut.cancelled() and self._buffer:
+                    self._wake_iterator()
+                raise
             finally:
                 if not fut.done():
                     fut.cancel()
+                if fut in waiters:
+                    waiters.remove(fut)
+
+    def _wake_iterator(self) -> None:
+        """Wake one waiting ``next_message`` (a cancelled waiter does not count)."""
+        waiters = self._iter_waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
     def wake_iterators(self) -> None:
         while self._iter_waiters:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.sub import Sub
 from smartnsq.message import Message
-from smartnsq.protocol.messages import MessageRecord
+from smartnsq.protocol.messages import ID, MessageRecord
 
 __all__ = ["DrainSteps"]
 
@@ -38,14 +38,20 @@ class DrainSteps:
         _drained: asyncio.Event | None
         _policy: DeliveryPolicy
 
+        returning: bool
+
         def wake_iterators(self) -> None: ...
 
-        def _discard(self, sub: Sub) -> None: ...
+        def return_unseen(self, msg: Message) -> None: ...
+
+        def _discard(self, sub: Sub, msg_id: bytes) -> None: ...
 
     def requeue_buffered(self) -> None:
-        """Caller: stop(), after CLS. Iterated messages nobody took yet go back at once."""
+        """Caller: stop(), after CLS. Iterated messages nobody took yet go back at once, and
+        so does anything arriving later (RDY 0 went out first: nothing comes back to us)."""
+        self.returning = True
         while self._buffer:
-            self._buffer.popleft().requeue(0, backoff=False)
+            self.return_unseen(self._buffer.popleft())
         self.wake_iterators()
         self._policy.before_drain()
 
@@ -81,9 +87,9 @@ class DrainSteps:
                 msg = Message.of_record(item, owner)  # type: ignore[arg-type]
             assert owner is not None
             if owner.closed:
-                self._discard(owner)
+                self._discard(owner, msg._raw[ID])
             else:
-                msg.requeue(0, backoff=False)
+                self.return_unseen(msg)
         for msg in list(self.tracked):
             msg.requeue(0, backoff=False)
 

@@ -158,7 +158,7 @@ class AttemptsPolicy:
         assert host is not None
         log.warning("handler failed for message %s (attempt %d) of %s/%s: %r",
                     msg.id.hex(), msg.attempts, host.topic, host.channel, exc,
-                    exc_info=log.isEnabledFor(logging.DEBUG))
+                    exc_info=exc)
         if msg._state == _PENDING:
             if msg._auto:
                 msg.requeue()

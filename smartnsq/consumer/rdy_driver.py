@@ -30,11 +30,19 @@ log = logging.getLogger("smartnsq.consumer")
 class RdyDriver:
     """Executes :mod:`smartnsq.flow` actions for one consumer."""
 
-    def __init__(self, config: ConsumerConfig, rng: random.Random, name: str) -> None:
+    def __init__(self, config: ConsumerConfig, rng: random.Random, name: str, *,
+                 one_per_connection: bool = False) -> None:
         self._config = config
         self._rng = rng
         #: "topic/channel", for logs
         self._name = name
+        #: every subscription holds at least RDY 1 (ordered consumption: youzan delivers an
+        #: ordered partition one message at a time, so a partition without RDY stalls)
+        self._one_per_connection = one_per_connection
+        #: max_in_flight as the user set it
+        self._wanted = config.max_in_flight
+        #: the effective max_in_flight: RDY budget and handler worker cap
+        self.budget = config.max_in_flight
         self.loop: asyncio.AbstractEventLoop | None = None
         self.flow: RdyController[Sub] | None = None
         self._dirty: list[Sub] = []
@@ -47,8 +55,23 @@ class RdyDriver:
     def start(self, loop: asyncio.AbstractEventLoop, max_in_flight: int) -> None:
         """Bind to the running loop; the controller starts with ``max_in_flight``."""
         self.loop = loop
+        self._wanted = self.budget = max_in_flight
         self.flow = RdyController(self._config.replace(max_in_flight=max_in_flight),
                                   rng=self._rng)
+
+    def _effective(self, subscriptions: int) -> int:
+        wanted = self._wanted
+        if self._one_per_connection and wanted:
+            return max(wanted, subscriptions)
+        return wanted
+
+    def _follow(self) -> None:
+        """Keep the controller's budget at the effective max_in_flight."""
+        flow = self.flow
+        assert flow is not None and self.loop is not None
+        self.budget = budget = self._effective(len(flow))
+        if budget != flow.max_in_flight:
+            self.exec(flow.set_max_in_flight(budget, self.loop.time()))
 
     def start_redistributing(self) -> None:
         assert self.loop is not None
@@ -71,12 +94,16 @@ class RdyDriver:
         assert flow is not None and self.loop is not None
         self.flush()
         self.exec(flow.add_connection(sub, max_rdy, self.loop.time()))
+        if self._one_per_connection:
+            self._follow()
 
     def removed(self, sub: Sub) -> None:
         """Caller: the subscription set (connection closed, or retiring)."""
         if self.flow is not None and self.loop is not None:
             self.flush()
             self.exec(self.flow.remove_connection(sub, self.loop.time()))
+            if self._one_per_connection:
+                self._follow()
 
     def requeued(self, sub: Sub, backoff: bool) -> None:
         """Caller: the dispatcher, for each REQ."""
@@ -85,9 +112,12 @@ class RdyDriver:
             self.exec(self.flow.message_requeued(sub, self.loop.time(), backoff=backoff))
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
+        self._wanted = max_in_flight
         if self.flow is not None and self.loop is not None:
             self.flush()
-            self.exec(self.flow.set_max_in_flight(max_in_flight, self.loop.time()))
+            self._follow()
+        else:
+            self.budget = max_in_flight
 
     def is_starved(self) -> bool:
         if self.flow is None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from smartnsq.consumer.policy import DeliveryPolicy
+from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
 from smartnsq.message import Message
 from smartnsq.protocol.messages import ID, MessageRecord
@@ -53,7 +54,7 @@ class HandlerWorkers:
         head_owner: Sub | None
         tracked: set[Message]
         workers: set[asyncio.Task[None]]
-        max_workers: int
+        _driver: RdyDriver
         closed: bool
         outstanding: int
         _handler: Callable[[Message], Awaitable[object]] | None
@@ -66,7 +67,7 @@ class HandlerWorkers:
 
         def finish(self, sub: Sub, msg: Message) -> bool: ...
 
-        def _discard(self, sub: Sub) -> None: ...
+        def _discard(self, sub: Sub, msg_id: bytes) -> None: ...
 
         def _mark(self, sub: Sub) -> None: ...
 
@@ -82,7 +83,8 @@ class HandlerWorkers:
                 count -= 1
         if count <= 0 or self.closed:
             return
-        room = max(1, self.max_workers) - len(self.workers)
+        # the worker cap: the effective max_in_flight (no more can be in flight anyway)
+        room = max(1, self._driver.budget) - len(self.workers)
         assert self.loop is not None
         for _ in range(min(count, room)):
             self._waking = True
@@ -140,7 +142,7 @@ class HandlerWorkers:
                         # only until it is answered (Message.of_record without its calls)
                         sub = self.head_owner  # type: ignore[assignment]
                         if sub.closed:
-                            self._discard(sub)
+                            self._discard(sub, item[ID])
                             continue
                         msg = new_message(Message)
                         msg._raw = item
@@ -155,7 +157,7 @@ class HandlerWorkers:
                         msg = item  # type: ignore[assignment]
                         sub = msg._owner  # type: ignore[assignment]
                         if sub.closed and msg._state == _PENDING:
-                            self._discard(sub)
+                            self._discard(sub, msg._raw[ID])
                             continue
                     st.msg = msg
                     try:

@@ -29,6 +29,7 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer, Handler, StartAt
 from smartnsq.consumer.policy import DeliveryPolicy, PolicyHost
 from smartnsq.consumer.sub import Sub
+from smartnsq.consumer.unseen import unseen
 from smartnsq.errors import ConfigError, OrderViolationError
 from smartnsq.lookup import Lookup
 from smartnsq.message import Message
@@ -282,11 +283,13 @@ class OrderedPolicy:
         if msg._state != _PENDING:
             return
         host = self.host
-        blocked = msg.attempts >= self._config.blocked_attempts
+        # deliveries returned unseen (a stopped reader's read-ahead) do not block
+        blocked = unseen.handled_attempts(host.topic, host.channel, msg.id,
+                                          msg.attempts) >= self._config.blocked_attempts
         log.warning("handler failed for message %s (attempt %d) on partition %s of %s/%s: "
                     "%r%s", msg.id.hex(), msg.attempts, msg.partition, host.topic,
                     host.channel, exc, "; the partition is blocked" if blocked else "",
-                    exc_info=log.isEnabledFor(logging.DEBUG))
+                    exc_info=exc)
         if not msg._auto:
             host.track(msg)
             return

@@ -129,6 +129,11 @@ class OffsetSpec:
     def end(cls) -> OffsetSpec:
         return cls("special", -1)
 
+    @classmethod
+    def earliest(cls) -> OffsetSpec:
+        """The oldest message the partition still keeps (message count 0)."""
+        return cls("msgcount", 0)
+
     def encode(self) -> bytes:
         return f"{self.kind}:{self.value}".encode("ascii")
 
