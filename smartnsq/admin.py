@@ -16,6 +16,7 @@ from typing import Any, Self
 import aiohttp
 
 from smartnsq.errors import ConfigError, NSQError
+from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
 from smartnsq.lookup.envelope import ACCEPT_V1, decode, error_message
 from smartnsq.lookup.envelope import LookupdError as _EnvelopeError
 from smartnsq.protocol.commands import OffsetSpec
@@ -84,9 +85,12 @@ class NsqdAdmin:
             async with self._http().request(method, self.base + path, params=params, data=body,
                                             headers={"Accept": ACCEPT_V1},
                                             timeout=self._timeout) as resp:
-                data = await resp.read()
                 status = resp.status
+                data = await read_body(resp, server=f"nsqd {self.address}", path=path,
+                                       limit=nsqd_limit(path))
                 headers = dict(resp.headers)
+        except BodyTooLargeError as exc:
+            raise NsqdHttpError(self.address, path, exc.reason, status) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
             raise NsqdHttpError(self.address, path, f"no answer ({reason})", None) from exc

@@ -23,6 +23,7 @@ the read-ahead of an ordered channel, and a repeat of the first message handed o
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ import aiohttp
 
 from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
 from smartnsq.errors import ConfigError, NSQConnectionError, StartPositionError
+from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
 from smartnsq.message import Message
 from smartnsq.protocol.commands import OffsetSpec
 
@@ -83,7 +85,11 @@ async def read_position(session: aiohttp.ClientSession, ep: Endpoint, topic: str
         async with session.get(f"http://{ep.http_address}/stats", params=params,
                                headers=_V1) as resp:
             status = resp.status
-            doc = await resp.json(content_type=None) if status == 200 else await resp.text()
+            body = await read_body(resp, server=f"nsqd {ep.http_address}", path="/stats",
+                                   limit=nsqd_limit("/stats"))
+        doc = json.loads(body) if status == 200 else body.decode("utf-8", "replace")
+    except BodyTooLargeError as exc:
+        raise NSQConnectionError(f"{where}: {exc.reason}") from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise NSQConnectionError(f"{where}: reading /stats failed: {exc!r}") from exc
     if status != 200 or not isinstance(doc, dict):
@@ -251,12 +257,15 @@ class Positioner:
     async def _set_offset(self, session: aiohttp.ClientSession) -> None:
         ep, spec = self.ep, self.spec
         params = {"topic": self.topic, "partition": str(ep.partition), "channel": self.channel}
+        path = "/channel/setoffset"
         try:
-            async with session.post(f"http://{ep.http_address}/channel/setoffset",
+            async with session.post(f"http://{ep.http_address}{path}",
                                     params=params, data=spec.encode(), headers=_V1) as resp:
-                text = await resp.text()
+                body = await read_body(resp, server=f"nsqd {ep.http_address}", path=path,
+                                       limit=nsqd_limit(path))
+                text = body.decode("utf-8", "replace")
                 status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (BodyTooLargeError, aiohttp.ClientError, TimeoutError) as exc:
             raise NSQConnectionError(f"positioning the channel at {ep} failed: {exc}") from exc
         if status >= 300:
             detail = f"POST /channel/setoffset {spec.encode().decode()} at {ep}: HTTP " \

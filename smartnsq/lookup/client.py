@@ -8,10 +8,8 @@ from collections.abc import Mapping
 import aiohttp
 
 from smartnsq.config import USER_AGENT
+from smartnsq.http_limits import LOOKUPD_LIMIT, BodyTooLargeError, read_body
 from smartnsq.lookup.envelope import ACCEPT_V1, LookupdError, decode
-
-#: lookupd payloads are small; anything this large is not a lookupd talking
-MAX_BODY = 8 * 1024 * 1024
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 
@@ -45,7 +43,12 @@ class LookupdClient:
                     timeout=aiohttp.ClientTimeout(total=self._timeout),
                     allow_redirects=False,
                 ) as resp:
-                    body = await _read_capped(resp, lookupd, path)
+                    try:
+                        body = await read_body(resp, server=f"lookupd {lookupd}", path=path,
+                                               limit=LOOKUPD_LIMIT)
+                    except BodyTooLargeError as exc:
+                        raise LookupdError(exc.reason, lookupd=lookupd, path=path,
+                                           status=resp.status) from None
                     return decode(resp.status, resp.headers, body, lookupd=lookupd, path=path)
         except LookupdError:
             raise
@@ -59,14 +62,3 @@ class LookupdClient:
             raise LookupdError(f"request failed: {exc!r}", lookupd=lookupd,
                                path=path) from None
 
-
-async def _read_capped(resp: aiohttp.ClientResponse, lookupd: str, path: str) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise LookupdError(f"response larger than {MAX_BODY} bytes", lookupd=lookupd,
-                               path=path, status=resp.status)
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from smartnsq.errors import ConfigError, NSQConnectionError
+from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
 from smartnsq.spark.offsets import PartitionState
 
 __all__ = ["NsqdHttp"]
@@ -43,7 +44,11 @@ class NsqdHttp:
         try:
             async with self._session.request(method, url, params=params, data=body,
                                              headers=_V1) as resp:
-                return resp.status, await resp.text()
+                data = await read_body(resp, server=f"nsqd {http_address}", path=path,
+                                       limit=nsqd_limit(path))
+                return resp.status, data.decode("utf-8", "replace")
+        except BodyTooLargeError as exc:
+            raise NSQConnectionError(f"{method} {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NSQConnectionError(f"{method} {path} at nsqd {http_address} failed: "
                                      f"{exc!r}") from exc
