@@ -74,9 +74,11 @@ def run_cli(args: Sequence[str], input: bytes | None = None,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
 
 
-def spawn_cli(args: Sequence[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "smartnsq", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
+def spawn_cli(args: Sequence[str], stdin: int | None = None) -> subprocess.Popen[bytes]:
+    """``python -m smartnsq ARGS`` started in a subprocess (``stdin=subprocess.PIPE`` to feed
+    it)."""
+    return subprocess.Popen([sys.executable, "-m", "smartnsq", *args], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -4,7 +4,6 @@ the admin calls' HTTP requests (against a recording HTTP server), and the consum
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ import pytest
 from smartnsq import ConfigError, Consumer, OffsetSpec
 from smartnsq.cli import main
 from smartnsq.cli.common import parse_from, parse_rate
-from smartnsq.cli.publish import read_records
 from tests.cli_support import assert_one_line_error, invoke, run_cli
 
 COMMANDS = [["tail"], ["publish"], ["to-file"], ["bridge"], ["stat"], ["lookup"],
@@ -72,21 +70,6 @@ def test_parse_rate() -> None:
     for bad in ("", "x", "10/d", "-1", "0"):
         with pytest.raises(ValueError):
             parse_rate(bad)
-
-
-def test_read_records_across_chunks_and_files() -> None:
-    big = b"x" * 70000
-    sources: list[tuple[str, Any]] = [
-        ("a", io.BytesIO(b"one\r\ntwo\n\n" + big + b"\nthree")),
-        ("b", io.BytesIO(b"four\n")),
-    ]
-    recs = list(read_records(sources, b"\n"))
-    assert [r.body for r in recs] == [b"one", b"two", big, b"three", b"four"]
-    assert [r.number for r in recs] == [1, 2, 3, 4, 5]
-    assert [r.source for r in recs] == ["a", "a", "a", "a", "b"]
-    assert recs[-1].consumed == len(b"one\r\ntwo\n\n" + big + b"\nthree") + 1 + 5
-    recs = list(read_records([("c", io.BytesIO(b"a||b||"))], b"||"))
-    assert [r.body for r in recs] == [b"a", b"b"]
 
 
 def test_publish_progress_bar_forced_on() -> None:

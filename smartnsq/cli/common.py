@@ -231,14 +231,30 @@ class RateParam(click.ParamType[float]):
 # -- running ---------------------------------------------------------------------------------
 
 
-def stop_event() -> asyncio.Event:
+class StopEvent(asyncio.Event):
+    """Set on SIGINT/SIGTERM; :attr:`signum` says which signal set it."""
+
+    signum: int | None = None
+
+    def on_signal(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.set()
+
+    def exit_code(self) -> int | None:
+        """128 + the signal number (130 for SIGINT, 143 for SIGTERM), as shells report a
+        command a signal ended; None when no signal came."""
+        return None if self.signum is None else 128 + self.signum
+
+
+def stop_event() -> StopEvent:
     """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close)."""
-    event = asyncio.Event()
+    event = StopEvent()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         # not on every platform (Windows), nor outside the main thread (tests)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, event.set)
+            loop.add_signal_handler(sig, event.on_signal, int(sig))
     return event
 
 

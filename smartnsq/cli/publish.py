@@ -5,13 +5,14 @@ limiting and deferred publishing."""
 from __future__ import annotations
 
 import asyncio
-import codecs
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -39,6 +40,7 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
+from smartnsq.cli.records import Record, RecordTooLong, parse_delimiter, read_records
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup
@@ -56,53 +58,9 @@ Examples:
 
 #: records read ahead of the publishes (ordered mode keeps this many in flight)
 WINDOW = 256
-READ_CHUNK = 1 << 16
-
-
-@dataclass
-class Record:
-    #: 1-based position in the input (over all files)
-    number: int
-    source: str
-    body: bytes
-    #: input bytes consumed up to and including this record
-    consumed: int
-
-
-def parse_delimiter(text: str) -> bytes:
-    """``\\n`` (default), ``\\0``, ``\\t``, ``,`` ... (backslash escapes allowed)."""
-    try:
-        value = codecs.decode(text, "unicode_escape").encode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.BadParameter(f"malformed escape in {text!r}: {exc.reason}") from None
-    if not value:
-        raise click.BadParameter("the delimiter must not be empty")
-    return value
-
-
-def read_records(sources: list[tuple[str, BinaryIO]], delimiter: bytes) -> Iterator[Record]:
-    """Records of every source in order; empty records are skipped (nsqd refuses empty
-    bodies), and a trailing ``\\r`` before a ``\\n`` delimiter is dropped."""
-    number = 0
-    consumed = 0
-    for name, stream in sources:
-        buf = b""
-        while True:
-            chunk = stream.read(READ_CHUNK)
-            if chunk:
-                buf += chunk
-                *parts, buf = buf.split(delimiter)
-            else:
-                parts, buf = ([buf] if buf else []), b""
-            for part in parts:
-                consumed += len(part) + len(delimiter)
-                if delimiter == b"\n" and part.endswith(b"\r"):
-                    part = part[:-1]
-                if part:
-                    number += 1
-                    yield Record(number, name, part, consumed)
-            if not chunk:
-                break
+#: nsqd's default --max-msg-size and --max-body-size
+MAX_MSG_SIZE = 1024 * 1024
+MAX_BODY_SIZE = 5 * 1024 * 1024
 
 
 class ShardKeyRule:
@@ -148,11 +106,13 @@ class Totals:
 
 
 class Pacer:
-    """Spaces publishes to ``rate`` messages per second (no burst beyond one batch)."""
+    """Spaces publishes to ``rate`` messages per second (no burst beyond one batch); a
+    wait ends early when ``stop`` is set."""
 
-    def __init__(self, rate: float | None) -> None:
+    def __init__(self, rate: float | None, stop: asyncio.Event) -> None:
         self.interval = 1.0 / rate if rate else 0.0
         self.next = 0.0
+        self.stop = stop
 
     async def wait(self, n: int = 1) -> None:
         if not self.interval:
@@ -160,7 +120,8 @@ class Pacer:
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self.next > now:
-            await asyncio.sleep(self.next - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.next - now)
         self.next = max(self.next, now) + n * self.interval
 
 
@@ -187,6 +148,10 @@ def receipt_line(r: PublishReceipt) -> str:
 @click.option("--rate", type=RateParam(), help="at most N messages per second (N/s, N/m, N/h)")
 @click.option("--defer", type=click.FloatRange(min=0, max=3600), metavar="SECONDS",
               help="stock nsqd: deliver each message after SECONDS (DPUB)")
+@click.option("--max-msg-size", type=click.IntRange(min=1), default=MAX_MSG_SIZE,
+              show_default=True, metavar="BYTES",
+              help="the longest record accepted (nsqd's --max-msg-size); a longer one stops "
+                   "the command with an error as soon as it is read that far")
 @click.option("--progress/--no-progress", default=None,
               help="progress bar (default: when stdout is a terminal)")
 @command_runner
@@ -194,9 +159,12 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
                   nsqd: tuple[str, ...], delimiter: str, batch: int | None,
                   shard_key_field: str | None, shard_key_regex: str | None,
                   partition: int | None, trace: bool, rate: float | None, defer: float | None,
-                  progress: bool | None) -> None:
-    """Publish one message per record of FILEs (or stdin; '-' is stdin too) to TOPIC.
-    A summary line goes to stderr; --trace receipts go to stdout as JSON lines."""
+                  max_msg_size: int, progress: bool | None) -> None:
+    """Publish one message per record of FILEs (or stdin; '-' is stdin too) to TOPIC;
+    records from a pipe are published as they arrive. A summary line goes to stderr;
+    --trace receipts go to stdout as JSON lines. SIGINT/SIGTERM stop it after the
+    publishes under way: the summary counts what was published, and the exit code is
+    130/143."""
     cluster = pick_cluster(lookupd, nsqd)
     delim = parse_delimiter(delimiter)
     rule = _shard_rule(shard_key_field, shard_key_regex)
@@ -216,7 +184,7 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
     began = False
     started = time.perf_counter()
     console = stderr_console()
-    producer = _producer(cluster)
+    producer = _producer(cluster, max_msg_size)
     try:
         async with producer:
             if cluster.lookupd:
@@ -224,17 +192,17 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
                 assert lookup is not None
                 await _check_topic(lookup, topic)
             began = True
-            records = read_records(sources, delim)
+            records = read_records(sources, delim, limit=max_msg_size, stop=stop)
             with _progress(show, total) as bar:
                 task = bar.add_task("publishing", total=total)
-                pacer = Pacer(rate)
+                pacer = Pacer(rate, stop)
                 try:
                     async for done in _publish_all(producer, topic, records, rule=rule,
                                                    batch=batch, partition=partition,
                                                    trace=trace, defer=defer, pacer=pacer,
                                                    stop=stop, totals=totals):
                         bar.update(task, completed=done)
-                except (CliError, NSQError) as exc:
+                except (CliError, NSQError, RecordTooLong, OSError) as exc:
                     # the one error line also says how far the input got
                     text = exc.message if isinstance(exc, CliError) else describe(exc)
                     raise CliError(f"{text} (after {totals.messages} message(s) were "
@@ -246,10 +214,15 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
     if began:
         elapsed = time.perf_counter() - started
         rate_txt = f", {totals.messages / elapsed:,.0f} msg/s" if elapsed > 0 else ""
+        why = ""
+        if stop.signum is not None:
+            why = f" (interrupted by {signal.Signals(stop.signum).name})"
         console.print(f"published {totals.messages} message(s), {totals.bytes:,} bytes, to "
-                      f"{topic} in {elapsed:.2f}s{rate_txt}"
-                      + (" (interrupted)" if stop.is_set() else ""),
+                      f"{topic} in {elapsed:.2f}s{rate_txt}{why}",
                       highlight=False, soft_wrap=True)
+    code = stop.exit_code()
+    if code is not None:
+        raise click.exceptions.Exit(code)
 
 
 def _shard_rule(field_name: str | None, regex: str | None) -> ShardKeyRule | None:
@@ -293,8 +266,9 @@ def _open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], i
     return sources, total
 
 
-def _producer(cluster: Cluster) -> Producer:
-    config = ProducerConfig(publish_timeout=10.0)
+def _producer(cluster: Cluster, max_msg_size: int) -> Producer:
+    config = ProducerConfig(publish_timeout=10.0, max_msg_size=max_msg_size,
+                            max_body_size=max(MAX_BODY_SIZE, max_msg_size))
     if cluster.nsqd:
         return Producer(list(cluster.nsqd), config=config)
     return Producer(lookupd=cluster.lookup_config(poll_interval=15.0), config=config)
@@ -318,11 +292,13 @@ def _progress(show: bool, total: int | None) -> Progress:
     return Progress(*columns, console=stderr_console(), disable=not show)
 
 
-async def _publish_all(producer: Producer, topic: str, records: Iterator[Record], *,
+async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Record], *,
                        rule: ShardKeyRule | None, batch: int | None, partition: int | None,
                        trace: bool, defer: float | None, pacer: Pacer, stop: asyncio.Event,
                        totals: Totals) -> AsyncIterator[int]:
-    """Publish every record; yields the input bytes consumed after each acknowledged step."""
+    """Publish every record; yields the input bytes consumed after each acknowledged step.
+    A record that cannot be published (too long, no shard key) ends the run after the
+    records before it were published."""
     out = sys.stdout
 
     def receipt(r: PublishReceipt | None) -> None:
@@ -342,22 +318,21 @@ async def _publish_all(producer: Producer, topic: str, records: Iterator[Record]
                 totals.bytes += len(rec.body)
                 yield rec.consumed
 
-        bad: CliError | None = None
+        bad: CliError | RecordTooLong | None = None
         try:
-            for rec in records:
-                if stop.is_set():
-                    break
-                try:
+            try:
+                async for rec in records:
+                    if stop.is_set():
+                        break
                     key = rule.key(rec)
-                except CliError as exc:
-                    bad = exc  # the records before it are still published
-                    break
-                await pacer.wait()
-                fut = asyncio.ensure_future(producer.publish_ordered(
-                    topic, key, rec.body, trace_id=rec.number if trace else None))
-                pending.append((rec, fut))
-                async for done in settle(WINDOW):
-                    yield done
+                    await pacer.wait()
+                    fut = asyncio.ensure_future(producer.publish_ordered(
+                        topic, key, rec.body, trace_id=rec.number if trace else None))
+                    pending.append((rec, fut))
+                    async for done in settle(WINDOW):
+                        yield done
+            except (CliError, RecordTooLong) as exc:
+                bad = exc  # the records before it are still published
             async for done in settle(0):
                 yield done
             if bad is not None:
@@ -385,17 +360,23 @@ async def _publish_all(producer: Producer, topic: str, records: Iterator[Record]
             chunk.clear()
             return done
 
-        for rec in records:
-            if stop.is_set():
-                break
-            chunk.append(rec)
-            if len(chunk) >= batch:
-                yield await flush()
+        too_long: RecordTooLong | None = None
+        try:
+            async for rec in records:
+                if stop.is_set():
+                    break
+                chunk.append(rec)
+                if len(chunk) >= batch:
+                    yield await flush()
+        except RecordTooLong as exc:
+            too_long = exc  # the records before it are still published
         if chunk and not stop.is_set():
             yield await flush()
+        if too_long is not None:
+            raise too_long
         return
 
-    for rec in records:
+    async for rec in records:
         if stop.is_set():
             break
         await pacer.wait()
