@@ -22,8 +22,8 @@ from smartnsq.spark.nsqd_http import NsqdHttp
 from smartnsq.spark.offsets import EARLIEST, LATEST, PartitionState
 from smartnsq.spark.options import SourceOptionError, SourceOptions
 
-__all__ = ["MIN_RECORD", "Snapshot", "find_boundary", "resolve_starting", "resolve_timestamp",
-           "snapshot"]
+__all__ = ["MIN_RECORD", "Snapshot", "find_boundary", "next_boundaries", "resolve_starting",
+           "resolve_timestamp", "snapshot", "starting_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,41 @@ async def snapshot(opts: SourceOptions, *, attempts: int = 5) -> Snapshot:
                              f"{attempts} attempts: {last}")
 
 
+async def starting_positions(opts: SourceOptions, snap: Snapshot, default: str,
+                             channel: str) -> dict[int, int]:
+    """The first offset of every partition for a new query (or a batch read), each a message
+    boundary: ``startingTimestamp`` by the server's search, named offsets moved on to the
+    next boundary as nsqd moves a position inside a message (what the CLI's ``--from
+    offset:`` reads too), ``earliest``/``latest`` as they are. ``channel`` is a throw-away
+    name for asking nsqd."""
+    if opts.starting_timestamp is not None:
+        return await resolve_timestamp(opts, snap, opts.starting_timestamp, channel)
+    start = resolve_starting(opts, snap, default)
+    if isinstance(opts.starting, dict):
+        start = await next_boundaries(opts, snap, start, channel)
+    return start
+
+
+async def next_boundaries(opts: SourceOptions, snap: Snapshot, offsets: Mapping[int, int],
+                          channel: str) -> dict[int, int]:
+    """Per partition, the first message boundary at or after the offset: where nsqd puts a
+    channel asked for that position (read back from ``/stats``). The retained start and the
+    end are boundaries already; nothing is asked about them."""
+    out = dict(offsets)
+    async with NsqdHttp() as http:
+        for p, off in sorted(offsets.items()):
+            st = snap.partitions[p]
+            if off in (st.start, st.end):
+                continue
+            pos = await _positioned(http, opts.topic, st, channel, f"virtual_queue:{off}")
+            out[p] = min(max(pos, off), st.end)
+    return out
+
+
 async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
                             channel: str) -> dict[int, int]:
     """Per partition, the byte offset of the first message at or after ``seconds`` (the
-    server's timestamp search on a throw-away channel; its position is read back from
-    ``/stats``: end minus the channel's bytes left)."""
+    server's timestamp search on a throw-away channel)."""
     out: dict[int, int] = {}
     async with NsqdHttp() as http:
         for p, st in sorted(snap.partitions.items()):
@@ -92,21 +122,29 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
                 # of file"; nothing to search
                 out[p] = st.end
                 continue
-            await http.create_channel(st.leader_http, opts.topic, p, channel)
             try:
-                fresh = await http.channel_position(st.leader_http, opts.topic, p, channel)
-                await http.set_offset(st.leader_http, opts.topic, p, channel,
-                                      f"timestamp:{seconds}")
-                pos = await _settled(http, st.leader_http, opts.topic, p, channel, fresh)
+                pos = await _positioned(http, opts.topic, st, channel, f"timestamp:{seconds}")
             except ConfigError as exc:
                 if "end of file" not in str(exc):
                     raise
                 # every retained message is older than the timestamp
                 pos = st.end
-            finally:
-                await http.delete_channel(st.leader_http, opts.topic, p, channel)
             out[p] = min(max(pos, st.start), st.end)
     return out
+
+
+async def _positioned(http: NsqdHttp, topic: str, st: PartitionState, channel: str,
+                      position: str) -> int:
+    """Where nsqd puts a fresh ``channel`` asked for ``position`` (``/channel/setoffset``);
+    its position is read back from ``/stats`` (end minus the channel's bytes left) and the
+    channel deleted again."""
+    await http.create_channel(st.leader_http, topic, st.partition, channel)
+    try:
+        fresh = await http.channel_position(st.leader_http, topic, st.partition, channel)
+        await http.set_offset(st.leader_http, topic, st.partition, channel, position)
+        return await _settled(http, st.leader_http, topic, st.partition, channel, fresh)
+    finally:
+        await http.delete_channel(st.leader_http, topic, st.partition, channel)
 
 
 async def _settled(http: NsqdHttp, leader_http: str, topic: str, partition: int,
@@ -123,11 +161,10 @@ async def _settled(http: NsqdHttp, leader_http: str, topic: str, partition: int,
     return pos
 
 
-def resolve_starting(opts: SourceOptions, snap: Snapshot, default: str,
-                     timestamps: Mapping[int, int] | None = None) -> dict[int, int]:
-    """The first offset of every partition for a new query (or a batch read)."""
-    if timestamps is not None:
-        return dict(timestamps)
+def resolve_starting(opts: SourceOptions, snap: Snapshot, default: str) -> dict[int, int]:
+    """``startingOffsets`` (or ``default``) per partition, as given: named offsets are
+    checked against the retained range, not moved to a boundary (:func:`starting_positions`
+    does that)."""
     starting = opts.starting if opts.starting is not None else default
     if starting == "earliest":
         return {p: s.start for p, s in snap.partitions.items()}
