@@ -16,7 +16,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
@@ -35,16 +34,14 @@ from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
+from smartnsq.lookup.topics import TopicState, TopicTable
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
 from smartnsq.protocol.validation import check_topic, parse_http_address
 
 log = logging.getLogger("smartnsq.lookup")
 
-#: least time between two rounds of one topic when callers keep asking (youzan go-nsq
-#: pauses 100 ms after a forced re-query)
-MIN_ROUND_SPACING = 0.1
-
-Key = tuple[str, Access]
+#: a topic nobody asked about for this many poll intervals is forgotten (5 min by default)
+IDLE_POLLS = 5
 
 
 def check_access(access: str) -> Access:
@@ -53,20 +50,6 @@ def check_access(access: str) -> Access:
     if access == "w":
         return "w"
     raise ConfigError(f"access must be 'r' (consumers) or 'w' (producers), got {access!r}")
-
-
-@dataclass(eq=False)
-class _TopicState:
-    topic: str
-    access: Access
-    metainfo: bool
-    coalescer: Coalescer[TopicView] = field(init=False)
-    view: TopicView | None = None
-    last_error: LookupFailedError | None = None
-    #: last good answer of each lookupd, reused while it fails without being demoted
-    answers: dict[str, LookupAnswer] = field(default_factory=dict)
-    refresher: asyncio.Task[None] | None = None
-    subscribers: list[Subscription] = field(default_factory=list)
 
 
 def _seed_urls(addresses: Sequence[str]) -> tuple[str, ...]:
@@ -94,14 +77,18 @@ class Lookup:
 
     Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:``. Methods start it
     on first use too, but only ``close()`` (or leaving the ``async with``) stops its tasks.
+    A topic nobody asked about (lookup, refresh, view, stale report) for ``idle_polls`` poll
+    intervals, and nobody subscribes to, stops being refreshed and is forgotten.
     ``clock`` (monotonic seconds) and ``rng`` can be injected for tests.
     """
 
     def __init__(self, config: LookupConfig, *, session: aiohttp.ClientSession | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, idle_polls: int = IDLE_POLLS) -> None:
         if not isinstance(config, LookupConfig):
             raise ConfigError(f"Lookup needs a LookupConfig, got {type(config).__name__}")
+        if isinstance(idle_polls, bool) or not isinstance(idle_polls, int) or idle_polls < 1:
+            raise ConfigError(f"idle_polls must be an int >= 1, got {idle_polls!r}")
         self._config = config
         self._seeds = _seed_urls(config.addresses)
         self._clock = clock
@@ -115,7 +102,9 @@ class Lookup:
         #: set after the first /listlookup pass, which the first lookup round waits for
         self._discovered = asyncio.Event()
         self._discovery_task: asyncio.Task[None] | None = None
-        self._topics: dict[Key, _TopicState] = {}
+        self._topics = TopicTable(self._round, delay=self._poll_delay, clock=clock,
+                                  idle_after=idle_polls * config.poll_interval,
+                                  spawn=self._spawn)
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closed = False
@@ -156,19 +145,12 @@ class Lookup:
         tasks: list[asyncio.Task[Any]] = list(self._background)
         if self._discovery_task is not None:
             tasks.append(self._discovery_task)
-        for state in self._topics.values():
-            if state.refresher is not None:
-                tasks.append(state.refresher)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        closing = [s.coalescer.close() for s in self._topics.values()]
+        await self._topics.close()
         if self._discover_once is not None:
-            closing.append(self._discover_once.close())
-        await asyncio.gather(*closing, return_exceptions=True)
-        for state in self._topics.values():
-            for sub in list(state.subscribers):
-                sub.close()
+            await self._discover_once.close()
         if self._own_session and self._session is not None:
             await self._session.close()
 
@@ -200,9 +182,14 @@ class Lookup:
         return self._health.snapshot(self.leader)
 
     def view(self, topic: str, access: str = "r") -> TopicView | None:
-        """The current view, without any I/O (None before the first successful round)."""
-        state = self._topics.get((check_topic(topic), check_access(access)))
+        """The current view, without any I/O (None before the first successful round, and
+        once the topic was forgotten). Reading it counts as using the topic."""
+        state = self._topics.get((check_topic(topic), check_access(access)), use=True)
         return state.view if state is not None else None
+
+    def tracked(self) -> tuple[tuple[str, Access], ...]:
+        """Every ``(topic, access)`` refreshed in the background now."""
+        return self._topics.keys()
 
     def last_error(self, topic: str, access: str = "r") -> LookupFailedError | None:
         """Why the latest round for ``(topic, access)`` failed; None after a good round."""
@@ -250,22 +237,8 @@ class Lookup:
 
     # -- topics ----------------------------------------------------------------------------
 
-    def _state(self, topic: str, access: str, metainfo: bool) -> _TopicState:
-        key: Key = (check_topic(topic), check_access(access))
-        state = self._topics.get(key)
-        if state is None:
-            new = _TopicState(key[0], key[1], metainfo)
-            new.coalescer = Coalescer(lambda: self._round(new), min_spacing=MIN_ROUND_SPACING)
-            state = self._topics[key] = new
-        elif metainfo:
-            state.metainfo = True  # once anyone wants meta, keep asking for it
-        return state
-
-    def _track(self, state: _TopicState, *, immediately: bool) -> None:
-        if state.refresher is None and not self._closed:
-            state.refresher = asyncio.create_task(run_periodically(
-                f"lookup refresher for topic {state.topic!r} (access={state.access})",
-                state.coalescer, self._poll_delay, immediately=immediately))
+    def _use(self, topic: str, access: str, metainfo: bool) -> TopicState:
+        return self._topics.use((check_topic(topic), check_access(access)), metainfo)
 
     async def lookup(self, topic: str, access: str = "r", *, metainfo: bool = True,
                      max_age: float | None = None) -> TopicView:
@@ -273,15 +246,16 @@ class Lookup:
 
         Returns the current view when there is one (younger than ``max_age`` seconds if
         given), else runs a round. From now on the topic is refreshed in the background
-        every ``poll_interval`` (+ jitter) until :meth:`forget`. ``metainfo`` asks youzan
-        lookupds for ``meta`` (partition count, ordered, ext ...).
+        every ``poll_interval`` (+ jitter) until :meth:`forget`, or until nobody used it
+        for ``idle_polls`` polls. ``metainfo`` asks youzan lookupds for ``meta`` (partition
+        count, ordered, ext ...).
         Raises :class:`LookupFailedError` only when no view could ever be built.
         """
         max_age = check_optional_duration(max_age, "max_age")
         await self._ready()
-        state = self._state(topic, access, metainfo)
+        state = self._use(topic, access, metainfo)
         # tracked even if this first round fails: the refresher retries every poll
-        self._track(state, immediately=False)
+        self._topics.track(state, immediately=False)
         view = state.view
         if view is not None and (max_age is None or self._clock() - view.built_at <= max_age):
             return view
@@ -295,8 +269,8 @@ class Lookup:
         :meth:`last_error`); raises :class:`LookupFailedError` if there is no view at all.
         """
         await self._ready()
-        state = self._state(topic, access, metainfo)
-        self._track(state, immediately=False)
+        state = self._use(topic, access, metainfo)
+        self._topics.track(state, immediately=False)
         return await state.coalescer()
 
     def report_stale(self, topic: str, partition: int | None = None, *,
@@ -311,7 +285,7 @@ class Lookup:
         if self._closed:
             return
         for mode in modes:
-            state = self._topics.get((topic, mode))
+            state = self._topics.get((topic, mode), use=True)
             if state is None:
                 continue
             where = f" partition {partition}" if partition is not None else ""
@@ -327,58 +301,47 @@ class Lookup:
         """
         if self._closed:
             raise ClientClosedError("this Lookup is closed")
-        state = self._state(topic, access, metainfo)
+        state = self._use(topic, access, metainfo)
         sub = Subscription(state.topic, state.access, callback=callback, maxsize=maxsize,
-                           on_close=lambda s: self._unsubscribe(state, s))
+                           on_close=lambda s: self._topics.unsubscribe(state, s))
         state.subscribers.append(sub)
         if state.view is not None:
             sub.deliver(TopicChange(state.topic, state.access, None, state.view,
                                     diff_views(None, state.view)))
         if self._started:
-            self._track(state, immediately=state.view is None)
+            self._topics.track(state, immediately=state.view is None)
         else:
             self._spawn(lambda: self._start_tracking(state), "lookup start")
         return sub
 
-    async def _start_tracking(self, state: _TopicState) -> None:
+    async def _start_tracking(self, state: TopicState) -> None:
         await self._ready()
-        self._track(state, immediately=state.view is None)
-
-    def _unsubscribe(self, state: _TopicState, sub: Subscription) -> None:
-        if sub in state.subscribers:
-            state.subscribers.remove(sub)
+        self._topics.track(state, immediately=state.view is None)
 
     def forget(self, topic: str, access: str = "r") -> None:
         """Stop refreshing ``(topic, access)``, drop its view and end its subscriptions."""
-        state = self._topics.pop((check_topic(topic), check_access(access)), None)
-        if state is None:
-            return
-        if state.refresher is not None:
-            state.refresher.cancel()
-        self._spawn(state.coalescer.close, "forget")
-        for sub in list(state.subscribers):
-            sub.close()
+        self._topics.forget((check_topic(topic), check_access(access)))
 
     def _spawn(self, start: Callable[[], Awaitable[Any]], what: str) -> None:
         # the coroutine is created inside the task, so cancelling the task early leaves
-        # no never-awaited coroutine behind
+        # no never-awaited coroutine behind; a cancelled task ends cancelled
         async def guarded() -> None:
             try:
                 await start()
             except LookupFailedError as exc:
                 log.debug("%s: %s", what, exc)
-            except (ClientClosedError, asyncio.CancelledError):
+            except ClientClosedError:
                 pass
             except Exception:
                 log.exception("%s: unexpected error", what)
 
-        task = asyncio.get_running_loop().create_task(guarded())
+        task = asyncio.get_running_loop().create_task(guarded(), name=f"smartnsq lookup: {what}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     # -- one round -------------------------------------------------------------------------
 
-    async def _query(self, lookupd: str, state: _TopicState) -> LookupAnswer | LookupdError:
+    async def _query(self, lookupd: str, state: TopicState) -> LookupAnswer | LookupdError:
         assert self._client is not None
         params = {"topic": state.topic, "access": state.access}
         if state.metainfo:
@@ -408,7 +371,7 @@ class Lookup:
                 and self._config.use_listlookup):
             self._spawn(self._discover_once, "lookupd discovery")
 
-    async def _round(self, state: _TopicState) -> TopicView:
+    async def _round(self, state: TopicState) -> TopicView:
         await self._ensure_discovered()
         healthy, probes = self._health.plan()
         tasks = {a: asyncio.create_task(self._query(a, state)) for a in healthy + probes}
@@ -459,7 +422,7 @@ class Lookup:
         return view
 
     def _probe_done(self, task: asyncio.Task[LookupAnswer | LookupdError],
-                    state: _TopicState) -> None:
+                    state: TopicState) -> None:
         if task.cancelled() or self._closed or self._topics.get(
                 (state.topic, state.access)) is not state:
             return
@@ -467,7 +430,7 @@ class Lookup:
             self._spawn(state.coalescer, f"refresh of topic {state.topic!r} "
                                            f"(access={state.access})")
 
-    def _round_failed(self, state: _TopicState, failed: dict[str, str]) -> TopicView:
+    def _round_failed(self, state: TopicState, failed: dict[str, str]) -> TopicView:
         detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
         err = LookupFailedError(
             f"no lookupd answered /lookup for topic {state.topic!r} (access={state.access}): "
@@ -484,6 +447,6 @@ class Lookup:
             raise err
         return state.view
 
-    def _notify(self, state: _TopicState, change: TopicChange) -> None:
+    def _notify(self, state: TopicState, change: TopicChange) -> None:
         for sub in list(state.subscribers):
             sub.deliver(change)

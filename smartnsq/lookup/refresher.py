@@ -27,8 +27,10 @@ async def run_periodically(
     delay: Callable[[], float],
     *,
     immediately: bool,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
-    """Run ``round_`` forever with ``delay()`` seconds between runs, until cancelled.
+    """Run ``round_`` with ``delay()`` seconds between runs, until cancelled or until
+    ``stop()``, asked after each pause, says True.
 
     Lookup failures were already logged per lookupd, so they are logged briefly here;
     anything else is a bug and is logged with its traceback. Nothing escapes.
@@ -37,6 +39,8 @@ async def run_periodically(
     while True:
         if not first:
             await asyncio.sleep(delay())
+            if stop is not None and stop():
+                return
         first = False
         try:
             await round_()

@@ -1,0 +1,139 @@
+"""The topics a :class:`~smartnsq.lookup.Lookup` keeps fresh, and when it lets them go.
+
+Each ``(topic, access)`` asked about gets a :class:`TopicState` (its view, the lookupds'
+last answers, its subscribers) and a refresher task that runs a round every poll. A topic
+nobody used for ``idle_after`` seconds — no lookup, refresh, view read or stale-leader report,
+and no subscription — is forgotten by its own refresher at its next wake-up, so a process
+that looks up many topics once does not keep a task and a view per topic forever. A
+subscribed topic is never forgotten while subscribed, nor one whose round is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartnsq.errors import LookupFailedError
+from smartnsq.lookup.coalesce import Coalescer
+from smartnsq.lookup.refresher import run_periodically
+from smartnsq.lookup.subscription import Subscription
+from smartnsq.lookup.view import Access, LookupAnswer, TopicView
+
+log = logging.getLogger("smartnsq.lookup")
+
+#: least time between two rounds of one topic when callers keep asking (youzan go-nsq
+#: pauses 100 ms after a forced re-query)
+MIN_ROUND_SPACING = 0.1
+
+Key = tuple[str, Access]
+Spawn = Callable[[Callable[[], Awaitable[Any]], str], None]
+
+
+@dataclass(eq=False)
+class TopicState:
+    topic: str
+    access: Access
+    metainfo: bool
+    coalescer: Coalescer[TopicView] = field(init=False)
+    view: TopicView | None = None
+    last_error: LookupFailedError | None = None
+    #: last good answer of each lookupd, reused while it fails without being demoted
+    answers: dict[str, LookupAnswer] = field(default_factory=dict)
+    refresher: asyncio.Task[None] | None = None
+    subscribers: list[Subscription] = field(default_factory=list)
+    #: when someone last asked for the topic (the Lookup's clock)
+    last_used: float = 0.0
+
+
+class TopicTable:
+    """Every tracked ``(topic, access)``: states, refreshers, idle eviction.
+
+    ``round_`` runs one lookup round for a state; ``spawn`` runs a coroutine function in the
+    Lookup's background set (closing a coalescer without waiting for it).
+    """
+
+    def __init__(self, round_: Callable[[TopicState], Awaitable[TopicView]], *,
+                 delay: Callable[[], float], clock: Callable[[], float], idle_after: float,
+                 spawn: Spawn) -> None:
+        self._round = round_
+        self._delay = delay
+        self._clock = clock
+        self._idle_after = idle_after
+        self._spawn = spawn
+        self._states: dict[Key, TopicState] = {}
+        self._closed = False
+
+    def get(self, key: Key, *, use: bool = False) -> TopicState | None:
+        """The state of ``key`` if tracked; ``use`` counts this as a use (keeps it)."""
+        state = self._states.get(key)
+        if state is not None and use:
+            state.last_used = self._clock()
+        return state
+
+    def use(self, key: Key, metainfo: bool) -> TopicState:
+        """The state of ``key``, made on first use; counts as a use."""
+        state = self._states.get(key)
+        if state is None:
+            new = TopicState(key[0], key[1], metainfo)
+            new.coalescer = Coalescer(lambda: self._round(new), min_spacing=MIN_ROUND_SPACING)
+            state = self._states[key] = new
+        elif metainfo:
+            state.metainfo = True  # once anyone wants meta, keep asking for it
+        state.last_used = self._clock()
+        return state
+
+    def keys(self) -> tuple[Key, ...]:
+        return tuple(self._states)
+
+    def track(self, state: TopicState, *, immediately: bool) -> None:
+        """Start the state's refresher unless it runs (or the table is closed)."""
+        if state.refresher is None and not self._closed:
+            what = f"lookup refresher for topic {state.topic!r} (access={state.access})"
+            state.refresher = asyncio.get_running_loop().create_task(run_periodically(
+                what, state.coalescer, self._delay, immediately=immediately,
+                stop=lambda: self._evict_if_idle(state)), name=f"smartnsq {what}")
+
+    def unsubscribe(self, state: TopicState, sub: Subscription) -> None:
+        if sub in state.subscribers:
+            state.subscribers.remove(sub)
+            state.last_used = self._clock()  # the idle time starts when the last one leaves
+
+    def forget(self, key: Key) -> None:
+        """Stop refreshing ``key``, drop its view and end its subscriptions."""
+        state = self._states.pop(key, None)
+        if state is None:
+            return
+        if state.refresher is not None:
+            state.refresher.cancel()
+        self._spawn(state.coalescer.close, "forget")
+        for sub in list(state.subscribers):
+            sub.close()
+
+    def _evict_if_idle(self, state: TopicState) -> bool:
+        """True (and the state dropped) when nobody needs ``state`` any more."""
+        idle = self._clock() - state.last_used
+        if state.subscribers or state.coalescer.busy or idle < self._idle_after:
+            return False
+        key = (state.topic, state.access)
+        if self._states.get(key) is state:
+            del self._states[key]
+        state.refresher = None
+        log.debug("topic %r (access=%s): not asked about for %.0fs; no longer refreshed",
+                  state.topic, state.access, idle)
+        return True
+
+    async def close(self) -> None:
+        """Stop every refresher and round, end every subscription."""
+        self._closed = True
+        states = list(self._states.values())
+        refreshers = [s.refresher for s in states if s.refresher is not None]
+        for t in refreshers:
+            t.cancel()
+        await asyncio.gather(*refreshers, return_exceptions=True)
+        await asyncio.gather(*(s.coalescer.close() for s in states), return_exceptions=True)
+        for state in states:
+            for sub in list(state.subscribers):
+                sub.close()
