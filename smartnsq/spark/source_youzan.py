@@ -47,9 +47,8 @@ from smartnsq.spark.planning import (
     Snapshot,
     find_boundary,
     resolve_ending,
-    resolve_starting,
-    resolve_timestamp,
     snapshot,
+    starting_positions,
 )
 from smartnsq.spark.rows import to_record_batch
 
@@ -174,12 +173,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         snap = self._snapshot()
-        stamps = None
-        if self.opts.starting_timestamp is not None:
-            stamps = asyncio.run(resolve_timestamp(
-                self.opts, snap, self.opts.starting_timestamp,
-                self.opts.channel_for("ts")[:50] + "_" + uuid.uuid4().hex[:8]))
-        return encode_offsets(resolve_starting(self.opts, snap, "latest", stamps))
+        probe = self.opts.channel_for("ts")[:50] + "_" + uuid.uuid4().hex[:8]
+        return encode_offsets(asyncio.run(starting_positions(self.opts, snap, "latest",
+                                                             probe)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_messages_per_trigger is not None:
@@ -334,12 +330,8 @@ class YouzanBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[NsqRange]:
         snap = asyncio.run(snapshot(self.opts))
-        stamps = None
-        if self.opts.starting_timestamp is not None:
-            stamps = asyncio.run(resolve_timestamp(self.opts, snap,
-                                                   self.opts.starting_timestamp,
-                                                   self.channel[:55] + "_ts"))
-        start = resolve_starting(self.opts, snap, "earliest", stamps)
+        start = asyncio.run(starting_positions(self.opts, snap, "earliest",
+                                               self.channel[:55] + "_pos"))
         end = resolve_ending(self.opts, snap)
         for p in end:
             end[p] = max(end[p], start.get(p, end[p]))
