@@ -106,6 +106,14 @@ def read_range(task: RangeTask) -> Iterator[Any]:
             loop.close()
 
 
+def _read(partition: InputPartition) -> Iterator[Any]:
+    # a plan with no ranges reaches the executors as Spark's one placeholder partition
+    # (InputPartition(None)): nothing to read there
+    if isinstance(partition, NsqRange):
+        return read_range(partition.task)
+    return iter(())
+
+
 def _report(task: RangeTask, fetcher: RangeFetcher, clock: tuple[float, float, float]
             ) -> None:
     path = os.environ.get(READ_STATS_ENV)
@@ -279,8 +287,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _plan(self.opts, snap, begin, e, self.channel, delete=False)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, NsqRange)
-        return read_range(partition.task)
+        return _read(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         if not self.opts.commit_to_channel:
@@ -338,5 +345,4 @@ class YouzanBatchReader(DataSourceReader):
         return _plan(self.opts, snap, start, end, self.channel, delete=True)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, NsqRange)
-        return read_range(partition.task)
+        return _read(partition)
