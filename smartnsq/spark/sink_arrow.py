@@ -77,12 +77,17 @@ def check_schema(schema: Any, opts: SinkOptions) -> tuple[str, ...]:
 
     names = tuple(f.name for f in schema.fields)
     unknown = [n for n in names if n not in SINK_COLUMNS]
+    if "value" not in names:
+        # the one required column first: a table written as it is lacks it, and its other
+        # columns are unknown only because nothing says which one is the body
+        stray = f" (not sink columns: {', '.join(unknown)})" if unknown else ""
+        raise ConfigError(
+            "column value is required by the nsq sink (the message body, binary or string); "
+            f"columns given: {', '.join(names) or 'none'}{stray}; e.g. "
+            "df.selectExpr(\"to_json(struct(*)) AS value\") writes each row as JSON")
     if unknown:
         raise ConfigError(f"unknown column(s) for the nsq sink: {', '.join(unknown)} "
                           f"(known: {', '.join(SINK_COLUMNS)})")
-    if "value" not in names:
-        raise ConfigError("the nsq sink needs a column named value (binary or string); columns "
-                          f"given: {', '.join(names) or 'none'}")
     types = {f.name: f.dataType for f in schema.fields}
     ints = (t.ByteType, t.ShortType, t.IntegerType, t.LongType)
     wanted: dict[str, tuple[tuple[type, ...], str]] = {

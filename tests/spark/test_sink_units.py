@@ -119,8 +119,13 @@ def test_schema_accepts_every_sink_column() -> None:
 @pytest.mark.parametrize(("cols", "o", "message"), [
     ({"value": t.BinaryType(), "key": t.StringType(), "headers": t.StringType()}, {},
      "unknown column(s) for the nsq sink: key, headers"),
-    ({"body": t.BinaryType()}, {}, "unknown column(s) for the nsq sink: body"),
-    ({"topic": t.StringType()}, {}, "needs a column named value"),
+    ({"value": t.BinaryType(), "body": t.BinaryType()}, {},
+     "unknown column(s) for the nsq sink: body"),
+    ({"topic": t.StringType()}, {}, "column value is required by the nsq sink"),
+    # a user's table written as it is: the missing body column is what needs saying
+    ({"id": t.LongType(), "name": t.StringType()}, {},
+     "column value is required by the nsq sink (the message body, binary or string); "
+     "columns given: id, name (not sink columns: id, name)"),
     ({"value": t.IntegerType()}, {},
      "column value must be binary or string for the nsq sink, got int"),
     ({"value": t.BinaryType(), "partition": t.StringType()}, {}, "column partition must be"),
