@@ -1,4 +1,5 @@
-"""nsqd HTTP of the embedded cluster, both flavours, with plain aiohttp requests."""
+"""nsqd HTTP of the embedded cluster, both flavours, with plain aiohttp requests (the pause
+calls also against the real servers, through the ``stock``/``youzan`` fixtures)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from tests.devcluster_helpers import (
     create_youzan_topic,
     running_node,
     youzan_cluster,
+)
+from tests.real_servers import (  # noqa: F401  (the fixtures)
+    StockServer,
+    YouzanCluster,
+    stock,
+    unique,
+    youzan,
 )
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
@@ -282,3 +290,122 @@ async def test_youzan_channel_create_setoffset_and_empty() -> None:
             assert (await call("POST", base + "/channel/empty?topic=T&partition=0&channel=c"))[
                 0] == 200
             assert store.partition("T", 0).channels["c"].depth() == 0
+
+
+# --- pausing (the double and the real servers) -----------------------------------------------
+
+
+def message(text: str) -> bytes:
+    return b'{"message":"' + text.encode() + b'"}'
+
+
+async def stats_of(http: str, topic: str) -> list[Any]:
+    """The topic's entries in an nsqd's /stats (V1, either flavour)."""
+    _, body, _ = await call("GET", f"http://{http}/stats?format=json&topic={topic}", headers=V1)
+    topics = json.loads(body)["topics"]
+    assert isinstance(topics, list)
+    return topics
+
+
+@pytest.mark.real_nsqd
+async def test_stock_pause_answers_and_stops_delivery(stock: StockServer) -> None:  # noqa: F811
+    base = f"http://{stock.nsqd_http}"
+    topic = unique("pause")
+    assert (await call("POST", f"{base}/topic/create?topic={topic}"))[:2] == (200, b"")
+    try:
+        assert (await call("POST", f"{base}/channel/create?topic={topic}&channel=c"))[:2] == \
+            (200, b"")
+        none = unique("none")
+        for path, status, text in [
+            ("/channel/pause", 400, "MISSING_ARG_TOPIC"),
+            ("/channel/pause?topic=bad!t&channel=c", 400, "INVALID_ARG_TOPIC"),
+            (f"/channel/pause?topic={topic}", 400, "MISSING_ARG_CHANNEL"),
+            (f"/channel/pause?topic={none}&channel=bad!c", 400, "INVALID_ARG_CHANNEL"),
+            (f"/channel/pause?topic={none}&channel=c", 404, "TOPIC_NOT_FOUND"),
+            (f"/channel/pause?topic={topic}&channel=nosuch", 404, "CHANNEL_NOT_FOUND"),
+            (f"/channel/unpause?topic={topic}&channel=nosuch", 404, "CHANNEL_NOT_FOUND"),
+            ("/topic/pause", 400, "MISSING_ARG_TOPIC"),
+            (f"/topic/pause?topic={none}", 404, "TOPIC_NOT_FOUND"),
+            ("/topic/unpause?topic=bad!t", 404, "TOPIC_NOT_FOUND"),
+        ]:
+            assert (await call("POST", base + path))[:2] == (status, message(text)), path
+        assert (await call("GET", f"{base}/channel/pause?topic={topic}&channel=c"))[:2] == \
+            (405, message("METHOD_NOT_ALLOWED"))
+        assert (await call("POST", f"{base}/pub?topic={topic}", data=b"m1"))[0] == 200
+        async with client(stock.nsqd_tcp) as c:
+            assert (await call("POST", f"{base}/channel/pause?topic={topic}&channel=c"))[
+                :2] == (200, b"")
+            (t,) = await stats_of(stock.nsqd_http, topic)
+            assert t["channels"][0]["paused"] is True and t["paused"] is False
+            await c.send(C.sub(topic, "c"))
+            await c.expect_ok()
+            await c.send(C.rdy(10))
+            await c.no_frame(0.5)  # paused: nothing is delivered
+            assert (await call("POST", f"{base}/channel/unpause?topic={topic}&channel=c"))[
+                :2] == (200, b"")
+            m = decode_message(await c.read_message())
+            assert m.body == b"m1"
+            await c.send(C.fin(m.id))
+            # a paused topic keeps what is published in the topic, off its channels
+            assert (await call("POST", f"{base}/topic/pause?topic={topic}"))[:2] == (200, b"")
+            assert (await call("POST", f"{base}/pub?topic={topic}", data=b"m2"))[0] == 200
+            await c.no_frame(0.5)
+            (t,) = await stats_of(stock.nsqd_http, topic)
+            assert t["paused"] is True and t["depth"] == 1 and t["channels"][0]["depth"] == 0
+            assert (await call("POST", f"{base}/topic/unpause?topic={topic}"))[:2] == (200, b"")
+            m = decode_message(await c.read_message())
+            assert m.body == b"m2"
+            await c.send(C.fin(m.id))
+            (t,) = await stats_of(stock.nsqd_http, topic)
+            assert t["paused"] is False and t["channels"][0]["paused"] is False
+    finally:
+        await call("POST", f"{base}/topic/delete?topic={topic}")
+
+
+@pytest.mark.real_youzan
+async def test_youzan_channel_pause_answers_and_stops_delivery(
+        youzan: YouzanCluster) -> None:  # noqa: F811
+    topic = await youzan.create_topic("pause", partition_num=1, replicator=2, channels=("c",))
+    name, leader = topic.name, topic.leaders[0]
+    await youzan.node_ids()
+    holders = await youzan.replicas(name, 0)
+    (follower,) = [h for h, i in youzan.ids.items() if i in holders and h != leader.http]
+    (stranger,) = [h for h, i in youzan.ids.items() if i not in holders]
+    base = f"http://{leader.http}"
+    q = f"topic={name}&partition=0&channel=c"
+    for url, status, text in [
+        (f"http://{stranger}/channel/pause?{q}", 404, "E_TOPIC_NOT_EXIST"),
+        (f"{base}/channel/pause?topic={name}&partition=0&channel=nosuch", 404,
+         "CHANNEL_NOT_FOUND"),
+        (f"{base}/channel/pause?topic={name}&partition=0", 400, "MISSING_ARG_CHANNEL"),
+        (f"{base}/channel/pause?topic={name}&partition=0&channel=bad!c", 400,
+         "INVALID_ARG_CHANNEL"),
+        (f"{base}/channel/pause?topic=bad!t&partition=0&channel=c", 400, "INVALID_ARG_TOPIC"),
+        (f"{base}/channel/pause?topic={name}&partition=x&channel=c", 400,
+         'strconv.Atoi: parsing "x": invalid syntax'),
+        (f"{base}/channel/pause?topic={name}&partition=5&channel=c", 404, "E_TOPIC_NOT_EXIST"),
+        (f"{base}/topic/pause?topic={name}&partition=0", 404, "NOT_FOUND"),
+    ]:
+        assert (await call("POST", url))[:2] == (status, message(text)), url
+    assert (await call("POST", f"{base}/pub?topic={name}&partition=0", data=b"m1",
+                       headers=V1))[0] == 200
+    async with client(leader.tcp) as c:
+        assert (await call("POST", f"{base}/channel/pause?{q}"))[:2] == (200, b"")
+        (t,) = [t for t in await stats_of(leader.http, name) if t["is_leader"]]
+        assert t["channels"][0]["paused"] is True
+        await c.send(C.sub(name, "c", 0))
+        await c.expect_ok()
+        await c.send(C.rdy(10))
+        await c.no_frame(0.5)  # paused: nothing is delivered
+        # only the leader changes a channel's state (it replicates it)
+        assert (await call("POST", f"http://{follower}/channel/unpause?{q}"))[:2] == \
+            (500, message("INTERNAL_ERROR"))
+        await c.no_frame(0.2)
+        # no partition: the node's default one, as for every youzan call
+        assert (await call("POST", f"{base}/channel/unpause?topic={name}&channel=c"))[:2] == \
+            (200, b"")
+        m = decode_message(await c.read_message())
+        assert m.body == b"m1"
+        await c.send(C.fin(m.id))
+    (t,) = [t for t in await stats_of(leader.http, name) if t["is_leader"]]
+    assert t["channels"][0]["paused"] is False

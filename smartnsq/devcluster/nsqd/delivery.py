@@ -218,6 +218,13 @@ class Channel:
             return len(self._log) - self.start_pos
         return self.stats.message_count
 
+    def set_paused(self, paused: bool) -> None:
+        """``/channel/pause``: nothing is delivered while paused (what is in flight can still
+        be answered, and a requeued message waits); unpausing delivers again."""
+        self.paused = paused
+        if not paused:
+            self.schedule_pump()
+
     def empty(self) -> None:
         """Drop everything queued (stock also forgets what is in flight; youzan moves the
         consume position to the end and clears its delayed queue)."""

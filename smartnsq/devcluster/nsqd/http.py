@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from smartnsq.devcluster.nsqd.delivery import Channel
-from smartnsq.devcluster.nsqd.parse import GoNumError, go_parse_uint, parse_consume_offset
+from smartnsq.devcluster.nsqd.parse import (
+    GoNumError,
+    go_atoi,
+    go_parse_uint,
+    parse_consume_offset,
+)
 from smartnsq.devcluster.nsqd.view import NodeView
 from smartnsq.protocol.messages import EXT_VERSION_JSON
 from smartnsq.protocol.validation import valid_name
@@ -120,6 +125,8 @@ def make_app(node: NodeView) -> web.Application:
     r.add_post("/channel/create", v1(api.channel_create))
     r.add_post("/channel/delete", v1(api.channel_delete))
     r.add_post("/channel/empty", v1(api.channel_empty))
+    r.add_post("/channel/pause", v1(api.channel_pause))
+    r.add_post("/channel/unpause", v1(api.channel_unpause))
     if youzan:
         r.add_post("/pubtrace", v1(api.pubtrace))
         r.add_post("/pub_ext", negotiate(api.pub_ext))
@@ -128,6 +135,8 @@ def make_app(node: NodeView) -> web.Application:
         r.add_post("/topic/create", v1(api.topic_create))
         r.add_post("/topic/delete", v1(api.topic_delete))
         r.add_post("/topic/empty", v1(api.topic_empty))
+        r.add_post("/topic/pause", v1(api.topic_pause))
+        r.add_post("/topic/unpause", v1(api.topic_unpause))
     return app
 
 
@@ -622,6 +631,69 @@ class _Api:
     async def channel_empty(self, request: web.Request) -> Any:
         _, ch, _ = self._existing_channel(request)
         ch.empty()
+        return None
+
+    # --- pausing: stock and youzan check their arguments in Go's order (topic, [partition],
+    # channel) before looking anything up; youzan changes a channel only on the partition's
+    # leader (which replicates it) and fails elsewhere with a plain 500
+
+    async def channel_pause(self, request: web.Request) -> Any:
+        self._paused_channel(request).set_paused(True)
+        return None
+
+    async def channel_unpause(self, request: web.Request) -> Any:
+        self._paused_channel(request).set_paused(False)
+        return None
+
+    def _paused_channel(self, request: web.Request) -> Channel:
+        topic = request.query.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        partition = -1
+        raw = request.query.get("partition") or ""
+        if self.youzan and raw:
+            try:
+                partition = go_atoi(raw.encode())
+            except GoNumError as exc:
+                raise HTTPError(400, str(exc)) from None
+        name = self._channel_arg(request)
+        if not self.youzan:
+            t = self.node.store.stock_topic(self.node.node_id, topic)
+            if t is None:
+                raise HTTPError(404, "TOPIC_NOT_FOUND")
+            owner: Any = t
+        else:
+            if partition == -1:
+                partition = self.node.default_partition(topic)
+            if self.node.local_partition(topic, partition) is None:
+                raise HTTPError(404, "E_TOPIC_NOT_EXIST")
+            owner = self.node.store.partition(topic, partition)
+        ch = owner.channels.get(name)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        if self.youzan and not self.node.leads(topic, partition):
+            raise HTTPError(500, "INTERNAL_ERROR")
+        assert isinstance(ch, Channel)
+        return ch
+
+    def _stock_named_topic(self, request: web.Request) -> Any:
+        # pause looks the name up without checking it: a bad name is not found (real nsqd)
+        topic = request.query.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        t = self.node.store.stock_topic(self.node.node_id, topic)
+        if t is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return t
+
+    async def topic_pause(self, request: web.Request) -> Any:
+        self._stock_named_topic(request).set_paused(True)
+        return None
+
+    async def topic_unpause(self, request: web.Request) -> Any:
+        self._stock_named_topic(request).set_paused(False)
         return None
 
     async def channel_setoffset(self, request: web.Request) -> Any:

@@ -152,7 +152,8 @@ class StockTopic:
         self.name = name
         self.ephemeral = name.endswith("#ephemeral")
         self.channels: dict[str, Channel] = {}
-        #: messages published while the topic had no channel; the first channel gets them
+        #: messages published while the topic had no channel (the first channel gets them)
+        #: or was paused (its channels get them when it is unpaused)
         self.backlog: list[Record] = []
         self.message_count = 0
         self.message_bytes = 0
@@ -161,18 +162,27 @@ class StockTopic:
     def publish(self, records: list[Record]) -> None:
         self.message_count += len(records)
         self.message_bytes += sum(len(r.body) for r in records)
-        if not self.channels:
+        if self.paused or not self.channels:
             self.backlog.extend(records)
             return
         for ch in list(self.channels.values()):
             ch.put(records)
+
+    def set_paused(self, paused: bool) -> None:
+        """``/topic/pause``: what is published stays in the topic (its depth), off the
+        channels, until unpaused."""
+        self.paused = paused
+        if not paused and self.channels and self.backlog:
+            backlog, self.backlog = self.backlog, []
+            for ch in list(self.channels.values()):
+                ch.put(backlog)
 
     def channel(self, name: str, *, create: bool = True) -> Channel | None:
         ch = self.channels.get(name)
         if ch is None and create:
             ch = Channel(name, on_idle=self._idle)
             self.channels[name] = ch
-            if self.backlog:
+            if self.backlog and not self.paused:
                 backlog, self.backlog = self.backlog, []
                 ch.put(backlog)
         return ch
