@@ -240,6 +240,45 @@ def test_channel_admin_calls(yz: ClusterThread) -> None:
     assert "adm" not in http_json(f"http://{yz.lookupd}/topics")["topics"]
 
 
+def test_tail_n_returns_once_any_partition_delivers(yz: ClusterThread) -> None:
+    """-n 1 over two partitions, the message on the second: each partition gets a RDY (with
+    max-in-flight 1 the first held it and the second waited for a RDY rotation, 10 s)."""
+    make_topic(yz, "anyp", 2)
+    publish(yz, "anyp", ["late"], "--partition", "1")
+    began = time.monotonic()
+    assert tail(yz, "anyp", "--channel", CHANNEL, "-n", "1") == ["late"]
+    assert time.monotonic() - began < 6.0
+
+
+def test_channel_pause_and_unpause(yz: ClusterThread) -> None:
+    make_topic(yz, "pz", 2)
+    publish(yz, "pz", ["p0"], "--partition", "0")
+    publish(yz, "pz", ["p1"], "--partition", "1")
+    base = ["--lookupd", yz.lookupd]
+
+    def paused() -> list[bool]:
+        out = []
+        for p in (0, 1):
+            doc = http_json(f"http://{_leader_http(yz, 'pz', p)}/stats?format=json&topic=pz")
+            doc = doc.get("data", doc)
+            (t,) = [t for t in doc["topics"] if t["topic_partition"] == str(p)]
+            out.append(t["channels"][0]["paused"])
+        return out
+
+    r = invoke(["channel", "pause", "pz", CHANNEL, *base])
+    assert r.exit_code == 0, r.output
+    assert sorted(lines(r.stdout)) == [f"channel pause: partition {p} @ nsqd "
+                                       f"{_leader_http(yz, 'pz', p)}: OK" for p in (0, 1)]
+    assert paused() == [True, True]
+    r = invoke(["channel", "unpause", "pz", CHANNEL, *base, "--partition", "1"])
+    assert r.exit_code == 0 and paused() == [True, False], r.output
+    # the unpaused partition delivers, the paused one keeps its message
+    assert tail(yz, "pz", "--channel", CHANNEL, "-n", "1") == ["p1"]
+    r = invoke(["channel", "unpause", "pz", CHANNEL, *base])
+    assert r.exit_code == 0 and paused() == [False, False], r.output
+    assert tail(yz, "pz", "--channel", CHANNEL, "-n", "1") == ["p0"]
+
+
 def _leader_http(yz: ClusterThread, topic: str, partition: int) -> str:
     node = yz.call(lambda: yz.cluster.leader(topic, partition))
     assert node is not None

@@ -201,17 +201,12 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     if cluster.nsqd and (partitions or ordered or start is not None):
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
                                "youzan partitions, which the lookupds publish)")
-    if count is not None:
-        max_in_flight = min(max_in_flight, count)
-    # max_attempts=0: an inspection tool never gives a message up (FIN without printing it)
-    # because other readers of the channel already took it several times
-    config = ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
-                            lookupd_poll_interval=15.0, max_attempts=0)
     printer = Printer(fmt, count, sys.stdout.buffer)
     chan = channel or ephemeral_channel()
     stop = stop_event()
     consumer: Consumer
     if cluster.nsqd:
+        config = _config(max_in_flight, count, len(cluster.nsqd))
         consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
                             config=config)
         await _run(consumer, stop, printer, connect_timeout)
@@ -224,6 +219,9 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         check_start(view, start)
         start = await skip_empty_partitions(view, start, partitions)
         only = partitions or None
+        sources = len(partitions) or (view.partition_num if view.is_partitioned
+                                      else len(view.nodes))
+        config = _config(max_in_flight, count, sources)
         if ordered:
             consumer = OrderedConsumer(topic, chan, printer, lookup=lookup, config=config,
                                        start_at=start, partitions=only)
@@ -231,6 +229,18 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
             consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
                                 start_at=start, partitions=only)
         await _run(consumer, stop, printer, connect_timeout)
+
+
+def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConfig:
+    """With ``-n`` no more is taken than printed, except that every subscription (nsqd or
+    partition) gets one RDY: fewer would leave one waiting for a RDY rotation (seconds)
+    while its messages are the ones to print; what arrives after the count goes back."""
+    if count is not None:
+        max_in_flight = min(max_in_flight, max(count, sources))
+    # max_attempts=0: an inspection tool never gives a message up (FIN without printing it)
+    # because other readers of the channel already took it several times
+    return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
+                          lookupd_poll_interval=15.0, max_attempts=0)
 
 
 async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,
