@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from smartnsq.config import ConnectionConfig
 from smartnsq.errors import NSQError
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
 from smartnsq.spark.nsqd_http import NsqdHttp
@@ -50,6 +51,7 @@ from smartnsq.spark.planning import (
     snapshot,
     starting_positions,
 )
+from smartnsq.spark.range_thread import RangeThread
 from smartnsq.spark.rows import to_record_batch
 
 __all__ = ["NsqRange", "YouzanBatchReader", "YouzanStreamReader", "read_range"]
@@ -77,33 +79,17 @@ class NsqRange(InputPartition):
         self.task = task
 
 
-def read_range(task: RangeTask) -> Iterator[Any]:
-    """Executor side: the range's messages as ``pyarrow.RecordBatch``es, on a private loop."""
+def read_range(task: RangeTask, *, connection_config: ConnectionConfig | None = None
+               ) -> Iterator[Any]:
+    """Executor side: the range's messages as ``pyarrow.RecordBatch``es. The read runs on its
+    own loop thread (:class:`RangeThread`), so its connection stays alive while Spark holds
+    a batch."""
     clock = (time.time(), time.perf_counter(), time.process_time())
-    loop = asyncio.new_event_loop()
-    fetcher = RangeFetcher(task)
-    chunks = fetcher.chunks()
-    pending: list[Any] = []
-    try:
-        while True:
-            try:
-                chunk = loop.run_until_complete(anext(chunks))
-            except StopAsyncIteration:
-                break
-            pending.extend(chunk)
-            if len(pending) >= _BATCH_ROWS:
-                yield to_record_batch(pending, task.topic, task.partition, fetcher.leader,
-                                      ext=task.ext)
-                pending = []
-        if pending:
-            yield to_record_batch(pending, task.topic, task.partition, fetcher.leader,
-                                  ext=task.ext)
-        _report(task, fetcher, clock)
-    finally:
-        try:
-            loop.run_until_complete(chunks.aclose())
-        finally:
-            loop.close()
+    fetcher = RangeFetcher(task, connection_config=connection_config)
+    with RangeThread(fetcher, _BATCH_ROWS) as batches:
+        for messages, leader in batches:
+            yield to_record_batch(messages, task.topic, task.partition, leader, ext=task.ext)
+    _report(task, fetcher, clock)
 
 
 def _read(partition: InputPartition) -> Iterator[Any]:

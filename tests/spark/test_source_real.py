@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from smartnsq.config import ConnectionConfig
 from smartnsq.producer import Producer
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
@@ -186,6 +187,48 @@ async def test_connection_cuts_lose_nothing(youzan: Any,
     assert done == cuts and f.repositions >= cuts
     assert bodies == [b"%010d" % j + pad for j in range(n)], (
         f"{len(bodies)} rows, {len(set(bodies))} distinct, of {n}")
+
+
+async def test_slow_spark_downstream_keeps_the_connection(youzan: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    # Spark holds each batch the reader yields for as long as its downstream takes; the
+    # reader's connection must go on answering heartbeats meanwhile (nsqd closes a client
+    # silent for two or three intervals): the read completes exactly, never positioning again
+    pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
+    from smartnsq.spark.source_youzan import READ_STATS_ENV, read_range
+
+    # two Arrow batches; more left after the first than one RDY window (500) can deliver
+    n = 8192 + 3000
+    bodies = [b"%06d" % i + b"s" * 24 for i in range(n)]
+    topic = await youzan.create_topic("sparkslow", partition_num=1, replicator=1)
+    async with Producer(lookupd=[youzan.lookupd]) as p:
+        for i in range(0, n, 500):
+            await p.publish_many(topic.name, bodies[i:i + 500], partition=0)
+    opts = parse_source_options({"lookupd": youzan.lookupd, "topic": topic.name},
+                                streaming=False)
+    st = (await snapshot(opts)).partitions[0]
+    stats = tmp_path / "reads.jsonl"
+    monkeypatch.setenv(READ_STATS_ENV, str(stats))
+    task = RangeTask(lookupd=(youzan.lookupd,), topic=topic.name, partition=0, start=st.start,
+                     end=st.end, channel="spark_slow", read_timeout=5.0, delete_channel=True)
+    # the shortest heartbeat interval nsqd grants (1 s), and a downstream four times slower
+    config = ConnectionConfig(client_id="smartnsq-spark", heartbeat_interval=1.0,
+                              read_timeout=5.0)
+
+    def spark_task() -> list[bytes]:
+        rows: list[bytes] = []
+        for i, batch in enumerate(read_range(task, connection_config=config)):
+            rows.extend(batch.column("body").to_pylist())
+            if i == 0:
+                time.sleep(4.0)  # the downstream's work on the first batch
+        return rows
+
+    async with asyncio.timeout(90):
+        rows = await asyncio.to_thread(spark_task)
+    assert rows == bodies
+    figures = json.loads(stats.read_text())
+    assert figures["rows"] == n and figures["repositions"] == 0, figures
 
 
 @pytest.mark.skipif(not REAL_YOUZAN_LOOKUPD, reason="SMARTNSQ_REAL_YOUZAN_LOOKUPD (host:port "
