@@ -236,6 +236,15 @@ class ProducerConfig(_Model):
 
     #: per-publish timeout waiting for the server's answer (youzan go-nsq pub_timeout)
     publish_timeout: float = Field(default=10.0, gt=0)
+    #: per-attempt bound: seconds one nsqd may take to answer one publish command. An
+    #: attempt unanswered by then fails over (another listed nsqd; lookupd mode: the retry
+    #: rule) within the publish's own timeout, and a connection whose oldest unanswered
+    #: command is older than this is closed and its nsqd marked down (reconnect backoff),
+    #: since an nsqd that stays connected but stops answering would otherwise hold every
+    #: publish sent to it for its whole timeout. The clock starts when the command is
+    #: queued for writing: raise it for MPUBs of megabytes over slow links. A publish
+    #: failed over this way may also have been stored by the silent nsqd (at-least-once).
+    request_timeout: float = Field(default=5.0, gt=0)
     #: attempts per publish across nsqds / partitions before it raises
     max_attempts: int = Field(default=3, ge=1, le=15)
     connections_per_nsqd: int = Field(default=2, ge=1, le=64)

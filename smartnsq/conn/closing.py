@@ -108,6 +108,12 @@ class CloseSequence:
             f"no data from nsqd {self.address} for {idle:.1f}s "
             f"(read_timeout {self.config.read_timeout}s)"))
 
+    def abort(self, exc: NSQError) -> None:
+        """Fail the connection now with ``exc``: every command waiting for an answer gets
+        it, the socket is dropped, ``on_close`` gets it. For an owner that learnt otherwise
+        that the server is gone (another connection to it went silent)."""
+        self._fail(exc)
+
     def _fail(self, exc: NSQError) -> None:
         """Record ``exc`` as the reason, fail every waiter and drop the socket."""
         if self._exc is not None or self._state is State.CLOSED:

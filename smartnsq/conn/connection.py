@@ -110,6 +110,8 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
       whose caller timed out or was cancelled).
     * ``on_close(conn, exc)``: once, after a connection whose ``connect()`` succeeded is
       closed; ``exc`` is None after a clean ``close()``, else the reason.
+
+    ``answer_timeout``: see :class:`~smartnsq.conn.waiters.ResponseQueue` (None: never).
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
         on_records: OnRecords | None = None,
         on_error: OnError | None = None,
         on_close: OnClose | None = None,
+        answer_timeout: float | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -150,7 +153,7 @@ class Connection(ConnectSequence, PublishCommands, SubscribeCommands, AnswerRout
                                                self._frames.max_size)
         self._hs_waiter: asyncio.Future[None] | None = None
 
-        self._fifo = ResponseQueue(self.address)
+        self._fifo = ResponseQueue(self.address, answer_timeout, self._fail)
         #: the FIFO's deque, bound once: the send and receive paths use it for every command
         self._waiters = self._fifo.slots
         #: the wire's write, bound once: it is called for every command

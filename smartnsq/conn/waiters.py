@@ -6,6 +6,13 @@ that command and the answer must not go to the next one. Deadlines share one loo
 the earliest of them. Callers: the connection's send path (:meth:`ResponseQueue.arm`,
 appending to :attr:`ResponseQueue.slots`), its receive path (popping, :meth:`wake_idle`),
 close (:meth:`wait_idle`) and failure (:meth:`fail_all`).
+
+With an :attr:`~ResponseQueue.answer_timeout` (the producer's ``request_timeout``), a server
+that leaves the oldest slot unanswered longer than that is given up: :attr:`on_stall` (the
+connection's failure path) gets the error, whoever's timeout the slot had. Its age is known
+from its own deadline and timeout, so only slots with a timeout are judged; the timer sweep
+judges it, which comes in time when no slot's timeout exceeds the answer timeout (the
+producer caps each attempt's timeout to it).
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Callable
 
+from smartnsq._checks import check_duration
 from smartnsq.errors import CommandKind, NSQError, NSQTimeoutError
 
 __all__ = ["ResponseQueue", "Waiter"]
@@ -26,12 +35,19 @@ Waiter = tuple[asyncio.Future[bytes], float, CommandKind, float | None, str | No
 
 #: minimum seconds between two sweeps for timed-out waiters
 _SWEEP_GAP = 0.01
+#: float slack when a slot's age is rebuilt from its deadline and timeout
+_EPSILON = 1e-6
 
 
 class ResponseQueue:
-    """Waiters in command order, their deadlines, and "all answered" waiting."""
+    """Waiters in command order, their deadlines, and "all answered" waiting.
 
-    def __init__(self, address: str) -> None:
+    ``answer_timeout`` (seconds; the producer's ``request_timeout``; None: no limit): once
+    the oldest slot sent with a timeout has waited that long, ``on_stall`` (the connection's
+    failure path) gets an :class:`NSQTimeoutError` saying so (see the module docstring)."""
+
+    def __init__(self, address: str, answer_timeout: float | None = None,
+                 on_stall: Callable[[NSQError], None] | None = None) -> None:
         self._address = address
         self.loop: asyncio.AbstractEventLoop | None = None
         #: the FIFO itself; the connection appends and pops directly on its hot paths
@@ -41,6 +57,11 @@ class ResponseQueue:
         self.deadline_at = math.inf
         #: set while close() waits for every slot to be answered
         self.idle_fut: asyncio.Future[None] | None = None
+        #: seconds the oldest slot may go unanswered (inf: no limit)
+        self.answer_timeout = math.inf if answer_timeout is None else check_duration(
+            answer_timeout, "answer_timeout", positive=True)
+        #: called once with the error when the oldest slot outlives :attr:`answer_timeout`
+        self.on_stall = on_stall
 
     def arm(self, when: float) -> None:
         """Make sure the timer fires by ``when`` (loop time)."""
@@ -58,6 +79,10 @@ class ResponseQueue:
         assert self.loop is not None
         now = self.loop.time()
         nxt = math.inf
+        if self.answer_timeout < math.inf and self.slots:
+            nxt = self._judge_oldest(now)
+            if nxt < 0:
+                return
         for w in self.slots:
             d = w[1]
             if d <= now:
@@ -70,6 +95,24 @@ class ResponseQueue:
         if nxt < math.inf:
             # sweeps at most every _SWEEP_GAP: with many stalled waiters each sweep is O(n)
             self.arm(max(nxt, now + _SWEEP_GAP))
+
+    def _judge_oldest(self, now: float) -> float:
+        """When the oldest slot's answer timeout ends (loop time; inf: not judged), or -1
+        after giving the connection up because it has ended."""
+        _, deadline, _, timeout, _, _, _ = self.slots[0]
+        if timeout is None:
+            return math.inf
+        sent = deadline - timeout
+        if now - sent < self.answer_timeout - _EPSILON:
+            return sent + self.answer_timeout
+        stalled = self.on_stall
+        if stalled is None:
+            return math.inf
+        self.on_stall = None
+        stalled(NSQTimeoutError(
+            f"nsqd {self._address} left a command unanswered for {now - sent:.1f}s "
+            f"(answer timeout {self.answer_timeout}s): the connection is given up"))
+        return -1.0
 
     def cancel_deadlines(self) -> None:
         if self._deadline_handle is not None:

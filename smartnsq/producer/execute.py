@@ -7,6 +7,10 @@ nodes in their reconnect backoff) or, in lookupd mode, to the leader of the chos
 fail over, retry — and what counts as an attempt is :mod:`smartnsq.producer.retry`'s rule;
 the exceptions that end a publish are built by :mod:`smartnsq.producer.failures`. The executor
 also counts the publishes in flight, so closing the producer can wait for them.
+
+Each attempt waits for nsqd's answer at most ``request_timeout`` (and never past the
+publish's deadline): an nsqd that stays connected but stops answering costs one attempt, not
+the whole timeout; its connection is failed by the response FIFO, which marks it down.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class Executor:
 
     def __init__(self, config: ProducerConfig, nodes: Nodes, router: Router | None) -> None:
         self._max_attempts = config.max_attempts
+        #: the longest one attempt waits for an answer
+        self.request_timeout = config.request_timeout
         self._nodes = nodes
         self._router = router
         #: publishes in flight (retry loops, and the producer's fast path, which counts itself)
@@ -110,8 +116,9 @@ class Executor:
         assert pool is not None
         self.active += 1
         try:
-            conn.check_publish_answer(
-                await conn.send_publish(parts[0], deadline - now, op.topic, parts[1]), op.what)
+            conn.check_publish_answer(await conn.send_publish(
+                parts[0], min(deadline - now, self.request_timeout), op.topic, parts[1]),
+                op.what)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -187,7 +194,8 @@ class Executor:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise late_connection(op, pool.address, op.partition, None)
-                    return await op.send(conn, op.partition, remaining)
+                    return await op.send(conn, op.partition,
+                                         min(remaining, self.request_timeout))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -249,6 +257,16 @@ class Executor:
                     route = await router.refreshed(topic, route, deadline)
                     continue
                 pool = self._nodes.pool_for(address)
+                if op.partition is None and partition is not None and not pool.is_up and \
+                        pool.failures and route.writable > 1 and \
+                        (avoid_parts is None or partition not in avoid_parts):
+                    # A round-robin publish and a leader we lost (down, or silent: redialling
+                    # one can take the whole handshake timeout): another partition whose
+                    # leader is connected takes it now, and the lost one is redialled in the
+                    # background. Once every other partition was tried, it is waited for.
+                    pool.redial_soon()
+                    avoid_parts = (avoid_parts or set()) | {partition}
+                    continue
                 if not pool.available(loop.time()):
                     # Our connection to the leader the lookup names is in its reconnect backoff
                     # (it dropped, or a dial failed). That refusal is ours, not the node's: wait
@@ -274,7 +292,7 @@ class Executor:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise late_connection(op, address, partition, last_exc)
-                    return await op.send(conn, partition, remaining)
+                    return await op.send(conn, partition, min(remaining, self.request_timeout))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

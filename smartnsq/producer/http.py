@@ -2,7 +2,8 @@
 
 The same targets and rules as the TCP :class:`~smartnsq.producer.Producer`: direct nsqd HTTP
 addresses with failover, or the lookup component (youzan partitions round-robin / explicit,
-old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`) and bounds.
+old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`) and bounds
+(each request waits ``request_timeout`` at most, then fails over).
 
 Endpoints (PROTOCOL.md §3.2, §6.2): ``POST /pub`` (``defer`` for deferred publishing on stock),
 ``POST /mpub?binary=true`` (length-prefixed bodies; split at ``max_body_size``), and on youzan
@@ -431,7 +432,10 @@ class HttpProducer:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise NSQTimeoutError(f"publish to topic {topic!r} timed out")
-                data = await self._post(node.base, path, q, body, remaining, topic, p)
+                # one attempt waits request_timeout at most: a silent nsqd costs an attempt
+                # and its backoff (_mark_down), not the whole deadline
+                data = await self._post(node.base, path, q, body,
+                                        min(remaining, self.config.request_timeout), topic, p)
                 node.failures = 0
                 if path in ("/pubtrace", "/pub_ext") and data.strip() != b"OK":
                     return self._receipt(data, topic, p if p is not None else -1, node.base)

@@ -1,7 +1,8 @@
 """The producer's connection pools, one :class:`~smartnsq.producer.pool.NodePool` per nsqd.
 
 :class:`Nodes` owns every pool the producer made: with direct nsqd addresses the listed ones
-(redialled in the background, picked round-robin skipping those in their reconnect backoff),
+(redialled in the background, picked round-robin skipping those in their reconnect backoff
+and, while another one is connected, those waiting for a redial),
 in lookupd mode one per leader the lookup names (made on first use). It also lets a publish
 wait until some pool comes up again (the direct mode's "every node is in backoff" case).
 """
@@ -74,7 +75,8 @@ class Nodes:
             self._up_waiters.discard(fut)
 
     def pick_direct(self, avoid: set[str] | None, now: float) -> NodePool | None:
-        """The next listed pool not in its backoff, preferring those not in ``avoid``."""
+        """The next listed pool not in its backoff, preferring those not in ``avoid`` and
+        those not waiting for a redial (taken only when nothing better is left)."""
         pools = self.direct
         n = len(pools)
         if n == 1:
@@ -84,8 +86,9 @@ class Nodes:
         for _ in range(n):
             self._rr += 1
             p = pools[self._rr % n]
-            if p.available(now):
-                if avoid is None or p.address not in avoid:
+            standing = p.standing(now)
+            if standing:
+                if standing == 2 and (avoid is None or p.address not in avoid):
                     return p
                 if fallback is None:
                     fallback = p

@@ -10,7 +10,11 @@ Health: a failed dial or a connection lost to a network error marks the node *do
 While down the node is skipped by the producer; with ``auto_reconnect`` (direct nsqd
 addresses) a background task redials it when the backoff expires, so publishers never pay
 for probing a dead node while others are healthy. A connection closed by a server error
-(a fatal error frame) says nothing about the node: only that connection is replaced.
+(a fatal error frame) says nothing about the node: only that connection is replaced. A
+connection that leaves a publish unanswered for ``request_timeout`` is failed by its response
+FIFO (an nsqd that stays connected but stopped answering): that silence (or any timeout)
+gives up the node's other connections too and marks it down, and its backoff keeps growing
+across redials until the node fails some other way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from smartnsq.errors import (
     Flavour,
     NSQConnectionError,
     NSQError,
+    NSQTimeoutError,
     ServerError,
 )
 from smartnsq.protocol.validation import parse_tcp_address
@@ -73,6 +78,12 @@ class NodePool:
         self._dialing: asyncio.Future[Connection] | None = None
         self._failures = 0
         self._retry_at = 0.0
+        #: the last connection lost was lost to silence (a timeout: no answer, no data): the
+        #: node's other connections were given up with it, and a dial that succeeds does not
+        #: prove the node answers again (the failure count stands)
+        self._silent = False
+        #: connections this pool gave up itself (their loss is not one more failure)
+        self._given_up: set[Connection] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._up_waiters: list[asyncio.Future[None]] = []
@@ -101,12 +112,23 @@ class NodePool:
 
     @property
     def failures(self) -> int:
-        """Consecutive failures (0 once a connection is up)."""
+        """Consecutive failures (0 once a connection is up; after a silence, not before the
+        node fails otherwise: a dial it accepts does not show it answers publishes)."""
         return self._failures
 
     @property
     def retry_at(self) -> float:
         return self._retry_at
+
+    def standing(self, now: float) -> int:
+        """How worth trying the node is for a publish with a choice of nodes: 2 connected,
+        or free to dial; 1 only a dial under way, which the publish would wait for (to a
+        silent nsqd, the whole handshake timeout); 0 in its backoff."""
+        if self._up:
+            return 2
+        if self._closed or now < self._retry_at:
+            return 0
+        return 1 if self._dialing is not None else 2
 
     def available(self, now: float) -> bool:
         """Worth trying: connected, or not in backoff."""
@@ -176,7 +198,8 @@ class NodePool:
     async def _dial(self, fut: asyncio.Future[Connection]) -> None:
         self.dials += 1
         conn = Connection(self.host, self.port, self._config.connection,
-                          on_close=self._on_close, on_error=self._on_error)
+                          on_close=self._on_close, on_error=self._on_error,
+                          answer_timeout=self._config.request_timeout)
         try:
             if self._connect_slots is None:
                 await conn.connect()
@@ -198,7 +221,8 @@ class NodePool:
             await conn.close()
             fut.set_exception(ClientClosedError(f"the pool for nsqd {self.address} is closed"))
             return
-        self._failures = 0
+        if not self._silent:
+            self._failures = 0
         self._retry_at = 0.0
         self.last_error = None
         self.flavour = conn.flavour
@@ -228,7 +252,17 @@ class NodePool:
         if self._auto_reconnect and not self._closed and self._reconnect_task is None:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
-    async def _reconnect(self) -> None:
+    def redial_soon(self) -> None:
+        """One dial in the background once the backoff ends, unless one is under way: for
+        a pool that does not redial by itself (lookupd mode, where a leader may have moved
+        away for good) whose node a publish passed over for another one."""
+        if self._closed or self._up or self._dialing is not None or \
+                self._reconnect_task is not None:
+            return
+        self._reconnect_task = asyncio.get_running_loop().create_task(
+            self._reconnect(once=True))
+
+    async def _reconnect(self, once: bool = False) -> None:
         try:
             while not self._closed and not self._up:
                 loop = asyncio.get_running_loop()
@@ -238,6 +272,8 @@ class NodePool:
                 dialing = self._dialing if self._dialing is not None else self._start_dial()
                 with contextlib.suppress(NSQError):
                     await asyncio.shield(dialing)
+                if once:
+                    break
         finally:
             self._reconnect_task = None
 
@@ -245,9 +281,31 @@ class NodePool:
         if conn in self._up:
             self._up.remove(conn)
         self._all.discard(conn)
+        if conn in self._given_up:
+            self._given_up.discard(conn)
+            return
         if self._closed or exc is None or _server_caused(exc):
             return
+        silent = isinstance(exc, NSQTimeoutError)
+        if self._silent and not silent:
+            self._failures = 0  # a new kind of failure: not part of the silence's count
+        self._silent = silent
+        if silent:
+            self._give_up_others(exc)
         self._mark_down(exc)
+
+    def _give_up_others(self, exc: BaseException) -> None:
+        """A connection went silent (no answer, or no data, in time): the nsqd is not
+        answering, so its other connections are given up too, their publishes failed over
+        now rather than each after its own request timeout."""
+        others = list(self._up)
+        self._up.clear()
+        for other in others:
+            self._given_up.add(other)
+            err = NSQTimeoutError(f"nsqd {self.address} stopped answering on another "
+                                  f"connection ({exc}): this one is given up too")
+            err.__cause__ = exc
+            other.abort(err)
 
     def _on_error(self, conn: Connection, exc: ServerError) -> None:
         # errors answering publishes whose callers gave up (timeout / cancel)

@@ -12,7 +12,9 @@ Two ways to find nsqd:
 
 Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
 ``max_attempts`` (waiting for a partition leader, or for our own connection to a node to be
-redialled, counts against the timeout only);
+redialled, counts against the timeout only); each attempt waits ``request_timeout`` at most
+for nsqd's answer, so an nsqd that stays connected but stops answering costs one attempt (its
+connection is then closed and the node marked down);
 :mod:`smartnsq.producer.retry` holds the rule. A publish that could not be
 acknowledged raises :class:`PublishError` (``__cause__``: the error that finally failed it),
 or :class:`PublishTimeoutError` when its time ran out; one acknowledged with OK is done and
@@ -317,9 +319,11 @@ class Producer:
                     assert pool is not None
                     ex = self._executor
                     ex.active += 1
+                    wait = deadline - now
+                    if wait > ex.request_timeout:
+                        wait = ex.request_timeout
                     try:
-                        conn.check_publish_answer(
-                            await conn.send_pub(topic, body, deadline - now), "PUB")
+                        conn.check_publish_answer(await conn.send_pub(topic, body, wait), "PUB")
                         return None
                     except asyncio.CancelledError:
                         raise

@@ -10,9 +10,10 @@ Every failed publish attempt is classified into one :class:`Action`:
 * ``REFRESH`` — the partition → leader mapping is stale (E_FAILED_ON_NOT_LEADER,
   E_FAILED_ON_NOT_WRITABLE, E_TOPIC_NOT_EXIST): drop the mapping, run one coalesced lookup
   refresh, retry on the new leader (§5, §7.3).
-* ``FAILOVER`` — the connection or node failed (refused, reset, closed, protocol garbage):
-  the publish was not acknowledged, so it is retried on another healthy nsqd (stock) or on
-  the partition's leader after a refresh (youzan).
+* ``FAILOVER`` — the connection or node failed (refused, reset, closed, protocol garbage, no
+  answer within ``ProducerConfig.request_timeout``): the publish was not acknowledged, so it
+  is retried on another healthy nsqd (stock) or on the partition's leader after a refresh
+  (youzan).
 * ``RETRY`` — a transient server failure (E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED,
   E_PUB_TOO_MUCH_WAITING, youzan's connection limit): retry after the delay.
 
@@ -79,8 +80,9 @@ def classify(exc: BaseException) -> Action:
             return Action.RETRY
         return Action.RAISE
     if isinstance(exc, NSQTimeoutError):
-        # A connect that timed out is a node problem; an answer that did not come in time
-        # used up the caller's deadline, which the producer checks separately.
+        # A connect that timed out is a node problem, and so is an answer that did not come
+        # within request_timeout; one that used up the caller's deadline ends the publish
+        # anyway (the producer checks the deadline separately).
         return Action.FAILOVER
     if isinstance(exc, TLSError):
         return Action.RAISE  # a certificate problem does not go away by retrying
