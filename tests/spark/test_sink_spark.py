@@ -220,7 +220,11 @@ def test_overwrite_mode_is_refused(spark: Any) -> None:
 
 @pytest.mark.parametrize(("cols", "options", "message"), [
     ("value binary, key string", {"topic": "t"}, "unknown column(s) for the nsq sink: key"),
-    ("body binary", {"topic": "t"}, "unknown column(s) for the nsq sink: body"),
+    ("body binary", {"topic": "t"}, "column value is required by the nsq sink"),
+    # a table written as it is: the missing body column is named, with what was given
+    ("id string, name string", {"topic": "t"},
+     "column value is required by the nsq sink (the message body, binary or string); "
+     "columns given: id, name"),
     ("value binary", {}, "needs the topic option or a topic column"),
     ("value binary", {"topic": "t", "maxAttempts": "0"}, "maxAttempts='0'"),
     ("value binary", {"topic": "t", "bogus": "1"}, "unknown nsq sink option(s): bogus"),
