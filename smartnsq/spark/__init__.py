@@ -14,9 +14,20 @@ if TYPE_CHECKING:
 __all__ = ["NsqDataSource", "register"]
 
 
-def register(spark: Any) -> None:
-    """Register the ``nsq`` format with ``spark`` (a SparkSession)."""
+def register(spark: Any, *, check_workers: bool = True) -> None:
+    """Register the ``nsq`` format with ``spark`` (a SparkSession).
+
+    First checks that Spark's Python workers can import smartnsq
+    (:func:`smartnsq.spark.env.check_worker_python`): if they cannot, it raises
+    :class:`~smartnsq.spark.env.WorkerPythonError` naming their interpreter and the fix,
+    where the first query would fail with ``ModuleNotFoundError`` inside a Java trace.
+    ``check_workers=False`` skips that check.
+    """
     from smartnsq.spark.datasource import NsqDataSource
+    from smartnsq.spark.env import check_worker_python
+
+    if check_workers:
+        check_worker_python(spark)
 
     spark.dataSource.register(NsqDataSource)
 

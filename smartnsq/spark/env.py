@@ -1,18 +1,40 @@
-"""What a local PySpark needs on these machines before a SparkSession starts.
+"""What a local PySpark needs on these machines, and whether Spark's Python workers have it.
 
 A PySpark worker connects back to the driver on the address Spark resolves for this host; on
 machines whose hostname resolves elsewhere that never arrives, so Spark is pinned to loopback
-unless the user chose an address. Workers must also run the interpreter that runs the driver,
-or they import a different (or no) smartnsq.
+unless the user chose an address. Workers must also run an interpreter that has smartnsq (the
+one running the driver, by default), or every query fails with ``ModuleNotFoundError:
+smartnsq`` under a Java trace: :func:`check_worker_python` says so at ``register(spark)``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import shutil
+import subprocess
 import sys
+from typing import Any
 
-__all__ = ["java_missing_reason", "prepare_spark_environment"]
+from smartnsq.errors import ConfigError
+
+__all__ = ["WorkerPythonError", "check_worker_python", "java_missing_reason",
+           "prepare_spark_environment"]
+
+log = logging.getLogger(__name__)
+
+#: what the nsq source and sink import in Spark's Python workers (pyspark comes from Spark)
+_WORKER_MODULES = ("smartnsq", "pyarrow")
+#: run by the workers' interpreter: its version, then the modules it cannot find (no import)
+_PROBE = ("import importlib.util as u, sys; print('%d.%d' % sys.version_info[:2]); "
+          f"print(','.join(m for m in {_WORKER_MODULES!r} if u.find_spec(m) is None))")
+#: seconds for that interpreter to start and answer (a cold start on a loaded machine)
+_PROBE_TIMEOUT = 30.0
+
+
+class WorkerPythonError(ConfigError):
+    """Spark's Python workers run an interpreter that cannot run the nsq source and sink."""
 
 
 def prepare_spark_environment() -> None:
@@ -31,3 +53,73 @@ def java_missing_reason() -> str | None:
         return None
     return ("Spark needs a Java 17 or 21 runtime and none was found (set JAVA_HOME or install "
             "one, e.g. `apt-get install openjdk-17-jre-headless`)")
+
+
+def check_worker_python(spark: Any) -> None:
+    """Raise :class:`WorkerPythonError` naming the interpreter Spark's Python workers run if
+    it cannot import smartnsq (or pyarrow), or is another Python version than the driver.
+
+    The workers run the interpreter the SparkContext read from ``PYSPARK_PYTHON`` when it
+    started (``python3`` on the PATH without it); the data source's planning workers run it
+    on this host. Asked once per interpreter (it is started once, ~30 ms). When the session
+    ships Python files to the workers (``--py-files``, ``addPyFile``), smartnsq may come in
+    one of them, and when the interpreter does not answer nothing is known: the finding is
+    then logged as a warning instead. Spark Connect sessions (no SparkContext here) are not
+    checked.
+    """
+    try:
+        context = spark.sparkContext
+        python = str(context.pythonExec)
+    except Exception as exc:  # Spark Connect: the workers are the server's business
+        log.debug("not checking Spark's worker Python: %r", exc)
+        return
+    finding = _worker_problem(python, os.environ.get("PATH", ""),
+                              os.environ.get("PYTHONPATH", ""), os.getcwd())
+    if finding is None:
+        return
+    problem, certain = finding
+    # the context read PYSPARK_PYTHON when it started; it may have changed since
+    source = ("PYSPARK_PYTHON" if os.environ.get("PYSPARK_PYTHON") == python else
+              "python3 on the PATH: PYSPARK_PYTHON was not set when the SparkSession started"
+              if python == "python3" else "PYSPARK_PYTHON when the SparkSession started")
+    fix = (f"set PYSPARK_PYTHON to {sys.executable} (this interpreter) before the "
+           "SparkSession starts, or call smartnsq.spark.env.prepare_spark_environment() "
+           "first, or give that interpreter smartnsq[spark]")
+    text = f"Spark's Python workers run {python} ({source}), {problem}; {fix}"
+    shipped = [str(f) for f in getattr(context, "_python_includes", None) or ()]
+    if certain and not shipped:
+        raise WorkerPythonError(text)
+    if shipped:
+        text += f" (unless a Python file shipped to the workers provides it: {', '.join(shipped)})"
+    log.warning("%s", text)
+
+
+@functools.cache
+def _worker_problem(python: str, path: str, pythonpath: str, cwd: str
+                    ) -> tuple[str, bool] | None:
+    """What is wrong with ``python`` as Spark's worker interpreter and whether that is
+    certain, or None. ``path``, ``pythonpath`` and ``cwd`` are part of the key: they decide
+    which interpreter and which modules the workers find (they start in the driver's
+    directory, which ``python -m`` puts on their path)."""
+    found = python if os.sep in python else shutil.which(python, path=path)
+    if found is None or not os.path.exists(found):
+        return "which does not exist", True
+    try:
+        done = subprocess.run([found, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=_PROBE_TIMEOUT, check=False, cwd=cwd,
+                              env={**os.environ, "PYTHONPATH": pythonpath})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"which could not be asked what it imports ({exc!r})", False
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 2:
+        return (f"which did not answer what it imports ({done.stderr.strip()[-200:]!r})",
+                False)
+    version, missing = lines[0], [m for m in lines[1].split(",") if m]
+    driver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if missing:
+        return (f"which cannot import {' or '.join(missing)} (the nsq source and sink run in "
+                "those workers)", True)
+    if version != driver:
+        return (f"which is Python {version}; the driver runs Python {driver} and Spark needs "
+                "the same in both", True)
+    return None
