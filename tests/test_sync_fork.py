@@ -5,6 +5,7 @@ not have, and the parent's clients go on working."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import select
 import signal
@@ -22,7 +23,7 @@ import pytest
 import smartnsq.sync
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import EventLoopError
-from tests.consumer_support import fast_config
+from tests.consumer_support import bodies, fast_config, publish
 from tests.test_sync_consumer import WAIT, ClusterThread
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(os, "pidfd_open"),
@@ -202,3 +203,59 @@ def test_child_exiting_normally_leaves_the_parents_consumer_alone(stock: Cluster
     assert status == "0", child.stderr
     assert float(took) < 3.0, child.stdout
     assert "stop at interpreter exit failed" not in child.stderr, child.stderr
+
+
+def work_then_return(address: str, report: int) -> None:
+    """A multiprocessing worker's task: consume a while, then return without stop(); each
+    message handled is written to the ``report`` pipe."""
+    started = threading.Event()
+
+    def handle(msg: Any) -> None:
+        started.set()
+        time.sleep(0.1)
+        os.write(report, msg.body + b"\n")
+
+    c = smartnsq.sync.Consumer("t", "work", handle, nsqd_tcp_addresses=[address], threads=1,
+                               config=fast_config(max_in_flight=20))
+    c.start()
+    started.wait(WAIT)
+    # returning ends the process: multiprocessing runs threading's shutdown, then os._exit
+    # (no atexit hooks)
+
+
+def test_consumer_left_running_in_a_multiprocessing_worker_is_stopped_at_its_end(
+        stock: ClusterThread) -> None:
+    """What the worker's consumer held but did not handle goes back to nsqd when the worker
+    ends (not after nsqd's message timeout), and what it handled was finished."""
+    address = stock.cluster.nsqd_tcp_addresses[0]
+    stock.cluster.create_channel("t", "work")
+    sent = bodies("w", 40)
+    stock.call(publish(address, "t", sent))
+    read_end, write_end = os.pipe()
+    proc = multiprocessing.get_context("fork").Process(target=work_then_return,
+                                                       args=(address, write_end))
+    proc.start()
+    os.close(write_end)
+    proc.join(CHILD_BOUND)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        pytest.fail(f"the worker did not end within {CHILD_BOUND} s")
+    assert proc.exitcode == 0
+    with os.fdopen(read_end, "rb") as reader:
+        handled = set(reader.read().split())
+    assert 0 < len(handled) < len(sent)
+    rest: set[bytes] = set()
+    everything = threading.Event()
+
+    def handle(msg: Any) -> None:
+        rest.add(msg.body)
+        if rest | handled >= set(sent):
+            everything.set()
+
+    # nsqd's message timeout is 60 s: only a requeue at the worker's end brings the rest
+    # back within WAIT
+    with smartnsq.sync.Consumer("t", "work", handle, nsqd_tcp_addresses=[address],
+                                config=fast_config(max_in_flight=50)):
+        assert everything.wait(WAIT), (len(handled), len(rest))
+    assert not rest & handled  # a handled message was finished, never delivered again

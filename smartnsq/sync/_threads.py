@@ -2,10 +2,10 @@
 threads that nothing joins behind its owner's back.
 
 ``ThreadPoolExecutor`` registers a threading-level exit hook that, when the main thread
-ends, first runs every call still queued and joins its workers, before any ``atexit`` hook
-can stop the consumer feeding it. With these threads the owner decides: the sync consumer's
-``atexit`` hook (consumer.py) cancels the queued calls (their messages are requeued) and
-joins only the running ones.
+ends, first runs every call still queued and joins its workers, before anything can stop
+the consumer feeding it. With these threads the owner decides: the sync consumer's exit hook
+(``_exit.py``) cancels the queued calls (their messages are requeued) and joins only the
+running ones.
 """
 
 from __future__ import annotations

@@ -8,13 +8,10 @@ function, run on the loop. A plain handler gets a :class:`ThreadMessage`, whose
 to call from the handler's thread. Same rules as the asyncio consumer: returning finishes
 the message, raising requeues it.
 
-A consumer that is still running when the interpreter exits (no ``stop()``) is stopped
-promptly by an ``atexit`` hook: RDY 0, handlers not started yet are skipped and their
-messages requeued, the connections closed, the running handlers joined. ``atexit`` runs once
-the main thread and every non-daemon thread have finished (the consumer serves them until
-then), while the loop thread and the handler threads, daemon threads, still run. The handler
-threads are not a ``ThreadPoolExecutor``'s: its own exit hook runs before ``atexit`` and
-would first run every queued handler (``_threads.py``).
+A consumer that is still running when the main thread ends (the interpreter exits, or a
+multiprocessing worker's task returns; no ``stop()``) is stopped promptly by a hook run then
+(``_exit.py``): RDY 0, handlers not started yet are skipped and their messages requeued, the
+running handlers finish (their messages are finished), the connections are closed.
 
 A forked child makes its own consumer: in the child, a consumer the parent started raises
 :class:`~smartnsq.errors.EventLoopError`, ``stop()`` only lets go of it (its connections
@@ -24,7 +21,6 @@ are the parent's), and the exit hook leaves it alone.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import functools
 import inspect
 import logging
@@ -43,6 +39,7 @@ from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer
+from smartnsq.sync._exit import at_main_thread_end
 from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
@@ -75,7 +72,7 @@ def _returns_awaitable(handler: object) -> bool:
 
 
 #: sync consumers running now (held: a running consumer lives on even if the caller
-#: dropped it); stopped promptly if the interpreter exits first
+#: dropped it); stopped promptly if the main thread ends first
 _running: set[Consumer] = set()
 
 
@@ -84,7 +81,6 @@ def _stop_running_at_exit() -> None:
         consumer._stop_at_exit()
 
 
-atexit.register(_stop_running_at_exit)
 # a forked child does not run the parent's consumers (and must not wait on them at its exit)
 os.register_at_fork(after_in_child=_running.clear)
 
@@ -271,6 +267,7 @@ class Consumer:
             self._shutdown_resources()
             raise
         _running.add(self)
+        at_main_thread_end(_stop_running_at_exit)
 
     def stop(self, drain_timeout: float | None = None) -> None:
         """Stop gracefully (see :meth:`smartnsq.consumer.Consumer.stop`), then release the
@@ -310,7 +307,7 @@ class Consumer:
             release(loop)
 
     def _stop_at_exit(self) -> None:
-        """Interpreter exit without stop(): no more handlers, RDY 0, requeue, close."""
+        """The main thread ended without stop(): no more handlers, RDY 0, requeue, close."""
         loop = self._loop
         if loop is None or self._closed:
             return
@@ -318,9 +315,12 @@ class Consumer:
         if self._pool is not None:
             # queued handler calls are dropped; their messages are requeued by _in_thread
             self._pool.shutdown(wait=False, cancel_futures=True)
-        bound = self._async._config.connection.close_timeout * 2 + 1.0
+        config = self._async._config
+        # the drain waits only for the handlers already running (the queued ones were just
+        # cancelled): what they handle is finished, not delivered again
+        bound = config.drain_timeout + config.connection.close_timeout * 2 + 1.0
         try:
-            fut = asyncio.run_coroutine_threadsafe(self._async.stop(drain_timeout=0), loop.loop)
+            fut = asyncio.run_coroutine_threadsafe(self._async.stop(), loop.loop)
             fut.result(timeout=bound)
         except Exception as exc:  # exiting anyway: say why it was not clean
             log.warning("consumer of %s/%s: stop at interpreter exit failed: %r",
