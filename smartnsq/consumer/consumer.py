@@ -210,8 +210,6 @@ class Consumer:
         self._stopping = False
         self._closed = False
         self._stop_task: asyncio.Task[None] | None = None
-        #: started with no endpoint to subscribe to (logged once, and when it appears)
-        self._waiting = False
         self._closed_event: asyncio.Event | None = None
         self._error: BaseException | None = None
 
@@ -277,13 +275,7 @@ class Consumer:
         self._bind_loop(asyncio.get_running_loop())
         self._closed_event = asyncio.Event()
         try:
-            topology = await self._discovery.start(self._on_topology)
-            self._waiting = not topology.endpoints
-            if self._waiting:
-                log.warning("consumer of %s/%s: %s; waiting for it to appear",
-                            self.topic, self.channel, self._discovery.describe_empty())
-            self._subscriptions.check_topology(topology)
-            self._conns.reconcile(topology)
+            self._subscriptions.follow(await self._discovery.start(self._on_topology))
             await self._conns.wait_first_attempts(self._subscriptions.start_bound())
             if self._error is not None:
                 raise self._error
@@ -302,15 +294,9 @@ class Consumer:
         if self._stopping or self._closed:
             return
         try:
-            self._subscriptions.check_topology(topology)
+            self._subscriptions.follow(topology)
         except NSQError as exc:
             self._fatal(exc)
-            return
-        if self._waiting and topology.endpoints:
-            self._waiting = False
-            log.info("consumer of %s/%s: the topic appeared (%d endpoint(s))", self.topic,
-                     self.channel, len(topology.endpoints))
-        self._conns.reconcile(topology)
 
     @property
     def error(self) -> BaseException | None:

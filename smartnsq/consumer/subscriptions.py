@@ -80,6 +80,9 @@ class SubscriptionSet:
         self.connects = 0
         #: the consumer is stopping: no new subscriptions
         self.closing = False
+        self._discovery = discovery
+        #: the last topology had nothing to subscribe to (said once, and when it ends)
+        self._waiting = False
 
     def new_sub(self, ep: Endpoint) -> Sub:
         return Sub(ep, self.topic, self.channel, self._dispatch, self._retire)
@@ -102,6 +105,22 @@ class SubscriptionSet:
             raise SubOrderIsMustError(
                 "this topic is configured only allow ordered sub: use smartnsq.ordered."
                 "OrderedConsumer", topic=self.topic, fatal=False)
+
+    def follow(self, topology: Topology) -> None:
+        """Caller: the consumer, with every topology. Check it (raises the configuration
+        error subscribing would meet), say when there is nothing to subscribe to and when
+        that ends, and reconcile the connections with it."""
+        self.check_topology(topology)
+        if not topology.endpoints:
+            if not self._waiting:
+                log.warning("consumer of %s/%s: %s; waiting for it to appear", self.topic,
+                            self.channel, self._discovery.describe_empty())
+            self._waiting = True
+        elif self._waiting:
+            self._waiting = False
+            log.info("consumer of %s/%s: the topic appeared (%d endpoint(s))", self.topic,
+                     self.channel, len(topology.endpoints))
+        self.conns.reconcile(topology)
 
     def start_bound(self) -> float | None:
         """How long start() waits for first attempts: all of them when they can all run at
