@@ -19,6 +19,8 @@ in one task, so the replay carries the same trace ids and a reader drops repeats
 
 Spark calls block while Spark's Python workers (other processes) read from the cluster, so
 :func:`run_stage` makes them in a worker thread and the cluster keeps serving on its loop.
+Cancelled (the demo's Ctrl-C), the stage stops the running query and the session it started
+within :data:`INTERRUPT_TIMEOUT` and ends; nothing waits for the blocked Spark calls.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
@@ -53,10 +56,13 @@ STOP_AFTER = 2
 BATCHES = 5
 #: bound on each run of the query (seconds)
 QUERY_TIMEOUT = 180.0
+#: bound on stopping the query and the session once the stage is cancelled (seconds)
+INTERRUPT_TIMEOUT = 20.0
 #: trace ids: batch id in the high bits (the sink's deterministic layout)
 _BATCH_SHIFT = 40
 
 Report = Callable[[str], None]
+T = TypeVar("T")
 
 
 def spark_missing_reason() -> str | None:
@@ -66,6 +72,62 @@ def spark_missing_reason() -> str | None:
             return (f"{module} is not installed (the spark extra: "
                     "`.venv/bin/pip install -e '.[spark]'`, which `make demo` does)")
     return java_missing_reason()
+
+
+def _settle(fut: asyncio.Future[T], value: T | None, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)  # type: ignore[arg-type]  # None only with exc
+
+
+async def _blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking Spark call on a daemon thread of its own. Not ``asyncio.to_thread``:
+    ``asyncio.run`` waits for the default executor's threads as it ends, and after a Ctrl-C
+    a Spark call may block for minutes (a JVM start, a query's awaitTermination)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            outcome = partial(_settle, done, fn(*args), None)
+        except BaseException as exc:  # handed to the awaiting task, which raises it
+            outcome = partial(_settle, done, None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(outcome)
+
+    threading.Thread(target=run, name="smartnsq-demo-spark", daemon=True).start()
+    return await done
+
+
+def _start_session_unless(interrupted: threading.Event) -> Any:
+    session = start_session()
+    if interrupted.is_set():
+        # the stage was cancelled while the JVM started: nobody else will stop it
+        session.stop()
+    return session
+
+
+def _stop_queries(spark: Any) -> None:
+    """After the stage was cancelled: Spark's log off, its jobs cancelled, the running
+    queries stopped (before the session is: a query whose session stops under it prints
+    Java traces). Each step is tried."""
+    ctx = spark.sparkContext
+    steps: list[Callable[[], Any]] = [partial(ctx.setLogLevel, "OFF"), ctx.cancelAllJobs]
+    steps += [q.stop for q in spark.streams.active]
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # stopping anyway: the next step may still work
+            logging.getLogger(__name__).debug("stopping Spark: %r", exc)
+
+
+async def _bounded(fn: Callable[[], Any]) -> None:
+    """A Spark call that stops something, given at most :data:`INTERRUPT_TIMEOUT`."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_blocking(fn), INTERRUPT_TIMEOUT)
 
 
 def start_session() -> Any:
@@ -208,8 +270,9 @@ def _await(q: Any, what: str, *, planned: bool) -> str | None:
 
 def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str,
                  workdir: Path, max_per_trigger: int, stop_after: int,
-                 say: Report) -> _QueryOutcome:
-    """The two runs of the query and the read-back of its Parquet output (blocking)."""
+                 say: Report, interrupted: threading.Event) -> _QueryOutcome:
+    """The two runs of the query and the read-back of its Parquet output (blocking); once
+    ``interrupted`` is set nothing more is started."""
     from pyspark.sql import functions as F
 
     outcome = _QueryOutcome()
@@ -263,7 +326,11 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
                   .option("checkpointLocation", str(workdir / "checkpoint")))
         writer = (writer.trigger(availableNow=True) if available_now
                   else writer.trigger(processingTime="0 seconds"))
-        return writer.start()
+        q = writer.start()
+        if interrupted.is_set():
+            # the stage was cancelled while this query started: stop it at once
+            q.stop()
+        return q
 
     # first run: batches 0 .. stop_after-1 complete; batch stop_after writes both outputs
     # and then fails, as a driver killed at that point would leave it (offsets logged, the
@@ -278,6 +345,8 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
         spark.sparkContext.setLogLevel("ERROR")
         outcome.first_run_seconds = time.perf_counter() - t0
         _add_phases(outcome, q)
+    if interrupted.is_set():
+        outcome.error = "interrupted"
     if outcome.error is not None:
         return outcome
     say(f"spark: query stopped in batch {stop_after} ({outcome.first_run_seconds:.2f} s); "
@@ -292,6 +361,8 @@ def _run_queries(spark: Any, lookupds: Sequence[str], topic: str, out_topic: str
         q.stop()
         outcome.second_run_seconds = time.perf_counter() - t0
         _add_phases(outcome, q)
+    if interrupted.is_set():
+        outcome.error = "interrupted"
     if outcome.error is not None:
         return outcome
 
@@ -350,25 +421,36 @@ async def run_stage(cluster: DevCluster, topic: str, *, spark: Any = None,
     # py4j logs a failing foreachBatch's whole traceback; the summary names the error
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
+    interrupted = threading.Event()
     async with contextlib.AsyncExitStack() as stack:
         if workdir is None:
+            # a cancelled stage leaves its query thread writing here for a moment
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="smartnsq-demo-spark-")))
+                prefix="smartnsq-demo-spark-", ignore_cleanup_errors=True)))
         spark_start = 0.0
+        owned = spark is None
         # a Spark failure (even at start) is a failed check, not a traceback
         try:
             if spark is None:
                 say("spark: starting a local session (local[2])")
                 t0 = time.perf_counter()
-                spark = await asyncio.to_thread(start_session)
+                spark = await _blocking(_start_session_unless, interrupted)
                 spark_start = time.perf_counter() - t0
-                stack.push_async_callback(asyncio.to_thread, spark.stop)
+                stack.push_async_callback(_bounded, spark.stop)
             say(f"spark: streaming {len(bodies):,} messages of {topic} through the nsq source "
                 f"(maxMessagesPerTrigger {limit:,}), counting per shard key into Parquet and "
                 f"topic {OUT_TOPIC}; the first run stops in batch {stop_after}")
-            outcome = await asyncio.to_thread(
+            outcome = await _blocking(
                 _run_queries, spark, cluster.lookupd_http_addresses, topic, OUT_TOPIC,
-                workdir, limit, stop_after, say)
+                workdir, limit, stop_after, say, interrupted)
+        except asyncio.CancelledError:
+            interrupted.set()
+            say("spark stage: interrupted: stopping the query"
+                + (" and the Spark session" if owned else ""))
+            if spark is not None:
+                # the queries first; the session (if the stage started it) on the way out
+                await _bounded(partial(_stop_queries, spark))
+            raise
         except Exception as exc:
             outcome = _QueryOutcome(error=_short_error(exc))
 

@@ -5,6 +5,13 @@ its failure reporting, and the demo's ways of skipping it."""
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,6 +20,7 @@ import pytest
 
 from smartnsq import demo, demo_spark
 from smartnsq.producer import Producer
+from smartnsq.spark.env import java_missing_reason
 from tests.spark.conftest import ThreadedCluster
 
 TOPIC = "dsp_orders"
@@ -202,3 +210,67 @@ def test_the_demo_runs_the_stage_on_its_cluster_and_fails_with_it(
     assert out.index("result: OK, every check held") < out.index("spark: (fake stage)") \
         < out.index("spark stage\n")
     assert out.rstrip().endswith("result: FAILED\n  - the query failed: Boom: no")
+
+
+#: bound on the whole demo run up to the Spark stage's first micro-batch (JVM start included)
+DEMO_START_BOUND = 180.0
+#: a Ctrl-C during the Spark stage ends the demo within this (the query and session stopped)
+INTERRUPT_BOUND = 30.0
+
+
+def test_ctrl_c_stops_the_spark_stage_promptly(tmp_path: Path) -> None:
+    # `make demo` and Ctrl-C while the Spark query runs: the terminal sends SIGINT to the
+    # whole process group (the demo, Spark's JVM, its Python workers)
+    reason = java_missing_reason() or demo_spark.spark_missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "smartnsq.demo", "--messages", "600", "--keys", "12"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        start_new_session=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+
+    def read_until(marker: str | None, bound: float) -> bool:
+        deadline = time.monotonic() + bound
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                return marker is None
+            seen.append(line)
+            if marker is not None and line.startswith(marker):
+                return True
+        return False
+
+    try:
+        assert read_until("  spark run 1 batch 0", DEMO_START_BOUND), "".join(seen)[-3000:]
+        os.killpg(child.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        assert read_until(None, INTERRUPT_BOUND), (
+            f"still running {INTERRUPT_BOUND:.0f} s after Ctrl-C: " + "".join(seen)[-3000:])
+        rc = child.wait(INTERRUPT_BOUND)
+        took = time.monotonic() - interrupted
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    out = "".join(seen)
+    after = out[out.index("  spark run 1 batch 0"):]
+    # the shell's 130 (128 + SIGINT): the demo exits with it or dies of the signal
+    assert rc in (130, -signal.SIGINT), (rc, after[-3000:])
+    assert "spark stage: interrupted: stopping the query and the Spark session" \
+        in after, after[-3000:]
+    # stopped, not restarted, and without Spark's Java traces
+    assert "spark run 2" not in after and "Exception in thread" not in after, after[-3000:]
+    print(f"exited {took:.1f} s after Ctrl-C")
