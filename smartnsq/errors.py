@@ -83,6 +83,17 @@ class LookupFailedError(NSQError):
     """No nsqlookupd answered usefully for a topic."""
 
 
+class LookupRefusedError(LookupFailedError):
+    """Every lookupd asked answered, and every answer was refused as invalid (a partition
+    count beyond youzan's, a payload that is no lookup answer). Asking again soon will not
+    help, unlike a lookupd that is down or slow: an operator has to fix the lookupd.
+    ``reason`` says what was refused, per lookupd."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class TopicNotFoundError(LookupFailedError):
     """The lookupds know no writable partition or node for the topic."""
 

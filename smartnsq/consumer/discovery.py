@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from smartnsq.config import LookupConfig
-from smartnsq.errors import ConfigError, Flavour, LookupFailedError
+from smartnsq.errors import ConfigError, Flavour, LookupFailedError, LookupRefusedError
 from smartnsq.lookup import Lookup, Subscription, TopicChange, TopicView
 from smartnsq.protocol.validation import parse_tcp_address
 
@@ -227,6 +227,8 @@ class LookupDiscovery(Discovery):
 
     def describe_empty(self) -> str:
         where = ", ".join(self._lookup.config.addresses)
+        if isinstance(self._unanswered, LookupRefusedError):
+            return str(self._unanswered)  # polling goes on: an operator may fix the lookupd
         if self._unanswered is not None:
             return f"no lookupd answered yet ({self._unanswered}; lookupds: {where})"
         if self._partitions is not None:

@@ -5,7 +5,9 @@ the round waits for them; demoted ones only when their backoff is due, and the r
 wait for those once a healthy lookupd answered), then merges the answers (``view.py``).
 When no lookupd answers, the previous view stays in force, the error is recorded
 (:meth:`Lookup.last_error`) and subscribers get a :class:`LookupFailed` event; only a caller
-that has no view at all gets :class:`LookupFailedError`.
+that has no view at all gets :class:`LookupFailedError`. When every lookupd asked answered and
+every answer was refused as invalid, the error is :class:`LookupRefusedError`: asking again
+soon will not help, and callers with a deadline need not wait for it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ import aiohttp
 
 from smartnsq._checks import check_optional_duration
 from smartnsq.config import LookupConfig
-from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
+from smartnsq.errors import (
+    ClientClosedError,
+    ConfigError,
+    LookupFailedError,
+    LookupRefusedError,
+)
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
@@ -42,6 +49,12 @@ log = logging.getLogger("smartnsq.lookup")
 
 #: a topic nobody asked about for this many poll intervals is forgotten (5 min by default)
 IDLE_POLLS = 5
+
+
+def _refused(err: LookupdError) -> bool:
+    """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
+    partition count beyond youzan's, a body over the cap. Asking again will not change it."""
+    return err.status is not None and 200 <= err.status < 300
 
 
 def check_access(access: str) -> Access:
@@ -249,7 +262,8 @@ class Lookup:
         every ``poll_interval`` (+ jitter) until :meth:`forget`, or until nobody used it
         for ``idle_polls`` polls. ``metainfo`` asks youzan lookupds for ``meta`` (partition
         count, ordered, ext ...).
-        Raises :class:`LookupFailedError` only when no view could ever be built.
+        Raises :class:`LookupFailedError` only when no view could ever be built
+        (:class:`LookupRefusedError` when every lookupd answered and none was believed).
         """
         max_age = check_optional_duration(max_age, "max_age")
         await self._ready()
@@ -404,7 +418,12 @@ class Lookup:
             if st.address not in tasks:
                 failed[st.address] = f"demoted, not asked (last error: {st.last_error})"
         if not answers:
-            return self._round_failed(state, failed)
+            refusals = {a: r.reason for a, r in fresh.items()
+                        if isinstance(r, LookupdError) and _refused(r)}
+            # refused only when every lookupd asked answered and was refused: one that is
+            # down or slow may still come back with a good answer
+            return self._round_failed(state, failed,
+                                      refusals if len(refusals) == len(tasks) else None)
 
         carried = [a for a in failed
                    if a in state.answers and a in self._health
@@ -430,17 +449,33 @@ class Lookup:
             self._spawn(state.coalescer, f"refresh of topic {state.topic!r} "
                                            f"(access={state.access})")
 
-    def _round_failed(self, state: TopicState, failed: dict[str, str]) -> TopicView:
-        detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
-        err = LookupFailedError(
-            f"no lookupd answered /lookup for topic {state.topic!r} (access={state.access}): "
-            f"{detail}")
-        state.last_error = err
-        if state.view is not None:
-            log.warning("%s; keeping the view built %.1fs ago", err,
-                        self._clock() - state.view.built_at)
+    def _round_failed(self, state: TopicState, failed: dict[str, str],
+                      refusals: dict[str, str] | None) -> TopicView:
+        """Keep the previous view (if any), record why, tell subscribers; raise without
+        a view. ``refusals``: each lookupd's refused answer when every lookupd asked
+        answered and none was believed (:class:`LookupRefusedError`)."""
+        what = f"/lookup for topic {state.topic!r} (access={state.access})"
+        err: LookupFailedError
+        if refusals:
+            reason = "; ".join(f"{a}: {r}" for a, r in refusals.items())
+            # lookupds not asked (demoted, not due) are named too, as in any failed round
+            detail = "; ".join(f"{a}: {refusals.get(a, r)}" for a, r in failed.items())
+            err = LookupRefusedError(
+                f"every lookupd's answer to {what} was refused as invalid: {detail}",
+                reason=reason)
         else:
-            log.warning("%s", err)
+            detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
+            err = LookupFailedError(f"no lookupd answered {what}: {detail}")
+        previous, state.last_error = state.last_error, err
+        # a lookupd that keeps sending the same refused answer is reported once (until
+        # a good round or another answer): it only changes when an operator fixes it
+        level = logging.DEBUG if (isinstance(err, LookupRefusedError) and isinstance(
+            previous, LookupRefusedError) and previous.reason == err.reason) else logging.WARNING
+        if state.view is not None:
+            log.log(level, "%s; keeping the view built %.1fs ago", err,
+                    self._clock() - state.view.built_at)
+        else:
+            log.log(level, "%s", err)
         self._notify(state, TopicChange(state.topic, state.access, state.view, state.view,
                                         (LookupFailed(err),)))
         if state.view is None:

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
-from smartnsq.errors import ClientClosedError, ConfigError, PublishError, UnsupportedFeatureError
+from smartnsq.errors import (
+    ClientClosedError,
+    ConfigError,
+    LookupRefusedError,
+    PublishError,
+    UnsupportedFeatureError,
+)
 from smartnsq.producer.ops import Op
 from smartnsq.producer.types import PublishTimeoutError
 
-__all__ = ["failure", "late_connection", "reconnect_timeout", "sleep_before"]
+__all__ = ["failure", "late_connection", "reconnect_timeout", "refused", "sleep_before"]
 
 
 def _where(op: Op, partition: int | None) -> str:
@@ -32,6 +38,14 @@ def failure(op: Op, attempts: int, exc: BaseException, deadline: float) -> BaseE
             f"({attempts} attempt(s)); last error: {exc}")
     else:
         err = PublishError(f"{op.what} to {where} failed after {attempts} attempt(s): {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def refused(topic: str, exc: LookupRefusedError) -> PublishError:
+    """The publish error of a topic whose lookup was refused: raised at once, since asking
+    the lookupds again until the deadline would get the same answers."""
+    err = PublishError(f"cannot publish to topic {topic!r}: {exc}")
     err.__cause__ = exc
     return err
 

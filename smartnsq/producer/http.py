@@ -34,6 +34,7 @@ from smartnsq.errors import (
     ClientClosedError,
     ConfigError,
     LookupFailedError,
+    LookupRefusedError,
     NoLeaderError,
     NSQConnectionError,
     NSQTimeoutError,
@@ -47,6 +48,7 @@ from smartnsq.lookup import Lookup
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
+from smartnsq.producer.failures import refused
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.retry import Action, classify, retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
@@ -362,6 +364,8 @@ class HttpProducer:
                 try:
                     async with asyncio.timeout_at(deadline):
                         route = await self._routes.get(topic)
+                except LookupRefusedError as exc:
+                    raise refused(topic, exc) from exc
                 except (LookupFailedError, TimeoutError) as exc:
                     last, route = exc, None
                 if route is not None:
@@ -383,6 +387,8 @@ class HttpProducer:
                     try:
                         async with asyncio.timeout_at(deadline):
                             await self._routes.refresh(topic, route)
+                    except LookupRefusedError as exc:
+                        raise refused(topic, exc) from exc
                     except (LookupFailedError, TimeoutError):
                         pass
                     continue

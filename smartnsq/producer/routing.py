@@ -18,12 +18,13 @@ from smartnsq.config import LookupConfig
 from smartnsq.errors import (
     ConfigError,
     LookupFailedError,
+    LookupRefusedError,
     TopicNotFoundError,
     UnsupportedFeatureError,
 )
 from smartnsq.lookup import Lookup
 from smartnsq.ordered.sharding import ShardKey, ShardRule, shard_partition
-from smartnsq.producer.failures import sleep_before
+from smartnsq.producer.failures import refused, sleep_before
 from smartnsq.producer.ops import Op, Pub
 from smartnsq.producer.retry import retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
@@ -90,10 +91,14 @@ class Router:
         self.routes = Routes(lookup)
 
     async def get(self, topic: str, deadline: float) -> TopicRoute | None:
-        """The topic's route, looking it up if needed; None if the lookup failed."""
+        """The topic's route, looking it up if needed; None if the lookup failed (for now:
+        the caller waits and asks again), PublishError if every lookupd's answer was refused
+        (asking again would get the same answers)."""
         try:
             async with asyncio.timeout_at(deadline):
                 return await self.routes.get(topic)
+        except LookupRefusedError as exc:
+            raise refused(topic, exc) from exc
         except LookupFailedError as exc:
             logger.debug("lookup of topic %r failed: %s", topic, exc)
             return None
@@ -126,6 +131,8 @@ class Router:
         try:
             async with asyncio.timeout_at(deadline):
                 return await self.routes.refresh(topic, route)
+        except LookupRefusedError as exc:
+            raise refused(topic, exc) from exc
         except (LookupFailedError, TimeoutError):
             return None
 
