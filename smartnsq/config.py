@@ -176,6 +176,10 @@ class LookupConfig(_Model):
     demoted_retry_min: float = Field(default=1.0, gt=0)
     demoted_retry_max: float = Field(default=60.0, gt=0)
     use_listlookup: bool = True
+    #: a topic nobody asked about (lookup, refresh, view, stale report) and nobody subscribes
+    #: to for this many poll intervals stops being refreshed and is forgotten (5 min at the
+    #: default poll): a process that looks up many topics once keeps no refresher per topic
+    idle_polls: int = Field(default=5, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> Self:

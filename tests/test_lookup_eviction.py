@@ -1,9 +1,10 @@
 """The lookup's background work ends when nobody needs it (issue 19 item 8).
 
-A topic nobody asked about for ``idle_polls`` poll intervals stops being refreshed and is
-forgotten (a process that looks up many topics once does not keep a refresher per topic
-forever); a subscribed topic is never forgotten while subscribed; a refresh running in the
-background when the Lookup closes ends cancelled, and the close is prompt.
+A topic nobody asked about for ``LookupConfig.idle_polls`` poll intervals stops being
+refreshed and is forgotten (a process that looks up many topics once does not keep a
+refresher per topic forever); a subscribed topic is never forgotten while subscribed; a
+refresh running in the background when the Lookup closes ends cancelled, and the close is
+prompt.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from smartnsq.config import LookupConfig
 from smartnsq.errors import ConfigError
 from smartnsq.lookup import Lookup
+from smartnsq.producer import Producer
 from tests.consumer_support import eventually
 from tests.lookup_fakes import FakeLookupd, TopicSpec
+from tests.real_servers import StockServer, stock, unique
+
+__all__ = ["stock"]  # the fixture, imported for pytest
 
 POLL = 0.05
 IDLE_POLLS = 3
@@ -27,7 +33,7 @@ WITHIN = 5.0
 
 
 def config(url: str, **kw: Any) -> LookupConfig:
-    base: dict[str, Any] = {"poll_interval": POLL, "poll_jitter": 0.0,
+    base: dict[str, Any] = {"poll_interval": POLL, "poll_jitter": 0.0, "idle_polls": IDLE_POLLS,
                             "request_timeout": 30.0, "use_listlookup": False}
     return LookupConfig(addresses=(url,), **{**base, **kw})
 
@@ -46,7 +52,7 @@ async def until_tracked(lk: Lookup, want: set[tuple[str, str]]) -> None:
 
 async def test_topics_nobody_asks_about_are_forgotten_but_not_subscribed_ones(
         fake: FakeLookupd) -> None:
-    async with Lookup(config(fake.url), idle_polls=IDLE_POLLS) as lk:
+    async with Lookup(config(fake.url)) as lk:
         for i in range(20):
             await lk.lookup(f"t{i}", "w")
         sub = lk.subscribe("t0", "r")
@@ -67,7 +73,7 @@ async def test_topics_nobody_asks_about_are_forgotten_but_not_subscribed_ones(
 
 
 async def test_a_topic_in_use_is_kept(fake: FakeLookupd) -> None:
-    async with Lookup(config(fake.url), idle_polls=IDLE_POLLS) as lk:
+    async with Lookup(config(fake.url)) as lk:
         await lk.lookup("t0", "w")
         await lk.lookup("t1", "w")
         loop = asyncio.get_running_loop()
@@ -79,10 +85,53 @@ async def test_a_topic_in_use_is_kept(fake: FakeLookupd) -> None:
         assert lk.tracked() == (("t0", "w"),)
 
 
-@pytest.mark.parametrize("idle_polls", [0, -1, 1.5, True])
+@pytest.mark.parametrize("idle_polls", [0, -1, 1.5])
 def test_idle_polls_must_be_a_positive_int(idle_polls: Any) -> None:
     with pytest.raises(ConfigError, match="idle_polls"):
-        Lookup(config("http://127.0.0.1:4161"), idle_polls=idle_polls)
+        config("http://127.0.0.1:4161", idle_polls=idle_polls)
+
+
+def test_idle_polls_defaults_to_five_polls() -> None:
+    assert LookupConfig(addresses=("127.0.0.1:4161",)).idle_polls == 5
+
+
+async def stock_topic(server: StockServer) -> str:
+    """A topic on the stock nsqd (its nsqlookupd learns it from the nsqd)."""
+    topic = unique("idle")
+    async with aiohttp.ClientSession() as http, http.post(
+            f"http://{server.nsqd_http}/topic/create", params={"topic": topic}) as r:
+        assert r.status == 200, await r.text()
+    return topic
+
+
+@pytest.mark.real_nsqd
+async def test_a_producer_takes_idle_polls_from_its_lookup_config(
+        stock: StockServer) -> None:
+    if stock.lookupd is None:
+        pytest.skip("SMARTNSQ_REAL_LOOKUPD (the stock nsqlookupd) is not set")
+    topics = [await stock_topic(stock) for _ in range(3)]
+    used = {(t, "w") for t in topics}
+
+    def lookupd(idle_polls: int) -> LookupConfig:
+        assert stock.lookupd is not None
+        return LookupConfig(addresses=(stock.lookupd,), poll_interval=POLL, poll_jitter=0.0,
+                            idle_polls=idle_polls)
+
+    async with Producer(lookupd=lookupd(2)) as brief, \
+            Producer(lookupd=lookupd(10**6)) as patient:
+        for t in topics:
+            await brief.publish(t, b"x", timeout=WITHIN)
+            await patient.publish(t, b"x", timeout=WITHIN)
+        assert brief.lookup is not None and patient.lookup is not None
+        assert set(brief.lookup.tracked()) == set(patient.lookup.tracked()) == used
+        assert brief.lookup.config.idle_polls == 2
+        # nobody publishes any more: 2 polls later the first producer's lookup lets go,
+        # the other one keeps refreshing well past the default's 5 polls
+        await until_tracked(brief.lookup, set())
+        rounds = patient.lookup.rounds(topics[0], "w")
+        await eventually(lambda: patient.lookup.rounds(topics[0], "w") >= rounds + 6, WITHIN,
+                         POLL)
+        assert set(patient.lookup.tracked()) == used
 
 
 async def test_close_cancels_a_background_refresh_in_flight_promptly(

@@ -47,9 +47,6 @@ from smartnsq.protocol.validation import check_topic, parse_http_address
 
 log = logging.getLogger("smartnsq.lookup")
 
-#: a topic nobody asked about for this many poll intervals is forgotten (5 min by default)
-IDLE_POLLS = 5
-
 
 def _refused(err: LookupdError) -> bool:
     """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
@@ -90,18 +87,17 @@ class Lookup:
 
     Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:``. Methods start it
     on first use too, but only ``close()`` (or leaving the ``async with``) stops its tasks.
-    A topic nobody asked about (lookup, refresh, view, stale report) for ``idle_polls`` poll
-    intervals, and nobody subscribes to, stops being refreshed and is forgotten.
+    A topic nobody asked about (lookup, refresh, view, stale report) for
+    ``config.idle_polls`` poll intervals, and nobody subscribes to, stops being refreshed and
+    is forgotten.
     ``clock`` (monotonic seconds) and ``rng`` can be injected for tests.
     """
 
     def __init__(self, config: LookupConfig, *, session: aiohttp.ClientSession | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None, idle_polls: int = IDLE_POLLS) -> None:
+                 rng: random.Random | None = None) -> None:
         if not isinstance(config, LookupConfig):
             raise ConfigError(f"Lookup needs a LookupConfig, got {type(config).__name__}")
-        if isinstance(idle_polls, bool) or not isinstance(idle_polls, int) or idle_polls < 1:
-            raise ConfigError(f"idle_polls must be an int >= 1, got {idle_polls!r}")
         self._config = config
         self._seeds = _seed_urls(config.addresses)
         self._clock = clock
@@ -116,7 +112,7 @@ class Lookup:
         self._discovered = asyncio.Event()
         self._discovery_task: asyncio.Task[None] | None = None
         self._topics = TopicTable(self._round, delay=self._poll_delay, clock=clock,
-                                  idle_after=idle_polls * config.poll_interval,
+                                  idle_after=config.idle_polls * config.poll_interval,
                                   spawn=self._spawn)
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
@@ -260,8 +256,8 @@ class Lookup:
         Returns the current view when there is one (younger than ``max_age`` seconds if
         given), else runs a round. From now on the topic is refreshed in the background
         every ``poll_interval`` (+ jitter) until :meth:`forget`, or until nobody used it
-        for ``idle_polls`` polls. ``metainfo`` asks youzan lookupds for ``meta`` (partition
-        count, ordered, ext ...).
+        for ``config.idle_polls`` polls. ``metainfo`` asks youzan lookupds for ``meta``
+        (partition count, ordered, ext ...).
         Raises :class:`LookupFailedError` only when no view could ever be built
         (:class:`LookupRefusedError` when every lookupd answered and none was believed).
         """
