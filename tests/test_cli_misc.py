@@ -19,7 +19,7 @@ from tests.cli_support import assert_one_line_error, invoke, run_cli
 
 COMMANDS = [["tail"], ["publish"], ["to-file"], ["bridge"], ["stat"], ["lookup"],
             ["topic", "create"], ["topic", "delete"], ["channel", "create"],
-            ["channel", "set-offset"], ["channel", "pause"]]
+            ["channel", "set-offset"], ["channel", "pause"], ["dev"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -39,7 +39,7 @@ def test_entry_points() -> None:
     assert proc.returncode == 2 and b"Traceback" not in proc.stderr
     assert proc.stderr.decode().count("\n") == 1
     assert main(["--version"]) == 0
-    # dev keeps its argparse interface
+    # dev: a click command like the others
     assert main(["dev", "--help"]) == 0
     assert main(["dev", "--nodes", "x"]) == 2
 

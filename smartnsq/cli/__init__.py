@@ -22,9 +22,9 @@ import click
 
 from smartnsq import __version__
 from smartnsq.cli.common import EXIT_INTERRUPTED, cli_logging, one_line
-from smartnsq.cli.dev import TopicSpec, add_dev_arguments, build_parser, run_dev
+from smartnsq.cli.dev import DevOptions, TopicSpec, build_parser, run_dev
 
-__all__ = ["TopicSpec", "add_dev_arguments", "build_parser", "cli", "main", "run_dev"]
+__all__ = ["DevOptions", "TopicSpec", "build_parser", "cli", "main", "run_dev"]
 
 EPILOG = """\b
 Examples:
@@ -88,28 +88,17 @@ def cli(ctx: click.Context, verbose: int) -> None:
         ctx.with_resource(cli_logging(verbose))
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                               "help_option_names": []}, add_help_option=False)
-@click.pass_context
-def dev(ctx: click.Context) -> int:
-    """Run an embedded NSQ cluster until interrupted (smartnsq dev --help)."""
-    from smartnsq.cli.dev import main as dev_main
-    try:
-        return dev_main(["dev", *ctx.args])
-    except SystemExit as exc:  # argparse's --help and usage errors
-        return exc.code if isinstance(exc.code, int) else 2
-
-
 def _register() -> None:
     from smartnsq.cli.admin import channel, topic
     from smartnsq.cli.archive import to_file
     from smartnsq.cli.bridge import bridge
+    from smartnsq.cli.dev import dev
     from smartnsq.cli.lookup import lookup
     from smartnsq.cli.publish import publish
     from smartnsq.cli.stat import stat
     from smartnsq.cli.tail import tail
 
-    for command in (tail, publish, to_file, bridge, stat, lookup, topic, channel):
+    for command in (tail, publish, to_file, bridge, stat, lookup, topic, channel, dev):
         cli.add_command(command)
 
 

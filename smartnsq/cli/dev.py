@@ -1,27 +1,53 @@
-"""``smartnsq dev``: the embedded cluster (argparse, unchanged since before the click CLI so
-scripts and tests that drive it keep working).
+"""``smartnsq dev``: run the embedded NSQ cluster (:class:`~smartnsq.devcluster.DevCluster`)
+until interrupted, printing its addresses, one ``<kind> <host:port>`` per line, then
+``ready``::
 
-``smartnsq dev`` runs an embedded NSQ cluster (:class:`~smartnsq.devcluster.DevCluster`) until
-interrupted and prints its addresses, one ``<kind> <host:port>`` per line, then ``ready``::
-
+    flavour youzan
     lookupd_http 127.0.0.1:40721
     nsqd_tcp 127.0.0.1:39125
     nsqd_http 127.0.0.1:44519
+    topic demo
     ready
+
+Topic shapes follow youzan's nsqlookupd: a topic that is not ordered keeps every replica of
+every partition on its own nsqd (partitions × replicas nodes), an ordered one needs only as
+many nodes as replicas. ``dev`` starts the nodes the ``--topic`` shapes need beyond
+``--nodes`` (saying so on stderr), and refuses a shape no dev cluster can hold in one line
+that says what to change.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, Literal, TextIO
 
+import click
+
+from smartnsq.cli.common import CliError, describe, err_print, one_line
 from smartnsq.errors import NSQError
+from smartnsq.protocol.validation import check_channel, check_topic
+
+EPILOG = """\b
+Examples:
+  smartnsq dev --flavour youzan --nodes 3 --topic demo:4
+  smartnsq dev --topic orders:4:2 --ordered --channel billing
+  smartnsq dev --flavour stock --nodes 1 --topic events --channel audit
+  python -m smartnsq.devcluster --nodes 3 --topic demo:4      # the same as smartnsq dev
+"""
+
+#: youzan's nsqlookupd refuses partition_num >= 255 and more than 5 replicas
+MAX_PARTITIONS = 254
+MAX_REPLICAS = 5
+#: nodes one dev process starts at most (each is an nsqd with two listening ports)
+MAX_NODES = 16
+
+TOPIC_SYNTAX = "NAME[:PARTITIONS[:REPLICA]]"
 
 
 @dataclass(frozen=True)
@@ -30,73 +56,144 @@ class TopicSpec:
     partitions: int = 1
     replica: int = 1
 
+    def __str__(self) -> str:
+        if self.replica > 1:
+            return f"{self.name}:{self.partitions}:{self.replica}"
+        return f"{self.name}:{self.partitions}" if self.partitions > 1 else self.name
 
-def _topic_spec(text: str) -> TopicSpec:
+    def nodes(self, ordered: bool) -> int:
+        """nsqd the topic needs (youzan's coordinator: replicas, times partitions unless
+        several partitions may share a node)."""
+        return self.replica if ordered else self.partitions * self.replica
+
+
+def parse_topic_spec(text: str) -> TopicSpec:
     parts = text.split(":")
     if len(parts) > 3 or not parts[0]:
-        raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS[:REPLICA]], got {text!r}")
+        raise ValueError(f"expected {TOPIC_SYNTAX}, got {text!r}")
     try:
         numbers = [int(p) for p in parts[1:]]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"partitions and replica must be integers in {text!r}"
-        ) from None
+        raise ValueError(f"partitions and replica must be integers in {text!r} "
+                         f"({TOPIC_SYNTAX})") from None
     if any(n < 1 for n in numbers):
-        raise argparse.ArgumentTypeError(f"partitions and replica must be >= 1 in {text!r}")
+        raise ValueError(f"partitions and replica must be >= 1 in {text!r} ({TOPIC_SYNTAX})")
+    try:
+        check_topic(parts[0])
+    except NSQError as exc:
+        raise ValueError(one_line(str(exc))) from None
     return TopicSpec(parts[0], *numbers)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+class TopicParam(click.ParamType[TopicSpec]):
+    name = TOPIC_SYNTAX
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> TopicSpec:
+        if isinstance(value, TopicSpec):
+            return value
+        try:
+            return parse_topic_spec(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _channel(ctx: click.Context, param: click.Parameter,
+             value: tuple[str, ...]) -> tuple[str, ...]:
+    for v in value:
+        try:
+            check_channel(v)
+        except NSQError as exc:
+            raise click.BadParameter(one_line(str(exc)), ctx, param) from None
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smartnsq", description="smartnsq tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    dev = sub.add_parser(
-        "dev",
-        help="run an embedded NSQ cluster until interrupted",
-        description="Run an in-process nsqlookupd + nsqd cluster on 127.0.0.1 and print its "
-        "addresses (one '<kind> <host:port>' per line, then 'ready').",
-    )
-    add_dev_arguments(dev)
-    return parser
+@dataclass(frozen=True)
+class DevOptions:
+    """What ``smartnsq dev`` runs (its options, parsed)."""
+
+    nodes: int = 3
+    lookupds: int = 1
+    flavour: Literal["stock", "youzan"] = "youzan"
+    topic: tuple[TopicSpec, ...] = ()
+    channel: tuple[str, ...] = ()
+    ordered: bool = False
+    lookupd_port: int = 0
+    host: str = "127.0.0.1"
 
 
-def add_dev_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=_positive, default=3, help="nsqd nodes (default 3)")
-    parser.add_argument("--lookupds", type=_positive, default=1, help="nsqlookupds (default 1)")
-    parser.add_argument("--flavour", choices=("youzan", "stock"), default="youzan")
-    parser.add_argument(
-        "--topic",
-        type=_topic_spec,
-        action="append",
-        default=[],
-        metavar="NAME[:PARTITIONS[:REPLICA]]",
-        help="create a topic at start (repeatable; partitions/replica are youzan only)",
-    )
-    parser.add_argument(
-        "--channel",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="create this channel on every --topic, so it is writable at once (repeatable)",
-    )
-    parser.add_argument(
-        "--lookupd-port", type=_positive, default=0, help="port of the first lookupd (default any)"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+def plan_nodes(opts: DevOptions) -> int:
+    """The nsqd to start: ``opts.nodes``, or more when a topic's shape needs them; raises
+    :class:`click.UsageError` (one line: what to change) for a shape no dev cluster holds."""
+    if opts.flavour == "stock":
+        if opts.ordered:
+            raise click.UsageError("--ordered is youzan only: add --flavour youzan")
+        for spec in opts.topic:
+            if spec.partitions > 1 or spec.replica > 1:
+                raise click.UsageError(
+                    f"--topic {spec}: partitions and replicas are youzan only: give "
+                    f"--topic {spec.name}, or add --flavour youzan")
+        return opts.nodes
+    needed = opts.nodes
+    for spec in opts.topic:
+        if spec.partitions > MAX_PARTITIONS:
+            raise click.UsageError(f"--topic {spec}: youzan allows at most {MAX_PARTITIONS} "
+                                   "partitions")
+        if spec.replica > MAX_REPLICAS:
+            raise click.UsageError(f"--topic {spec}: youzan allows at most {MAX_REPLICAS} "
+                                   "replicas")
+        n = spec.nodes(opts.ordered)
+        if n > MAX_NODES:
+            raise click.UsageError(
+                f"--topic {spec} needs {n} nsqd ({spec.partitions} partitions x "
+                f"{spec.replica} replicas, each on its own node unless the topic is ordered) "
+                f"and dev starts at most {MAX_NODES}: use fewer partitions or replicas, or "
+                "--ordered (partitions then share nodes)")
+        needed = max(needed, n)
+    return needed
 
 
-async def run_dev(
-    args: argparse.Namespace, *, out: TextIO | None = None, stop: asyncio.Event | None = None
-) -> int:
+@click.command("dev", epilog=EPILOG)
+@click.option("--nodes", type=click.IntRange(min=0), default=3, show_default=True,
+              help="nsqd nodes to start (more when a --topic needs them, said on stderr)")
+@click.option("--lookupds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="nsqlookupd instances")
+@click.option("--flavour", type=click.Choice(["youzan", "stock"]), default="youzan",
+              show_default=True)
+@click.option("--topic", type=TopicParam(), multiple=True, metavar=TOPIC_SYNTAX,
+              help="create a topic at start (repeatable; partitions and replica are youzan "
+                   "only; a topic that is not ordered needs PARTITIONS x REPLICA nodes)")
+@click.option("--ordered", is_flag=True,
+              help="youzan: make the --topic topics ordered (SUB_ORDERED only; their "
+                   "partitions may share nodes)")
+@click.option("--channel", multiple=True, metavar="NAME", callback=_channel,
+              help="create this channel on every --topic, so it is writable at once "
+                   "(repeatable)")
+@click.option("--lookupd-port", type=click.IntRange(0, 65535), default=0,
+              help="port of the first lookupd (default: any free port)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+def dev(**params: Any) -> int:
+    """Run an in-process nsqlookupd + nsqd cluster until interrupted (Ctrl-C or SIGTERM) and
+    print its addresses: one '<kind> <host:port>' per line, then 'ready'."""
+    opts = DevOptions(**params)
+    nodes = plan_nodes(opts)
+    if nodes > opts.nodes:
+        big = max(opts.topic, key=lambda s: s.nodes(opts.ordered))
+        err_print(f"smartnsq dev: starting {nodes} nsqd, not {opts.nodes}: topic {big} has "
+                  f"{big.partitions} partition(s) x {big.replica} replica(s), and a youzan "
+                  "topic that is not ordered keeps each on its own node (--ordered topics "
+                  "share nodes)")
+        opts = dataclasses.replace(opts, nodes=nodes)
+    try:
+        return asyncio.run(run_dev(opts))
+    except KeyboardInterrupt:  # before the signal handlers are in place
+        return 130
+    except (NSQError, OSError) as exc:
+        raise CliError(describe(exc)) from exc
+
+
+async def run_dev(args: DevOptions, *, out: TextIO | None = None,
+                  stop: asyncio.Event | None = None) -> int:
     """Run the cluster until ``stop`` is set, or SIGINT/SIGTERM when ``stop`` is None."""
     from smartnsq.devcluster import DevCluster
 
@@ -111,9 +208,8 @@ async def run_dev(
     )
     async with cluster:
         for spec in args.topic:
-            cluster.create_topic(
-                spec.name, spec.partitions, spec.replica, channels=tuple(args.channel)
-            )
+            cluster.create_topic(spec.name, spec.partitions, spec.replica,
+                                 ordered=args.ordered, channels=tuple(args.channel))
         lines = [f"flavour {cluster.flavour}"]
         lines += [f"lookupd_http {a}" for a in cluster.lookupd_http_addresses]
         for node in cluster.nodes:
@@ -135,15 +231,22 @@ def _signal_event() -> asyncio.Event:
     return event
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``smartnsq dev`` with ``argv`` (which starts with ``dev``)."""
-    args = build_parser().parse_args(argv)
-    if args.command == "dev":
+class DevArgs:
+    """``parse_args(["dev", ...])`` → :class:`DevOptions`, through the click command's own
+    parser (for callers of the argparse interface ``dev`` had before it was a click
+    command); a bad argument prints click's usage error and raises ``SystemExit(2)``."""
+
+    def parse_args(self, argv: Sequence[str]) -> DevOptions:
+        args = list(argv)
+        if args[:1] == ["dev"]:
+            args = args[1:]
         try:
-            return asyncio.run(run_dev(args))
-        except KeyboardInterrupt:
-            return 130
-        except (NSQError, OSError) as e:
-            print(f"smartnsq dev: {e}", file=sys.stderr)
-            return 1
-    return 2  # pragma: no cover - argparse rejects unknown commands
+            with dev.make_context("smartnsq dev", args) as ctx:
+                return DevOptions(**ctx.params)
+        except click.UsageError as exc:
+            exc.show(file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+
+
+def build_parser() -> DevArgs:
+    return DevArgs()
