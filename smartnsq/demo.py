@@ -605,8 +605,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(demo_spark.render(stage))
         stages.append(stage.ok)
 
-    summary = runner(run_demo(args.messages, args.keys, args.seed, time_limit=args.timeout,
-                              report=say, then=None if skip else spark_stage))
+    try:
+        summary = runner(run_demo(args.messages, args.keys, args.seed,
+                                  time_limit=args.timeout, report=say,
+                                  then=None if skip else spark_stage))
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130  # the shell's code for a command ended by Ctrl-C
     if not rendered:
         say(render(summary))
     if skip:
