@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import time
@@ -17,7 +16,6 @@ from typing import Any
 import mmh3
 import pytest
 
-from smartnsq.cli.archive import Archiver
 from tests.cli_support import (
     WAIT,
     ClusterThread,
@@ -250,62 +248,6 @@ def test_to_file_rotates_by_time(stock: ClusterThread, tmp_path: Path) -> None:
     got, closed = archived(tmp_path)
     assert len(closed) >= 2
     assert sorted(got) == sorted([f"t{i}" for i in range(10)] + [f"u{i}" for i in range(10)])
-
-
-class FakeMessage:
-    """What the archiver uses of a message; records when it was finished."""
-
-    def __init__(self, body: bytes, events: list[str]) -> None:
-        self.body = body
-        self.partition = 2
-        self.events = events
-
-    def disable_auto_response(self) -> None:
-        pass
-
-    def finish(self) -> bool:
-        self.events.append(f"fin {self.body.decode()}")
-        return True
-
-    def requeue(self, delay: float, backoff: bool = True) -> bool:
-        self.events.append(f"req {self.body.decode()}")
-        return True
-
-
-async def test_archiver_finishes_only_after_fsync(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    events: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        real_fsync(fd)
-        # what is on disk at each sync, for the finish events that follow it
-        on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
-        events.append("fsync " + ",".join(sorted(on_disk.decode().split())))
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    arch = Archiver("t", tmp_path, rotate_size=None, rotate_interval=None, compress=False,
-                    gzip_level=6, sync_count=2, host="h")
-    for body in (b"a", b"b", b"c"):
-        await arch(FakeMessage(body, events))  # type: ignore[arg-type]
-    assert events[0] == "fsync a,b" and events[1:3] == ["fin a", "fin b"]
-    arch.tick()
-    assert events[3] == "fsync a,b,c" and events[4] == "fin c"
-    arch.stopping = True
-    await arch(FakeMessage(b"d", events))  # type: ignore[arg-type]
-    assert events[-1] == "req d"
-    arch.close_all()
-    (name,) = os.listdir(tmp_path)
-    f = tmp_path / name
-    assert f.name.startswith("t.p2.h.") and f.name.endswith(".0001.log")
-    assert f.read_bytes() == b"a\nb\nc\n"
-    seen: set[str] = set()
-    for e in events:  # every finish follows a sync whose data held that message
-        kind, _, what = e.partition(" ")
-        if kind == "fsync":
-            seen = set(what.split(","))
-        elif kind == "fin":
-            assert what in seen
 
 
 def test_to_file_bad_input(stock: ClusterThread, tmp_path: Path) -> None:

@@ -4,7 +4,9 @@
 At-least-once: a message is finished (FIN) only after the file holding it was flushed and
 ``fsync``-ed, so a crash loses nothing acknowledged; it may leave messages both in a file and
 still in the channel (they are delivered again). Files are written as ``NAME.tmp`` and renamed
-to ``NAME`` when rotated or closed (a ``.tmp`` left by a crash holds synced data).
+to ``NAME`` when rotated or closed (a ``.tmp`` left by a crash holds synced data). The file
+work runs on a writer thread, off the event loop: a slow disk delays finishes, never the
+consumer's heartbeats.
 
 Rotation by size (``--rotate-size``, bytes before compression) and by age
 (``--rotate-interval``); ``--gzip`` compresses. File names carry the topic, partition, host,
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import os
 import socket
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -32,6 +36,7 @@ from smartnsq.cli.common import (
     StartAt,
     cluster_options,
     command_runner,
+    describe,
     pick_cluster,
     stderr_console,
     stop_event,
@@ -51,20 +56,32 @@ Examples:
 """
 
 
-@dataclass
+@dataclass(eq=False)
 class OpenFile:
+    """One archive file. The loop side fills ``buffer``/``pending``; ``stream``/``raw``
+    belong to the writer thread, which opens the file on its first write."""
+
     path: Path
     tmp: Path
-    stream: IO[bytes] | gzip.GzipFile
-    raw: IO[bytes]
     opened: float
     written: int = 0
-    #: written to this file, not yet synced, not yet finished
+    #: bytes not yet handed to the writer, and the messages they hold (unfinished)
+    buffer: bytearray = field(default_factory=bytearray)
     pending: list[Message] = field(default_factory=list)
+    stream: IO[bytes] | gzip.GzipFile | None = None
+    raw: IO[bytes] | None = None
 
 
 class Archiver:
-    """Writes messages to per-partition files; finishes them once their file is synced."""
+    """Writes messages to per-partition files; finishes them once their file is synced.
+
+    The file work (open, write, gzip flush, fsync, close, rename) runs on one writer thread,
+    in the order it was asked for, so the event loop (heartbeats, deliveries) never waits for
+    the disk. Each sync hands the writer the bytes gathered since the previous one together
+    with their messages; they are finished when that job (and so every earlier write of the
+    file) has been fsync-ed. A failed job requeues its messages, sets :attr:`failed` and
+    keeps the error in :attr:`error`.
+    """
 
     def __init__(self, topic: str, out_dir: Path, *, rotate_size: int | None,
                  rotate_interval: float | None, compress: bool, gzip_level: int,
@@ -83,6 +100,10 @@ class Archiver:
         self.written = 0
         self.finished = 0
         self.closed_files: list[Path] = []
+        self.error: BaseException | None = None
+        self.failed = asyncio.Event()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smartnsq-to-file")
+        self._jobs: set[asyncio.Future[None]] = set()
 
     def _name(self, partition: int) -> str:
         stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
@@ -91,16 +112,9 @@ class Archiver:
         ext = ".log.gz" if self.compress else ".log"
         return f"{self.topic}.{part}.{self.host}.{stamp}.{self.seq:04d}{ext}"
 
-    def _open(self, partition: int) -> OpenFile:
+    def _new_file(self, partition: int) -> OpenFile:
         name = self._name(partition)
-        path = self.out_dir / name
-        tmp = self.out_dir / (name + ".tmp")
-        raw = open(tmp, "xb")  # noqa: SIM115 - closed in _close
-        stream: IO[bytes] | gzip.GzipFile = raw
-        if self.compress:
-            stream = gzip.GzipFile(filename=name.removesuffix(".gz"), mode="wb", fileobj=raw,
-                                   compresslevel=self.gzip_level)
-        f = OpenFile(path, tmp, stream, raw, time.monotonic())
+        f = OpenFile(self.out_dir / name, self.out_dir / (name + ".tmp"), time.monotonic())
         self.files[partition] = f
         return f
 
@@ -111,54 +125,99 @@ class Archiver:
             msg.requeue(0, backoff=False)
             return
         partition = msg.partition if msg.partition is not None else -1
-        f = self.files.get(partition)
-        if f is None:
-            f = self._open(partition)
-        f.stream.write(msg.body + b"\n")
+        f = self.files.get(partition) or self._new_file(partition)
+        f.buffer += msg.body
+        f.buffer += b"\n"
         f.written += len(msg.body) + 1
         f.pending.append(msg)
         self.written += 1
         if self.rotate_size is not None and f.written >= self.rotate_size:
-            self._close(partition)
+            self._schedule(self.files.pop(partition), close=True)
         elif len(f.pending) >= self.sync_count:
-            self._sync(f)
+            self._schedule(f, close=False)
 
-    def _sync(self, f: OpenFile) -> None:
-        """Flush and fsync ``f``, then finish the messages it holds."""
-        if isinstance(f.stream, gzip.GzipFile):
-            f.stream.flush(zlib.Z_SYNC_FLUSH)
-        f.stream.flush()
-        f.raw.flush()
-        os.fsync(f.raw.fileno())
-        done, f.pending = f.pending, []
-        for m in done:
+    # -- the loop's side: hand work to the writer, answer messages when it is done ----------
+
+    def _schedule(self, f: OpenFile, *, close: bool) -> None:
+        """Give the writer ``f``'s new bytes (and the file's end when ``close``); finish
+        their messages once it has synced them."""
+        data, f.buffer = bytes(f.buffer), bytearray()
+        msgs, f.pending = f.pending, []
+        job = functools.partial(self._write_close if close else self._write_sync, f, data)
+        fut = asyncio.get_running_loop().run_in_executor(self._writer, job)
+        self._jobs.add(fut)
+        fut.add_done_callback(functools.partial(self._done, msgs, f if close else None))
+
+    def _done(self, msgs: list[Message], closed: OpenFile | None,
+              fut: asyncio.Future[None]) -> None:
+        self._jobs.discard(fut)
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            for m in msgs:
+                m.requeue(0, backoff=False)  # not known to be on disk: delivered again
+            if self.error is None:
+                self.error = exc
+            self.failed.set()
+            return
+        for m in msgs:
             m.finish()
-        self.finished += len(done)
-
-    def _close(self, partition: int) -> None:
-        f = self.files.pop(partition)
-        self._sync(f)
-        f.stream.close()  # writes the gzip trailer
-        if f.stream is not f.raw:
-            f.raw.flush()
-            os.fsync(f.raw.fileno())
-            f.raw.close()
-        os.replace(f.tmp, f.path)
-        self.closed_files.append(f.path)
-        _fsync_dir(self.out_dir)
+        self.finished += len(msgs)
+        if closed is not None:
+            self.closed_files.append(closed.path)
 
     def tick(self) -> None:
         """Periodic: sync what is pending, rotate files that are old enough."""
         now = time.monotonic()
         for partition, f in list(self.files.items()):
             if self.rotate_interval is not None and now - f.opened >= self.rotate_interval:
-                self._close(partition)
+                self._schedule(self.files.pop(partition), close=True)
             elif f.pending:
-                self._sync(f)
+                self._schedule(f, close=False)
 
-    def close_all(self) -> None:
+    async def settle(self) -> None:
+        """Wait until every write handed to the writer is done (and answered)."""
+        while self._jobs:
+            await asyncio.wait(set(self._jobs))
+
+    async def close_all(self) -> None:
+        """Sync, close and rename every file, answer their messages, stop the writer."""
         for partition in list(self.files):
-            self._close(partition)
+            self._schedule(self.files.pop(partition), close=True)
+        try:
+            await self.settle()
+        finally:
+            self._writer.shutdown(wait=False)
+
+    # -- the writer thread's side --------------------------------------------------------------
+
+    def _write_sync(self, f: OpenFile, data: bytes) -> None:
+        """Append ``data`` to ``f``, flush it through gzip and the OS, fsync."""
+        if f.raw is None:
+            f.raw = open(f.tmp, "xb")  # noqa: SIM115 - closed in _write_close
+            f.stream = f.raw
+            if self.compress:
+                f.stream = gzip.GzipFile(filename=f.path.name.removesuffix(".gz"), mode="wb",
+                                         fileobj=f.raw, compresslevel=self.gzip_level)
+        assert f.stream is not None
+        if data:
+            f.stream.write(data)
+        if isinstance(f.stream, gzip.GzipFile):
+            f.stream.flush(zlib.Z_SYNC_FLUSH)
+        f.stream.flush()
+        f.raw.flush()
+        os.fsync(f.raw.fileno())
+
+    def _write_close(self, f: OpenFile, data: bytes) -> None:
+        """The last sync of ``f``, its gzip trailer, then ``NAME.tmp`` → ``NAME``."""
+        self._write_sync(f, data)
+        assert f.stream is not None and f.raw is not None
+        f.stream.close()  # writes the gzip trailer
+        if f.stream is not f.raw:
+            f.raw.flush()
+            os.fsync(f.raw.fileno())
+            f.raw.close()
+        os.replace(f.tmp, f.path)
+        _fsync_dir(self.out_dir)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -241,16 +300,29 @@ async def _run(consumer: Consumer, archiver: Archiver, stop: asyncio.Event,
                sync_interval: float) -> None:
     await consumer.start()
     try:
-        while not stop.is_set() and not consumer.is_closed:
+        while not stop.is_set() and not consumer.is_closed and not archiver.failed.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), sync_interval)
+                await asyncio.wait_for(_first(stop, archiver.failed), sync_interval)
             archiver.tick()
     finally:
         # stop taking messages, make what was written durable and finish it, then stop
         archiver.stopping = True
         try:
-            archiver.close_all()
+            await archiver.close_all()
         finally:
             await consumer.stop()
     if consumer.error is not None:
         raise consumer.error
+    if archiver.error is not None:
+        raise CliError(f"cannot write the archive in {archiver.out_dir}: "
+                       f"{describe(archiver.error)} (what was not synced went back to the "
+                       "channel)")
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
