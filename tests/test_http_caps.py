@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 
 from smartnsq.admin import NsqdAdmin, NsqdHttpError
-from smartnsq.config import LookupConfig
+from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.consumer.discovery import Endpoint
 from smartnsq.consumer.positions import Positioner, read_position
-from smartnsq.errors import LookupFailedError, NSQConnectionError, NSQError
+from smartnsq.errors import LookupFailedError, NSQConnectionError, NSQError, PublishError
 from smartnsq.http_limits import LOOKUPD_LIMIT, SMALL_LIMIT, STATS_LIMIT
 from smartnsq.lookup import Lookup
+from smartnsq.producer import HttpProducer
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.nsqd_http import NsqdHttp
 
@@ -158,3 +159,17 @@ async def test_lookupd_reads(big: BigServer) -> None:
         names(err, big.address, "/lookup", LOOKUPD_LIMIT)
         err = await fails_within_cap(lk.admin.nodes, LOOKUPD_LIMIT, LookupFailedError)
         names(err, big.address, "/nodes", LOOKUPD_LIMIT)
+
+
+async def test_http_producer(big: BigServer) -> None:
+    # what answers on the nsqd's HTTP port sends a huge body to /pub, and to /info (asked
+    # before a publish to a partition, to learn the nsqd's flavour)
+    config = ProducerConfig(publish_timeout=30, request_timeout=30)
+    async with HttpProducer([big.address], config=config) as producer:
+        err = await fails_within_cap(lambda: producer.publish("t", b"x"), SMALL_LIMIT,
+                                     PublishError)
+        names(err, big.address, "/pub", SMALL_LIMIT)
+        err = await fails_within_cap(lambda: producer.publish("t", b"x", partition=0),
+                                     SMALL_LIMIT, PublishError)
+        names(err, big.address, "/info", SMALL_LIMIT)
+    assert big.sent < HUGE

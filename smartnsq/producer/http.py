@@ -3,7 +3,8 @@
 The same targets and rules as the TCP :class:`~smartnsq.producer.Producer`: direct nsqd HTTP
 addresses with failover, or the lookup component (youzan partitions round-robin / explicit,
 old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`) and bounds
-(each request waits ``request_timeout`` at most, then fails over).
+(each request waits ``request_timeout`` at most, then fails over). nsqd's answers are read up
+to :mod:`smartnsq.http_limits`' cap: a larger one is garbage, not an answer (fails over).
 
 Endpoints (PROTOCOL.md §3.2, §6.2): ``POST /pub`` (``defer`` for deferred publishing on stock),
 ``POST /mpub?binary=true`` (length-prefixed bodies; split at ``max_body_size``), and on youzan
@@ -18,19 +19,17 @@ Endpoints (PROTOCOL.md §3.2, §6.2): ``POST /pub`` (``defer`` for deferred publ
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import struct
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 import aiohttp
 
 from smartnsq._checks import check_loop
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import (
-    SERVER_ERRORS,
     ClientClosedError,
     ConfigError,
     LookupFailedError,
@@ -38,9 +37,7 @@ from smartnsq.errors import (
     NoLeaderError,
     NSQConnectionError,
     NSQTimeoutError,
-    ProtocolError,
     PublishError,
-    ServerError,
     TopicNotFoundError,
     UnsupportedFeatureError,
 )
@@ -49,6 +46,8 @@ from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.failures import refused
+from smartnsq.producer.http_nsqd import V1, HttpNode, post, receipt
+from smartnsq.producer.http_nsqd import flavour as nsqd_flavour
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.retry import Action, classify, retry_delay
 from smartnsq.producer.router import Routes, TopicRoute
@@ -64,47 +63,7 @@ from smartnsq.protocol.validation import (
 
 logger = logging.getLogger("smartnsq.producer")
 
-_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 _U32 = struct.Struct(">I")
-
-
-class HttpServerError(ServerError):
-    """nsqd answered a 5xx without a known error code (overload, restart): retryable."""
-
-    code: ClassVar[str] = "E_HTTP_SERVER_ERROR"
-    retryable: ClassVar[bool] = True
-
-
-def _error_from_http(status: int, body: bytes, address: str, topic: str,
-                     partition: int | None) -> ServerError:
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        text = str(doc.get("message") or doc.get("status_txt") or text)
-    code, _, desc = text.partition(" ")
-    cls = SERVER_ERRORS.get(code)
-    where = {"address": address, "topic": topic, "partition": partition, "fatal": False}
-    if cls is not None:
-        return cls(desc, **where)  # type: ignore[arg-type]
-    if status >= 500:
-        return HttpServerError(f"HTTP {status}: {text}", **where)  # type: ignore[arg-type]
-    return ServerError(desc, code=code or f"HTTP_{status}", **where)  # type: ignore[arg-type]
-
-
-class _Node:
-    """One nsqd's HTTP endpoint and its health (capped backoff after connection failures)."""
-
-    __slots__ = ("base", "failures", "flavour", "retry_at")
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.failures = 0
-        self.retry_at = 0.0
-        #: "stock" / "youzan" once /info was asked (direct addresses only)
-        self.flavour: str | None = None
 
 
 class HttpProducer:
@@ -124,8 +83,8 @@ class HttpProducer:
             raise ConfigError("give either nsqd_http_addresses or lookupd (not both)")
         self.config = config
         self.trace = trace if trace is not None else trace_switch
-        self._nodes: dict[str, _Node] = {}
-        self._direct: list[_Node] = []
+        self._nodes: dict[str, HttpNode] = {}
+        self._direct: list[HttpNode] = []
         if nsqd_http_addresses is not None:
             if isinstance(nsqd_http_addresses, str):
                 nsqd_http_addresses = [nsqd_http_addresses]
@@ -134,7 +93,7 @@ class HttpProducer:
             for a in nsqd_http_addresses:
                 base = parse_http_address(a)
                 if base not in self._nodes:
-                    node = self._nodes[base] = _Node(base)
+                    node = self._nodes[base] = HttpNode(base)
                     self._direct.append(node)
         self._lookup: Lookup | None = None
         self._own_lookup = False
@@ -170,7 +129,7 @@ class HttpProducer:
         if self._closed:
             raise ClientClosedError("the producer is closed")
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers=_V1)
+            self._session = aiohttp.ClientSession(headers=V1)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
 
@@ -252,64 +211,15 @@ class HttpProducer:
         await self._run("/pub", {"topic": topic, "defer": str(ms)}, body, topic, None, False,
                         True, deadline)
 
-    # ------------------------------------------------------------------ sending
+    # ------------------------------------------------------------------ targets
 
-    async def _post(self, base: str, path: str, params: dict[str, str], body: bytes,
-                    timeout: float, topic: str, partition: int | None) -> bytes:
-        session = self._session
-        if session is None:
-            await self.start()
-            session = self._session
-        assert session is not None
-        try:
-            async with session.post(base + path, params=params, data=body, headers=_V1,
-                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                data = await resp.read()
-                status = resp.status
-        except TimeoutError:
-            raise NSQTimeoutError(f"nsqd {base} did not answer within {timeout:.2f}s") from None
-        except aiohttp.ClientError as exc:
-            raise NSQConnectionError(f"HTTP publish to nsqd {base} failed: {exc}") from exc
-        if status != 200:
-            raise _error_from_http(status, data, base, topic, partition)
-        return data
-
-    async def _flavour(self, node: _Node, deadline: float) -> str:
-        """stock or youzan, from ``/info`` (direct addresses; asked once per node)."""
-        if node.flavour is None:
-            session = self._session
-            assert session is not None
-            timeout = max(0.001, deadline - asyncio.get_running_loop().time())
-            try:
-                async with session.get(node.base + "/info", headers=_V1,
-                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                    doc = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                raise NSQConnectionError(f"GET {node.base}/info failed: {exc}") from exc
-            if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
-                doc = doc["data"]
-            version = str(doc.get("version", "")) if isinstance(doc, dict) else ""
-            node.flavour = "youzan" if "HA" in version else "stock"
-        return node.flavour
-
-    def _receipt(self, data: bytes, topic: str, partition: int, base: str) -> PublishReceipt:
-        try:
-            doc = json.loads(data)
-            if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
-                doc = doc["data"]
-            return PublishReceipt(topic, partition, base.split("://", 1)[-1], int(doc["id"]),
-                                  int(doc["trace_id"]), int(doc["queue_offset"]),
-                                  int(doc["rawsize"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProtocolError(f"nsqd {base} sent a bad trace answer: {data[:100]!r}") from exc
-
-    def _mark_down(self, node: _Node) -> None:
+    def _mark_down(self, node: HttpNode) -> None:
         node.failures += 1
         cfg = self.config
         delay = min(cfg.reconnect_max, cfg.reconnect_min * 2 ** min(node.failures - 1, 30))
         node.retry_at = asyncio.get_running_loop().time() + delay
 
-    def _pick_direct(self, avoid: set[str], now: float) -> _Node | None:
+    def _pick_direct(self, avoid: set[str], now: float) -> HttpNode | None:
         nodes = self._direct
         fallback = None
         for _ in range(len(nodes)):
@@ -323,7 +233,7 @@ class HttpProducer:
 
     def _target(self, route: TopicRoute | None, topic: str, partition: int | None,
                       avoid_parts: set[int], avoid_nodes: set[str],
-                      now: float) -> tuple[_Node | None, int | None]:
+                      now: float) -> tuple[HttpNode | None, int | None]:
         if route is None:
             return self._pick_direct(avoid_nodes, now), partition
         if route.partitioned:
@@ -343,7 +253,7 @@ class HttpProducer:
         base = parse_http_address(view_node.http_address)
         node = self._nodes.get(base)
         if node is None:
-            node = self._nodes[base] = _Node(base)
+            node = self._nodes[base] = HttpNode(base)
         return node, p
 
     async def _run(self, path: str, params: dict[str, str], body: bytes, topic: str,
@@ -352,6 +262,8 @@ class HttpProducer:
         loop = asyncio.get_running_loop()
         if self._session is None:
             await self.start()
+        session = self._session
+        assert session is not None
         attempt = 0  # every send
         counted = 0  # failed sends that max_attempts bounds
         waits = 0
@@ -415,7 +327,9 @@ class HttpProducer:
                 continue
             attempt += 1
             if node is None:
-                missing = NSQConnectionError("no nsqd reachable")
+                missing = NSQConnectionError(
+                    "no nsqd available (each in its backoff after a failure)"
+                    + (f"; last error: {last}" if last is not None else ""))
                 missing.__cause__ = last
                 counted += 1
                 if counted >= self.config.max_attempts or loop.time() >= deadline:
@@ -425,7 +339,7 @@ class HttpProducer:
                 continue
             try:
                 if route is None and (youzan_only or partition is not None or stock_only):
-                    flavour = await self._flavour(node, deadline)
+                    flavour = await nsqd_flavour(session, node, deadline)
                     if flavour == "stock" and (youzan_only or partition is not None):
                         raise UnsupportedFeatureError(
                             f"{path} with partition/trace/ext needs youzan nsqd; {node.base} "
@@ -440,11 +354,11 @@ class HttpProducer:
                     raise NSQTimeoutError(f"publish to topic {topic!r} timed out")
                 # one attempt waits request_timeout at most: a silent nsqd costs an attempt
                 # and its backoff (_mark_down), not the whole deadline
-                data = await self._post(node.base, path, q, body,
-                                        min(remaining, self.config.request_timeout), topic, p)
+                data = await post(session, node.base, path, q, body,
+                                  min(remaining, self.config.request_timeout), topic, p)
                 node.failures = 0
                 if path in ("/pubtrace", "/pub_ext") and data.strip() != b"OK":
-                    return self._receipt(data, topic, p if p is not None else -1, node.base)
+                    return receipt(data, topic, p if p is not None else -1, node.base)
                 return None
             except asyncio.CancelledError:
                 raise

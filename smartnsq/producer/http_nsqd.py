@@ -1,0 +1,125 @@
+"""One nsqd's HTTP publish endpoint, for :class:`~smartnsq.producer.http.HttpProducer`: the
+requests, their answers read under :mod:`smartnsq.http_limits`' cap, and what the answers mean
+(an error frame's code, the flavour from ``/info``, a traced publish's receipt).
+
+Every failure comes out as the error the retry rule (:mod:`smartnsq.producer.retry`) knows:
+no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`,
+an answer larger than any nsqd sends :class:`ProtocolError` (garbage, not an answer; fails
+over), an error status the :class:`ServerError` its code names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import ClassVar
+
+import aiohttp
+
+from smartnsq.errors import (
+    SERVER_ERRORS,
+    NSQConnectionError,
+    NSQTimeoutError,
+    ProtocolError,
+    ServerError,
+)
+from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
+from smartnsq.producer.types import PublishReceipt
+
+__all__ = ["V1", "HttpNode", "HttpServerError", "flavour", "post", "receipt"]
+
+#: ask nsqd for the V1 envelope
+V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+
+class HttpServerError(ServerError):
+    """nsqd answered a 5xx without a known error code (overload, restart): retryable."""
+
+    code: ClassVar[str] = "E_HTTP_SERVER_ERROR"
+    retryable: ClassVar[bool] = True
+
+
+def error_from_http(status: int, body: bytes, address: str, topic: str,
+                    partition: int | None) -> ServerError:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        text = str(doc.get("message") or doc.get("status_txt") or text)
+    code, _, desc = text.partition(" ")
+    cls = SERVER_ERRORS.get(code)
+    where = {"address": address, "topic": topic, "partition": partition, "fatal": False}
+    if cls is not None:
+        return cls(desc, **where)  # type: ignore[arg-type]
+    if status >= 500:
+        return HttpServerError(f"HTTP {status}: {text}", **where)  # type: ignore[arg-type]
+    return ServerError(desc, code=code or f"HTTP_{status}", **where)  # type: ignore[arg-type]
+
+
+class HttpNode:
+    """One nsqd's HTTP endpoint and its health (capped backoff after connection failures)."""
+
+    __slots__ = ("base", "failures", "flavour", "retry_at")
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.failures = 0
+        self.retry_at = 0.0
+        #: "stock" / "youzan" once /info was asked (direct addresses only)
+        self.flavour: str | None = None
+
+
+async def post(session: aiohttp.ClientSession, base: str, path: str, params: dict[str, str],
+               body: bytes, wait: float, topic: str, partition: int | None) -> bytes:
+    """POST ``body`` to nsqd ``base`` ``path``, waiting ``wait`` seconds at most; the
+    answer's body (status 200)."""
+    try:
+        async with session.post(base + path, params=params, data=body, headers=V1,
+                                timeout=aiohttp.ClientTimeout(total=wait)) as resp:
+            status = resp.status
+            data = await read_body(resp, server=f"nsqd {base}", path=path,
+                                   limit=nsqd_limit(path))
+    except BodyTooLargeError as exc:
+        raise ProtocolError(str(exc)) from None
+    except TimeoutError:
+        raise NSQTimeoutError(f"nsqd {base} did not answer within {wait:.2f}s") from None
+    except aiohttp.ClientError as exc:
+        raise NSQConnectionError(f"HTTP publish to nsqd {base} failed: {exc}") from exc
+    if status != 200:
+        raise error_from_http(status, data, base, topic, partition)
+    return data
+
+
+async def flavour(session: aiohttp.ClientSession, node: HttpNode, deadline: float) -> str:
+    """stock or youzan, from ``/info`` (asked once per node)."""
+    if node.flavour is None:
+        timeout = max(0.001, deadline - asyncio.get_running_loop().time())
+        try:
+            async with session.get(node.base + "/info", headers=V1,
+                                   timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                body = await read_body(resp, server=f"nsqd {node.base}", path="/info",
+                                       limit=nsqd_limit("/info"))
+            doc = json.loads(body) if body.strip() else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError,
+                BodyTooLargeError) as exc:
+            raise NSQConnectionError(f"GET {node.base}/info failed: {exc}") from exc
+        if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+            doc = doc["data"]
+        version = str(doc.get("version", "")) if isinstance(doc, dict) else ""
+        node.flavour = "youzan" if "HA" in version else "stock"
+    return node.flavour
+
+
+def receipt(data: bytes, topic: str, partition: int, base: str) -> PublishReceipt:
+    """The receipt in nsqd's answer to ``/pubtrace`` or ``/pub_ext``."""
+    try:
+        doc = json.loads(data)
+        if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+            doc = doc["data"]
+        return PublishReceipt(topic, partition, base.split("://", 1)[-1], int(doc["id"]),
+                              int(doc["trace_id"]), int(doc["queue_offset"]),
+                              int(doc["rawsize"]))
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ProtocolError(f"nsqd {base} sent a bad trace answer: {data[:100]!r}") from exc
