@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import functools
 import logging
+import os
 import re
 import signal
 import sys
@@ -349,3 +350,17 @@ def cli_logging(verbose: int) -> Iterator[None]:
 
 def err_print(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def stdout_closed() -> None:
+    """stdout's reader went away (``| head``): send what is still buffered for it, and the
+    interpreter's last flush, to /dev/null instead of failing again with EPIPE."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # not a real file (tests' captured output)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import click
@@ -37,6 +37,7 @@ from smartnsq.cli.common import (
     describe,
     pick_cluster,
     stderr_console,
+    stdout_closed,
     stop_event,
     topic_argument,
 )
@@ -61,6 +62,9 @@ WINDOW = 256
 #: nsqd's default --max-msg-size and --max-body-size
 MAX_MSG_SIZE = 1024 * 1024
 MAX_BODY_SIZE = 5 * 1024 * 1024
+#: the input was not all published because stdout's reader went away: 128 + SIGPIPE, as
+#: shells report a command a broken pipe ended
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
 class ShardKeyRule:
@@ -102,7 +106,8 @@ class ShardKeyRule:
 class Totals:
     messages: int = 0
     bytes: int = 0
-    receipts: list[PublishReceipt] = field(default_factory=list)
+    #: stdout's reader went away (``--trace | head``): the run stops like on a signal
+    output_closed: bool = False
 
 
 class Pacer:
@@ -217,10 +222,14 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
         why = ""
         if stop.signum is not None:
             why = f" (interrupted by {signal.Signals(stop.signum).name})"
+        elif totals.output_closed:
+            why = " (stopped: the output was closed)"
         console.print(f"published {totals.messages} message(s), {totals.bytes:,} bytes, to "
                       f"{topic} in {elapsed:.2f}s{rate_txt}{why}",
                       highlight=False, soft_wrap=True)
     code = stop.exit_code()
+    if code is None and totals.output_closed:
+        code = EXIT_OUTPUT_CLOSED
     if code is not None:
         raise click.exceptions.Exit(code)
 
@@ -302,9 +311,15 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
     out = sys.stdout
 
     def receipt(r: PublishReceipt | None) -> None:
-        if r is not None and trace:
-            totals.receipts.append(r)
+        if r is None or not trace or totals.output_closed:
+            return
+        try:
             print(receipt_line(r), file=out, flush=True)
+        except BrokenPipeError:
+            # nobody reads the receipts any more: publish nothing more (this one is out)
+            totals.output_closed = True
+            stdout_closed()
+            stop.set()
 
     if rule is not None:
         # keys run in parallel; one key's records keep input order (the producer's lanes)

@@ -21,7 +21,9 @@ from smartnsq.cli.common import (
     cluster_options,
     command_runner,
     consume_until,
+    err_print,
     pick_cluster,
+    stdout_closed,
     stop_event,
     topic_argument,
 )
@@ -84,25 +86,35 @@ def message_json(msg: Message) -> dict[str, Any]:
 
 class Printer:
     """Writes each message (in arrival order, which per partition is queue order) and stops
-    after ``count`` messages; later deliveries are requeued untouched for other readers."""
+    after ``count`` messages, or when the output's reader goes away (``| head``); later
+    deliveries, and the message whose write failed, are requeued untouched for other
+    readers. A message is finished only once its line was written."""
 
     def __init__(self, fmt: str, count: int | None, out: BinaryIO) -> None:
         self.fmt = fmt
         self.count = count
         self.out = out
         self.printed = 0
+        self.output_closed = False
         self.done = asyncio.Event()
 
     async def __call__(self, msg: Message) -> None:
-        if self.count is not None and self.printed >= self.count:
+        if self.output_closed or (self.count is not None and self.printed >= self.count):
             msg.requeue(0, backoff=False)
             return
         if self.fmt == "json":
             line = json.dumps(message_json(msg), ensure_ascii=False).encode("utf-8")
         else:
             line = msg.body
-        self.out.write(line + b"\n")
-        self.out.flush()
+        try:
+            self.out.write(line + b"\n")
+            self.out.flush()
+        except BrokenPipeError:
+            self.output_closed = True
+            stdout_closed()
+            msg.requeue(0, backoff=False)
+            self.done.set()
+            return
         self.printed += 1
         if self.count is not None and self.printed >= self.count:
             self.done.set()
@@ -210,6 +222,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
                             config=config)
         await _run(consumer, stop, printer, connect_timeout)
+        _output_note(printer, channel)
         return
     async with cluster.lookup(poll_interval=15.0) as lookup:
         view = await topic_view(lookup, topic)
@@ -229,6 +242,15 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
             consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
                                 start_at=start, partitions=only)
         await _run(consumer, stop, printer, connect_timeout)
+    _output_note(printer, channel)
+
+
+def _output_note(printer: Printer, channel: str | None) -> None:
+    """On a named channel, say how many messages a closed output took (the ones its reader
+    dropped unread are among them); the others stay in the channel."""
+    if printer.output_closed and channel is not None:
+        err_print(f"smartnsq: tail: the output was closed after {printer.printed} "
+                  f"message(s) were printed; the rest stay in channel {channel}")
 
 
 def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConfig:

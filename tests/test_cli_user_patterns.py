@@ -1,0 +1,170 @@
+"""The command line as users write it: shell pipelines around ``smartnsq publish`` and
+``smartnsq tail``, against the embedded cluster.
+
+The invariant of each: every message published reaches the output or stays in the channel,
+and every command returns within its stated time (here: a generous bound).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cli_support import WAIT, ClusterThread, http_json, lines
+
+SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
+PYTHON = shlex.quote(sys.executable)
+CHANNEL = "c"
+
+
+@pytest.fixture(scope="module")
+def stock() -> Iterator[ClusterThread]:
+    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
+    try:
+        yield ct
+    finally:
+        ct.stop()
+
+
+@pytest.fixture(scope="module")
+def yz() -> Iterator[ClusterThread]:
+    ct = ClusterThread(nodes=2, lookupds=1, flavour="youzan")
+    try:
+        yield ct
+    finally:
+        ct.stop()
+
+
+def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run a bash pipeline as a user types it (pipefail: every command's exit counts); a
+    pipeline still running after the bound is killed whole and fails the test."""
+    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", script],
+                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(input, timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the pipeline's own process group
+        out, err = proc.communicate()
+        raise AssertionError(f"still running after {WAIT} s: {script}\n{err.decode()}") \
+            from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def channel(ct: ClusterThread, topic: str) -> dict[str, Any]:
+    doc = http_json(f"http://{ct.cluster.nsqd_http_addresses[0]}/stats?format=json"
+                    f"&topic={topic}&channel={CHANNEL}")
+    (t,) = doc["topics"]
+    (ch,) = t["channels"]
+    assert isinstance(ch, dict)
+    return ch
+
+
+def test_publish_from_a_generator_then_tail_and_count(stock: ClusterThread) -> None:
+    stock.call(lambda: stock.cluster.create_topic("seq", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    r = sh(f"seq 1 1000 | {SMARTNSQ} publish seq --nsqd {nsqd} --batch 100")
+    assert r.returncode == 0, r.stderr
+    assert "published 1000 message(s)" in r.stderr.decode()
+    r = sh(f"{SMARTNSQ} tail seq --nsqd {nsqd} --channel {CHANNEL} -n 1000 | sort -n | "
+           "uniq | wc -l")
+    assert r.returncode == 0 and r.stdout.split() == [b"1000"], r.stderr
+    ch = channel(stock, "seq")
+    assert (ch["depth"], ch["in_flight_count"]) == (0, 0)
+
+
+def test_tail_waiting_while_another_shell_publishes(stock: ClusterThread) -> None:
+    """One terminal tails (-n 3), another publishes: the tail prints the three and exits."""
+    stock.call(lambda: stock.cluster.create_topic("live", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    tail = subprocess.Popen([sys.executable, "-m", "smartnsq", "tail", "live", "--nsqd", nsqd,
+                             "--channel", CHANNEL, "-n", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        r = sh(f"printf 'one\\ntwo\\nthree\\nfour\\n' | {SMARTNSQ} publish live "
+               f"--nsqd {nsqd}")
+        assert r.returncode == 0, r.stderr
+        out, err = tail.communicate(timeout=WAIT)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+    assert tail.returncode == 0, err
+    assert lines(out) == ["one", "two", "three"]
+    ch = channel(stock, "live")
+    assert (ch["depth"], ch["in_flight_count"]) == (1, 0)  # "four" waits for the next reader
+
+
+def test_tail_into_head_keeps_what_it_did_not_print(stock: ClusterThread) -> None:
+    """``tail | head -n 3``: head closes the pipe; tail ends cleanly (no traceback, exit 0)
+    and says how many it printed; exactly those left the channel, the rest stay in it."""
+    stock.call(lambda: stock.cluster.create_topic("headed", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    sent = [f"h{i:04d}" for i in range(300)]
+    r = sh(f"{SMARTNSQ} publish headed --nsqd {nsqd}", input="\n".join(sent).encode())
+    assert r.returncode == 0, r.stderr
+    r = sh(f"{SMARTNSQ} tail headed --nsqd {nsqd} --channel {CHANNEL} | head -n 3")
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert lines(r.stdout) == sent[:3]
+    (note,) = err.splitlines()
+    assert "Traceback" not in err and note.startswith("smartnsq: tail: the output was closed")
+    printed = int(note.split(" after ")[1].split()[0])
+    assert printed >= 3
+    ch = channel(stock, "headed")
+    assert ch["in_flight_count"] == 0 and ch["depth"] == len(sent) - printed
+    # what tail did not print is all still there
+    r = sh(f"{SMARTNSQ} tail headed --nsqd {nsqd} --channel {CHANNEL} -n {ch['depth']}")
+    assert sorted(lines(r.stdout)) == sent[printed:]
+
+
+def test_tail_json_into_a_python_reader(yz: ClusterThread) -> None:
+    yz.call(lambda: yz.cluster.create_topic("docs", 2, 1, channels=[CHANNEL]))
+    lookupd = yz.lookupd
+    records = [json.dumps({"user": f"u{i % 4}", "n": i}) for i in range(40)]
+    r = sh(f"{SMARTNSQ} publish docs --lookupd {lookupd} --shard-key-field user",
+           input="\n".join(records).encode())
+    assert r.returncode == 0, r.stderr
+    reader = ("import json, sys\n"
+              "docs = [json.loads(line) for line in sys.stdin]\n"
+              "print(json.dumps([[d['partition'], d['offset'], json.loads(d['body'])['n']] "
+              "for d in docs]))")
+    r = sh(f"{SMARTNSQ} tail docs --lookupd {lookupd} --from earliest -n 40 --format json | "
+           f"{PYTHON} -c {shlex.quote(reader)}")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert sorted(n for _, _, n in got) == list(range(40))
+    for p in (0, 1):  # each partition in its own order: offsets and numbers both ascending
+        mine = [(off, n) for part, off, n in got if part == p]
+        assert mine == sorted(mine)
+
+
+def test_traced_publish_into_a_reader_that_stops_early(yz: ClusterThread) -> None:
+    """``publish --trace | head -n 2``: the receipts' reader goes away; publish stops at once
+    (no traceback) and says how many it published; they are all in the topic."""
+    yz.call(lambda: yz.cluster.create_topic("traced", 1, 1, channels=[CHANNEL]))
+    lookupd = yz.lookupd
+    sent = [f"t{i}" for i in range(2000)]
+    r = sh(f"{SMARTNSQ} publish traced --lookupd {lookupd} --trace | head -n 2",
+           input="\n".join(sent).encode())
+    err = r.stderr.decode()
+    # 141 (128 + SIGPIPE): not all the input was published, as a shell reports a command
+    # that a broken pipe ended
+    assert r.returncode == 141 and "Traceback" not in err, err
+    receipts = [json.loads(x) for x in lines(r.stdout)]
+    assert [x["trace_id"] for x in receipts] == [1, 2]
+    (summary,) = err.splitlines()
+    assert summary.startswith("published ") and "the output was closed" in summary, summary
+    published = int(summary.split()[1])
+    assert 2 <= published < len(sent)
+    r = sh(f"{SMARTNSQ} tail traced --lookupd {lookupd} --from earliest -n {published}")
+    assert lines(r.stdout) == sent[:published]
