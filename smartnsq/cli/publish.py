@@ -166,10 +166,10 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
                   partition: int | None, trace: bool, rate: float | None, defer: float | None,
                   max_msg_size: int, progress: bool | None) -> None:
     """Publish one message per record of FILEs (or stdin; '-' is stdin too) to TOPIC;
-    records from a pipe are published as they arrive. A summary line goes to stderr;
-    --trace receipts go to stdout as JSON lines. SIGINT/SIGTERM stop it after the
-    publishes under way: the summary counts what was published, and the exit code is
-    130/143."""
+    records from a pipe are published as they arrive (with --batch, a batch at a time).
+    A summary line goes to stderr; --trace receipts go to stdout as JSON lines.
+    SIGINT/SIGTERM stop it after the publishes under way: the summary counts what was
+    published, and the exit code is 130/143 (141 when the receipts' reader went away)."""
     cluster = pick_cluster(lookupd, nsqd)
     delim = parse_delimiter(delimiter)
     rule = _shard_rule(shard_key_field, shard_key_regex)
