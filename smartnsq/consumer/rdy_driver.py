@@ -43,6 +43,8 @@ class RdyDriver:
         self._wanted = config.max_in_flight
         #: the effective max_in_flight: RDY budget and handler worker cap
         self.budget = config.max_in_flight
+        #: the warning that RDY must rotate was given
+        self._said_scarce = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.flow: RdyController[Sub] | None = None
         self._dirty: list[Sub] = []
@@ -96,6 +98,13 @@ class RdyDriver:
         self.exec(flow.add_connection(sub, max_rdy, self.loop.time()))
         if self._one_per_connection:
             self._follow()
+        elif not self._said_scarce and 0 < self.budget < len(flow):
+            self._said_scarce = True
+            log.warning("consumer of %s: max_in_flight %d is below its %d subscriptions, so "
+                        "RDY rotates between them (a subscription that delivers nothing "
+                        "gives it up after low_rdy_idle_timeout, %.0f s); raise max_in_flight "
+                        "to read every partition/nsqd at once", self._name, self.budget,
+                        len(flow), self._config.low_rdy_idle_timeout)
 
     def removed(self, sub: Sub) -> None:
         """Caller: the subscription set (connection closed, or retiring)."""
