@@ -454,7 +454,9 @@ async def test_first_ordered_reader_gets_the_first_message_once(
         else:
             assert seen[0] == (b"old-0", 1) and len(seen) == 4
         st = c.stats()
-        assert st.dropped_before_start == 1
+        # the double always sends the read-ahead copy; on real youzan nsqd it is a race
+        # (when the first copy fails fast, the tracked one may not follow)
+        assert st.dropped_before_start == 1 or (target.real and st.dropped_before_start == 0)
         v = c.validator(0)
         assert (v.gaps, v.violations) == (0, 0)
         assert c.positions() == {0: backlog[-1].offset}

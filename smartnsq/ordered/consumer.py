@@ -237,8 +237,12 @@ class OrderedPolicy:
         if first.finished:
             self.host.drop(sub, msg)
             return True
-        if first._state != _PENDING or first in self._twins:
-            return False  # the first copy was requeued: this one is its retry
+        if first in self._twins:
+            return False
+        if first._state != _PENDING and first not in self._retries:
+            return False  # the first copy's REQ went out: this one is its retry
+        # the first copy is pending, or failed and waits for its retry pause: the copy is
+        # answered with it (with the REQ, when the pause ends)
         # answered together with the first copy, so the in-flight counts stay right
         self.host.hold(sub, msg, track=False)
         self._twins[first] = (sub, msg)
