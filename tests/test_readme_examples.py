@@ -5,7 +5,8 @@ needs: ``<!-- example: stock -->`` (a stock nsqd and nsqlookupd), ``<!-- example
 orders:3:billing -->`` (a youzan cluster with those topics, partition counts and channels:
 youzan topics are created by an operator, with a channel before the first publish), with
 ``publish=topic:count`` for messages that must be there first; ``spark`` before the rest
-marks a Spark example (run by ``tests/spark/test_readme_spark.py``). The block runs in a fresh
+marks a Spark example (run by ``tests/spark/test_readme_spark.py``), ``cli`` a shell session
+(``bash`` with ``-e`` and pipefail). The block runs in a fresh
 interpreter, exactly as written except for the addresses: the README's ``127.0.0.1:4150``
 (nsqd TCP), ``127.0.0.1:4151`` (nsqd HTTP) and ``127.0.0.1:4161`` (nsqlookupd HTTP) become
 the embedded cluster's.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sys
 from collections.abc import AsyncIterator
@@ -116,6 +118,36 @@ async def run_in(cluster: DevCluster, example: Example, cwd: Path | None = None)
     code = with_addresses(example.code, cluster.nsqd_tcp_addresses[0],
                           cluster.nsqd_http_addresses[0], cluster.lookupd_http_addresses[0])
     return await run_example(code, cwd)
+
+
+def sessions() -> list[Example]:
+    return [e for e in examples(README.read_text()) if e.kind.startswith("cli")]
+
+
+@pytest.mark.parametrize("example", sessions(), ids=lambda e: e.id)
+async def test_readme_command_line_session_runs(example: Example, tmp_path: Path) -> None:
+    """A shell session: every command in order, each must succeed (``bash -e`` with
+    pipefail), the ``smartnsq`` of this environment on the PATH."""
+    assert example.lang == "bash"
+    bindir = str(Path(sys.executable).parent)
+    async with example_cluster(example.kind.removeprefix("cli").strip()) as cluster:
+        script = with_addresses(example.code, cluster.nsqd_tcp_addresses[0],
+                                cluster.nsqd_http_addresses[0],
+                                cluster.lookupd_http_addresses[0])
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-euo", "pipefail", "-c", script, cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+        try:
+            async with asyncio.timeout(EXAMPLE_TIMEOUT):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"the session ran past {EXAMPLE_TIMEOUT:.0f} s") from None
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"the session failed ({proc.returncode}):\n{text}"
+    assert '"user_id": 1' in text, text  # tail --format json showed the published events
 
 
 @pytest.mark.parametrize("example", runnable(), ids=lambda e: e.id)

@@ -103,9 +103,15 @@ def test_same_key_same_partition(key: str, n: int) -> None:
     assert shard_partition(key, n, "java") == shard_partition(key, n, "java")
 
 
-def test_bad_keys_and_counts() -> None:
+def test_int_keys_are_their_decimal_text_under_murmur3() -> None:
+    # a JSON user_id of 42 and Spark's cast(42 as string) land where "42" does
+    for key, n in ((42, 4), (0, 7), (-1, 3), (10**30, 16)):
+        assert shard_partition(key, n) == shard_partition(str(key), n)
     with pytest.raises(ConfigError):
-        shard_partition(1, 4)  # murmur3 needs str/bytes
+        shard_partition(True, 4)
+
+
+def test_bad_keys_and_counts() -> None:
     with pytest.raises(ConfigError):
         shard_partition(b"x", 4, "java")
     with pytest.raises(ConfigError):

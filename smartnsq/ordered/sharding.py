@@ -2,7 +2,8 @@
 
 * ``"murmur3"`` (default, youzan go-nsq and every youzan example):
   ``murmur3_32(key bytes, seed 0) as unsigned % partition_num``. ``str`` keys are UTF-8
-  encoded; ``bytes`` are used as they are.
+  encoded; ``bytes`` are used as they are; ``int`` keys are their decimal text (go-nsq takes
+  bytes, and a number's text is what a JSON field or Spark's ``cast(... as string)`` gives).
 * ``"java"`` (youzan nsqJavaSDK): ``abs(key.hashCode() % partition_num)`` with Java's
   truncating ``%``; ``str`` keys use ``String.hashCode()`` over UTF-16 code units, ``int``
   keys ``Long.hashCode()``.
@@ -82,9 +83,7 @@ def shard_partition(key: ShardKey, partition_num: int, rule: ShardRule = "murmur
     if partition_num <= 0:
         raise ConfigError(f"partition_num must be positive, got {partition_num}")
     if rule == "murmur3":
-        if isinstance(key, int):
-            raise ConfigError("shard key must be str or bytes for the murmur3 rule, got int")
-        return murmur3_32(key_bytes(key)) % partition_num
+        return murmur3_32(_murmur3_bytes(key)) % partition_num
     if rule == "java":
         return _java_mod(java_hash(key), partition_num)
     raise ConfigError(f"shard rule must be 'murmur3' or 'java', got {rule!r}")
@@ -98,11 +97,15 @@ def check_shard_key(key: ShardKey, rule: ShardRule = "murmur3") -> None:
     shard_partition(key, 1, rule)
 
 
-def shard_trace_id(key: ShardKey) -> int:
-    """youzan go-nsq's trace id for an ordered message: unsigned murmur3_32 of the key
-    (``int`` keys use their decimal text)."""
+def _murmur3_bytes(key: ShardKey) -> bytes:
     if isinstance(key, int):
         if isinstance(key, bool):
             raise ConfigError("shard key must be str, bytes or int, got bool")
-        return murmur3_32(str(key).encode("ascii"))
-    return murmur3_32(key_bytes(key))
+        return str(key).encode("ascii")
+    return key_bytes(key)
+
+
+def shard_trace_id(key: ShardKey) -> int:
+    """youzan go-nsq's trace id for an ordered message: unsigned murmur3_32 of the key
+    (``int`` keys use their decimal text)."""
+    return murmur3_32(_murmur3_bytes(key))
