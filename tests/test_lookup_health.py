@@ -218,3 +218,21 @@ async def test_periodic_loop_survives_every_error(caplog: pytest.LogCaptureFixtu
     await asyncio.gather(task, return_exceptions=True)
     assert runs == 3
     assert "test loop: unexpected error" in caplog.text and "RuntimeError: bug" in caplog.text
+
+
+def test_the_same_failure_between_answers_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    # a lookupd that answers /listlookup but refuses each /lookup: one warning, not one per
+    # poll; a different reason, or the same one much later, warns again
+    clock = Clock()
+    hb = book(clock, threshold=3)
+    with caplog.at_level(logging.DEBUG, logger="smartnsq.lookup"):
+        for _ in range(5):
+            hb.failure(A, "partition_num too large")
+            hb.success(A)
+            clock.now += 60
+        hb.failure(A, "HTTP 500")
+        clock.now += 600
+        hb.failure(A, "HTTP 500")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 3, warned
+    assert "partition_num too large" in warned[0] and "HTTP 500" in warned[1]

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger("smartnsq.lookup")
 
+#: the same failure of the same lookupd is logged as a warning at most this often (seconds)
+_REPEAT_WARNING_EVERY = 300.0
+
 
 @dataclass(frozen=True, slots=True)
 class LookupdStatus:
@@ -39,6 +42,10 @@ class _Health:
     backoff: float = 0.0
     retry_at: float = 0.0
     last_error: str | None = None
+    #: the failure last logged as a warning, and when (kept across answers: a lookupd that
+    #: answers /listlookup but refuses /lookup would otherwise warn every poll)
+    warned: str | None = None
+    warned_at: float = 0.0
 
 
 class HealthBook:
@@ -136,8 +143,12 @@ class HealthBook:
             log.warning("lookupd %s demoted after %d consecutive failures (last: %s); "
                         "next probe in %.3gs", address, h.failures, reason, h.backoff)
             return True
-        log.warning("lookupd %s failed (%s); %d/%d failures before demotion",
-                    address, reason, h.failures, self._threshold)
+        repeat = h.warned == reason and now - h.warned_at < _REPEAT_WARNING_EVERY
+        if not repeat:
+            h.warned, h.warned_at = reason, now
+        log.log(logging.DEBUG if repeat else logging.WARNING,
+                "lookupd %s failed (%s); %d/%d failures before demotion", address, reason,
+                h.failures, self._threshold)
         return False
 
     def snapshot(self, leader: str | None) -> tuple[LookupdStatus, ...]:
