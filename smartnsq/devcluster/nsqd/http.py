@@ -4,7 +4,9 @@ Envelopes: stock answers V1 (payload as is, errors ``{"message": …}`` with the
 ``X-NSQ-Content-Type: nsq; version=1.0``). youzan's "negotiate" endpoints answer V1 only when
 the client sends ``Accept: application/vnd.nsq; version=1.0``; otherwise JSON payloads are
 wrapped in ``{"status_code","status_txt","data"}`` and every error is a wrapped HTTP 500.
-Plain-text payloads such as ``OK`` are never wrapped.
+Plain-text payloads such as ``OK`` are never wrapped. Each handler checks its arguments, the
+topic's existence, leadership and the body in the real server's order (``http_args`` holds the
+argument rules; tests/test_devcluster_http_parity.py runs the same requests on the real ones).
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from smartnsq.devcluster.nsqd.delivery import Channel
+from smartnsq.devcluster.nsqd.http_args import (
+    NO_PARTITION,
+    HTTPError,
+    stock_topic,
+    stock_topic_channel,
+    stock_topic_name,
+    youzan_topic_partition,
+    youzan_topic_partition_channel,
+)
 from smartnsq.devcluster.nsqd.parse import (
     GoNumError,
-    go_atoi,
     go_parse_uint,
+    go_query_unescape,
     parse_consume_offset,
 )
 from smartnsq.devcluster.nsqd.view import NodeView
 from smartnsq.protocol.messages import EXT_VERSION_JSON
-from smartnsq.protocol.validation import valid_name
 
 if TYPE_CHECKING:
     from smartnsq.devcluster.meta import TopicMeta
@@ -37,13 +47,6 @@ _TRACE_KEY = "##trace_id"
 _TAG_KEY = "##client_dispatch_tag"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
 
 
 def _dumps(doc: Any) -> str:
@@ -157,50 +160,43 @@ class _Api:
                 raise HTTPError(413, too_big)
         return bytes(data)
 
-    def _topic_arg(self, request: web.Request) -> str:
-        topic = request.query.get("topic")
-        if topic is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic):
-            raise HTTPError(400, "INVALID_TOPIC" if not self.youzan else "INVALID_ARG_TOPIC")
-        return topic
-
-    def _channel_arg(self, request: web.Request) -> str:
-        channel = request.query.get("channel")
-        if channel is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not valid_name(channel):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
-        return channel
-
-    def _yz_partition(self, request: web.Request, topic: str) -> tuple[int, bool]:
-        """(partition, given): a missing partition means this node's default one."""
-        raw = request.query.get("partition")
-        if raw is None or raw == "":
-            return self.node.default_partition(topic), False
-        try:
-            p = int(raw)
-        except ValueError:
-            raise HTTPError(400, "E_BAD_PARTITION") from None
-        if p == -1:
-            return self.node.default_partition(topic), False
-        return p, True
-
-    def _yz_topic(self, request: web.Request) -> tuple[str, int, TopicMeta]:
-        topic = self._topic_arg(request)
-        partition, given = self._yz_partition(request, topic)
+    def _yz_local(self, topic: str, partition: int) -> tuple[int, TopicMeta]:
+        """The partition held here (none named: the one this node leads), or 404."""
+        if partition == NO_PARTITION:
+            partition = self.node.default_partition(topic)
         tmeta = self.node.local_partition(topic, partition)
         if tmeta is None:
             raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-        if tmeta.ordered and not given:
-            raise HTTPError(400, "E_BAD_PARTITION")
-        return topic, partition, tmeta
+        return partition, tmeta
 
-    def _yz_check_write(self, topic: str, partition: int) -> None:
+    def _yz_check_leader(self, topic: str, partition: int) -> None:
         if not self.node.leads(topic, partition):
             raise HTTPError(400, "E_FAILED_ON_NOT_LEADER")
+
+    def _yz_check_writable(self, topic: str, partition: int) -> None:
         if not self.node.meta.partition_writable(topic, partition):
             raise HTTPError(400, "E_FAILED_ON_NOT_WRITABLE")
+
+    async def _yz_pub_start(self, request: web.Request) -> tuple[str, int, TopicMeta, bytes]:
+        """/pub, /pubtrace, /pub_ext up to the leadership check: the declared length first
+        (no length, as in a chunked request, is an empty message), then the query, whose every
+        problem is E_TOPIC_NOT_EXIST, then the body."""
+        limit = self.node.options.max_msg_size
+        length = request.content_length
+        if length is not None and length > limit:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not length:
+            raise HTTPError(406, "MSG_EMPTY")
+        try:
+            topic, named = youzan_topic_partition(request.query)
+            partition, tmeta = self._yz_local(topic, named)
+        except HTTPError:
+            raise HTTPError(404, "E_TOPIC_NOT_EXIST") from None
+        body = await self._body(request, limit, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(406, "MSG_EMPTY")
+        self._yz_check_leader(topic, partition)
+        return topic, partition, tmeta, body
 
     # --- common --------------------------------------------------------------------------
 
@@ -240,11 +236,8 @@ class _Api:
     async def pub(self, request: web.Request) -> Any:
         opts = self.node.options
         if self.youzan:
-            topic, partition, tmeta = self._yz_topic(request)
-            body = await self._body(request, opts.max_msg_size, "MSG_TOO_BIG")
-            if not body:
-                raise HTTPError(406, "MSG_EMPTY")
-            self._yz_check_write(topic, partition)
+            topic, partition, tmeta, body = await self._yz_pub_start(request)
+            self._yz_check_writable(topic, partition)
             plog = self.node.store.partition(topic, partition)
             plog.append(body, ext_version=0 if tmeta.ext else None)
             plog.notify()
@@ -252,7 +245,7 @@ class _Api:
         body = await self._body(request, opts.max_msg_size, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        topic = self._topic_arg(request)
+        topic = stock_topic(request.query)
         defer = 0.0
         raw = request.query.get("defer")
         if raw is not None:
@@ -275,10 +268,16 @@ class _Api:
     async def mpub(self, request: web.Request) -> Any:
         opts = self.node.options
         if self.youzan:
-            topic, partition, tmeta = self._yz_topic(request)
+            # the length against the body cap, then the query's own errors (not wrapped as
+            # /pub's are), the partition, the body, leadership
+            length = request.content_length
+            if length is not None and length > opts.max_body_size:
+                raise HTTPError(413, "BODY_TOO_BIG")
+            topic, named = youzan_topic_partition(request.query)
+            partition, tmeta = self._yz_local(topic, named)
             binary = "binary" in request.query
         else:
-            topic = self._topic_arg(request)
+            topic = stock_topic(request.query)
             flag = request.query.get("binary")
             binary = flag is not None and flag not in ("false", "0")
         body = await self._body(request, opts.max_body_size, "BODY_TOO_BIG")
@@ -290,7 +289,8 @@ class _Api:
                 if len(b) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
         if self.youzan:
-            self._yz_check_write(topic, partition)
+            self._yz_check_leader(topic, partition)
+            self._yz_check_writable(topic, partition)
             plog = self.node.store.partition(topic, partition)
             for b in bodies:
                 plog.append(b, ext_version=0 if tmeta.ext else None)
@@ -300,16 +300,12 @@ class _Api:
         return "OK"
 
     async def pubtrace(self, request: web.Request) -> Any:
-        opts = self.node.options
-        topic, partition, tmeta = self._yz_topic(request)
+        topic, partition, tmeta, body = await self._yz_pub_start(request)
         try:
             trace_id = go_parse_uint(request.query.get("trace_id", ""))
         except GoNumError:
             raise HTTPError(400, "INVALID_TRACE_ID") from None
-        body = await self._body(request, opts.max_msg_size, "MSG_TOO_BIG")
-        if not body:
-            raise HTTPError(406, "MSG_EMPTY")
-        self._yz_check_write(topic, partition)
+        self._yz_check_writable(topic, partition)
         plog = self.node.store.partition(topic, partition)
         rec = plog.append(body, trace_id=trace_id, ext_version=0 if tmeta.ext else None)
         plog.notify()
@@ -317,14 +313,8 @@ class _Api:
 
     async def pub_ext(self, request: web.Request) -> Any:
         opts = self.node.options
-        topic, partition, tmeta = self._yz_topic(request)
-        raw = request.query.get("ext")
-        try:
-            header = json.loads(raw) if raw is not None else None
-        except ValueError:
-            header = None
-        if not isinstance(header, dict):
-            raise HTTPError(400, "E_INVALID_JSON_HEADER")
+        topic, partition, tmeta, body = await self._yz_pub_start(request)
+        header = _ext_header(request.query.get("ext") or "")
         for name, value in request.headers.items():
             if name.lower().startswith("x-nsqext-"):
                 header[name[len("x-nsqext-"):].lower()] = value
@@ -346,10 +336,7 @@ class _Api:
         elif not (opts.allow_ext_compatible and all(
                 k.startswith("##") or k == "zan_test" for k in header)):
             raise HTTPError(400, "E_EXT_NOT_SUPPORT")
-        body = await self._body(request, opts.max_msg_size, "MSG_TOO_BIG")
-        if not body:
-            raise HTTPError(406, "MSG_EMPTY")
-        self._yz_check_write(topic, partition)
+        self._yz_check_writable(topic, partition)
         plog = self.node.store.partition(topic, partition)
         tag = header.get(_TAG_KEY)
         rec = plog.append(body, trace_id=trace_id, ext_version=ext_version, ext=ext,
@@ -556,86 +543,85 @@ class _Api:
             "msg_delivery_latency_stats": [0] * 12,
         }
 
-    # --- topic / channel administration --------------------------------------------------
+    # --- topic / channel administration: arguments first (http_args), then the topic, then
+    # the channel, then (youzan) leadership; only youzan's leader changes a channel, which it
+    # replicates
 
     async def topic_create(self, request: web.Request) -> Any:
-        topic = self._topic_arg(request)
+        topic = stock_topic(request.query)
         self.node.store.stock_topic(self.node.node_id, topic, create=True)
         return None
 
-    def _stock_existing_topic(self, request: web.Request) -> Any:
-        topic = self._topic_arg(request)
-        t = self.node.store.stock_topic(self.node.node_id, topic)
+    def _stock_existing_topic(self, name: str) -> Any:
+        t = self.node.store.stock_topic(self.node.node_id, name)
         if t is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return t
 
     async def topic_delete(self, request: web.Request) -> Any:
-        t = self._stock_existing_topic(request)
+        t = self._stock_existing_topic(stock_topic_name(request.query))
         self.node.store.delete_stock_topic(self.node.node_id, t.name)
         return None
 
     async def topic_empty(self, request: web.Request) -> Any:
-        t = self._stock_existing_topic(request)
+        t = self._stock_existing_topic(stock_topic(request.query))
         t.backlog.clear()
         return None
 
-    def _yz_leader_log(self, request: web.Request) -> tuple[str, int, TopicMeta, PartitionLog]:
-        topic = self._topic_arg(request)
-        partition, _ = self._yz_partition(request, topic)
-        tmeta = self.node.local_partition(topic, partition)
-        if tmeta is None:
-            raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-        if not self.node.leads(topic, partition):
-            raise HTTPError(400, "E_FAILED_ON_NOT_LEADER")
-        return topic, partition, tmeta, self.node.store.partition(topic, partition)
-
-    async def channel_create(self, request: web.Request) -> Any:
-        if self.youzan:
-            _, _, tmeta, plog = self._yz_leader_log(request)
-            channel = self._channel_arg(request)
-            if tmeta.disable_channel_auto_create and channel not in plog.channels and \
-                    channel not in tmeta.registered_channels:
-                raise HTTPError(403, "E_SUB_CHANNEL_NOT_REGISTERED")
-            plog.channel(channel)
-            return None
-        topic = request.query.get("topic")
-        if topic is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        channel = self._channel_arg(request)
-        t = self.node.store.stock_topic(self.node.node_id, topic)
-        if t is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        t.channel(channel)
+    async def topic_pause(self, request: web.Request) -> Any:
+        self._stock_existing_topic(stock_topic_name(request.query)).set_paused(True)
         return None
 
-    def _existing_channel(self, request: web.Request) -> tuple[Any, Channel, str]:
-        if self.youzan:
-            _, _, _, plog = self._yz_leader_log(request)
-            owner: Any = plog
-        else:
-            owner = self._stock_existing_topic(request)
-        name = self._channel_arg(request)
+    async def topic_unpause(self, request: web.Request) -> Any:
+        self._stock_existing_topic(stock_topic_name(request.query)).set_paused(False)
+        return None
+
+    def _channel_owner(self, request: web.Request) -> tuple[Any, str, int, TopicMeta | None, str]:
+        """(the stock topic or youzan partition log, topic, partition, youzan metadata,
+        channel name) of a /channel/… call."""
+        if not self.youzan:
+            topic, channel = stock_topic_channel(request.query)
+            return self._stock_existing_topic(topic), topic, NO_PARTITION, None, channel
+        topic, named, channel = youzan_topic_partition_channel(request.query)
+        partition, tmeta = self._yz_local(topic, named)
+        return self.node.store.partition(topic, partition), topic, partition, tmeta, channel
+
+    def _existing_channel(self, request: web.Request) -> tuple[Any, Channel, str, int]:
+        """(owner, channel, topic, partition) of a channel that must exist."""
+        owner, topic, partition, _, name = self._channel_owner(request)
         ch = owner.channels.get(name)
         if ch is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        return owner, ch, name
+        assert isinstance(ch, Channel)
+        return owner, ch, topic, partition
+
+    async def channel_create(self, request: web.Request) -> Any:
+        owner, topic, partition, tmeta, channel = self._channel_owner(request)
+        if tmeta is not None:
+            self._yz_check_leader(topic, partition)
+            if tmeta.disable_channel_auto_create and channel not in owner.channels and \
+                    channel not in tmeta.registered_channels:
+                raise HTTPError(403, "E_SUB_CHANNEL_NOT_REGISTERED")
+        owner.channel(channel)
+        return None
 
     async def channel_delete(self, request: web.Request) -> Any:
-        owner, _, name = self._existing_channel(request)
-        owner.delete_channel(name)
+        owner, topic, partition, _, name = self._channel_owner(request)
+        if self.youzan:
+            # leader only; deleting a channel that is not there succeeds
+            self._yz_check_leader(topic, partition)
+        elif name not in owner.channels:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        if name in owner.channels:
+            owner.delete_channel(name)
         return None
 
     async def channel_empty(self, request: web.Request) -> Any:
-        _, ch, _ = self._existing_channel(request)
+        _, ch, topic, partition = self._existing_channel(request)
+        if self.youzan:
+            self._yz_check_leader(topic, partition)
         ch.empty()
         return None
-
-    # --- pausing: stock and youzan check their arguments in Go's order (topic, [partition],
-    # channel) before looking anything up; youzan changes a channel only on the partition's
-    # leader (which replicates it) and fails elsewhere with a plain 500
 
     async def channel_pause(self, request: web.Request) -> Any:
         self._paused_channel(request).set_paused(True)
@@ -646,70 +632,39 @@ class _Api:
         return None
 
     def _paused_channel(self, request: web.Request) -> Channel:
-        topic = request.query.get("topic") or ""
-        if not topic:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        partition = -1
-        raw = request.query.get("partition") or ""
-        if self.youzan and raw:
-            try:
-                partition = go_atoi(raw.encode())
-            except GoNumError as exc:
-                raise HTTPError(400, str(exc)) from None
-        name = self._channel_arg(request)
-        if not self.youzan:
-            t = self.node.store.stock_topic(self.node.node_id, topic)
-            if t is None:
-                raise HTTPError(404, "TOPIC_NOT_FOUND")
-            owner: Any = t
-        else:
-            if partition == -1:
-                partition = self.node.default_partition(topic)
-            if self.node.local_partition(topic, partition) is None:
-                raise HTTPError(404, "E_TOPIC_NOT_EXIST")
-            owner = self.node.store.partition(topic, partition)
-        ch = owner.channels.get(name)
-        if ch is None:
-            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        _, ch, topic, partition = self._existing_channel(request)
         if self.youzan and not self.node.leads(topic, partition):
+            # youzan fails the state change off the leader with a plain 500
             raise HTTPError(500, "INTERNAL_ERROR")
-        assert isinstance(ch, Channel)
         return ch
 
-    def _stock_named_topic(self, request: web.Request) -> Any:
-        # pause looks the name up without checking it: a bad name is not found (real nsqd)
-        topic = request.query.get("topic") or ""
-        if not topic:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        t = self.node.store.stock_topic(self.node.node_id, topic)
-        if t is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return t
-
-    async def topic_pause(self, request: web.Request) -> Any:
-        self._stock_named_topic(request).set_paused(True)
-        return None
-
-    async def topic_unpause(self, request: web.Request) -> Any:
-        self._stock_named_topic(request).set_paused(False)
-        return None
-
     async def channel_setoffset(self, request: web.Request) -> Any:
-        owner, ch, _ = self._existing_channel(request)
+        owner, ch, topic, partition = self._existing_channel(request)
         body = await self._body(request, self.node.options.max_msg_size, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(406, "MSG_EMPTY")
         try:
-            kind, value = parse_consume_offset(body.strip())
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_OFFSET") from None
+            kind, value = parse_consume_offset(body)
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
+        self._yz_check_leader(topic, partition)
         try:
             self.node.seek_channel(owner, ch, kind, value)
         except ValueError as exc:
             raise HTTPError(500, str(exc)) from None
         return None
+
+
+def _ext_header(raw: str) -> dict[str, Any]:
+    """/pub_ext's ``ext`` JSON object: youzan unescapes the (already decoded) query value once
+    more, so ``+`` in it is a space and ``%XX`` a byte."""
+    try:
+        header = json.loads(go_query_unescape(raw)) if raw else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise HTTPError(400, "E_INVALID_JSON_HEADER")
+    return header
 
 
 def _trace_doc(key: Any, trace_id: int, offset: int, raw_size: int) -> dict[str, Any]:

@@ -119,6 +119,30 @@ def go_parse_bool(data: bytes) -> bool:
     raise GoNumError(f"strconv.ParseBool: parsing {go_quote(data)}: invalid syntax")
 
 
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def go_query_unescape(text: str) -> str:
+    """Go's ``url.QueryUnescape``: ``+`` is a space and ``%XX`` a byte; a ``%`` not followed by
+    two hex digits is an error (ValueError). Invalid UTF-8 in the result becomes U+FFFD, as
+    Go's JSON decoder reads it."""
+    raw = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        b = raw[i]
+        if b == 0x25:  # %
+            pair = raw[i + 1:i + 3]
+            if len(pair) < 2 or not set(pair) <= _HEX:
+                raise ValueError(f"invalid URL escape {go_quote(raw[i:i + 3])}")
+            out.append(int(pair, 16))
+            i += 3
+            continue
+        out.append(0x20 if b == 0x2B else b)
+        i += 1
+    return out.decode("utf-8", "replace")
+
+
 def split_line(line: bytes) -> list[bytes]:
     """A command line (with its ``\\n``) → space-separated params, after trimming the
     newline and an optional ``\\r`` (§1.2)."""
