@@ -1,12 +1,15 @@
 """Helpers for the CLI tests: an embedded cluster on a background thread (the commands run
 their own event loop with ``asyncio.run``), running the real entry point in-process (click's
-CliRunner) or as a ``python -m smartnsq`` subprocess, and checks for one-line errors."""
+CliRunner) or as a ``python -m smartnsq`` subprocess (also from async tests), and checks for
+one-line errors."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -80,6 +83,30 @@ def spawn_cli(args: Sequence[str], stdin: int | None = None) -> subprocess.Popen
     return subprocess.Popen([sys.executable, "-m", "smartnsq", *args], stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+async def smartnsq(*args: str, bound: float = WAIT) -> tuple[int, bytes, bytes]:
+    """``python -m smartnsq ARGS`` as a user runs it, from an async test: (exit code, stdout,
+    stderr); interrupted (SIGINT) when it outlives ``bound`` seconds, so a hang shows as a
+    failed assertion with its output, not a stuck test."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smartnsq", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), bound)
+    except TimeoutError:
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+        err += f"\n[test: still running after {bound} s, interrupted]".encode()
+    assert proc.returncode is not None
+    return proc.returncode, out, err
+
+
+def closed_port() -> str:
+    """A local address nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def assert_one_line_error(result: Result, *fragments: str) -> str:

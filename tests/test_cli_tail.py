@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
 import sys
 import time
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.messages import decode_message
+from tests.cli_support import WAIT, closed_port, smartnsq
 from tests.devcluster_helpers import client
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
@@ -26,25 +25,6 @@ from tests.real_servers import (  # noqa: F401  (the fixtures)
     unique,
     youzan,
 )
-
-#: bound on one tail run in these tests (they are expected to end in a few seconds)
-TAIL_BOUND = 20.0
-
-
-async def smartnsq(*args: str, bound: float = TAIL_BOUND) -> tuple[int, bytes, bytes]:
-    """``python -m smartnsq ARGS`` as a user runs it; interrupted (SIGINT) when it outlives
-    ``bound`` seconds, so a hang shows as a failed assertion with its output, not a stuck test."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "smartnsq", *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), bound)
-    except TimeoutError:
-        proc.send_signal(signal.SIGINT)
-        out, err = await asyncio.wait_for(proc.communicate(), TAIL_BOUND)
-        err += f"\n[test: still running after {bound} s, interrupted]".encode()
-    assert proc.returncode is not None
-    return proc.returncode, out, err
 
 
 async def http_post(addr: str, path: str, body: bytes = b"", **params: str) -> None:
@@ -107,13 +87,6 @@ async def test_tail_prints_a_message_past_the_default_max_attempts(
 # -- an nsqd that cannot be reached ----------------------------------------------------------
 
 
-def closed_port() -> str:
-    """A local address nobody listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 async def test_tail_help_documents_the_connect_bound() -> None:
     code, out, _ = await smartnsq("tail", "--help")
     assert code == 0 and b"--connect-timeout" in out and b"10" in out
@@ -138,8 +111,8 @@ async def test_tail_at_a_wrong_port_says_so_at_once_and_gives_up(
             # promptly, while it is still trying
             assert first.startswith(b"smartnsq: warning: ") and addr.encode() in first, first
             assert why in first and proc.returncode is None, first
-            rest = await asyncio.wait_for(proc.stderr.read(), TAIL_BOUND)
-            code = await asyncio.wait_for(proc.wait(), TAIL_BOUND)
+            rest = await asyncio.wait_for(proc.stderr.read(), WAIT)
+            code = await asyncio.wait_for(proc.wait(), WAIT)
         finally:
             if proc.returncode is None:
                 proc.kill()

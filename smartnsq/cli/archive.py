@@ -8,6 +8,10 @@ to ``NAME`` when rotated or closed (a ``.tmp`` left by a crash holds synced data
 work runs on a writer thread, off the event loop: a slow disk delays finishes, never the
 consumer's heartbeats.
 
+An ordered topic is read with ``--ordered`` (SUB_ORDERED): nsqd hands each partition one
+message at a time, the next only once the current one is finished, so each message is synced
+on its own (one fsync per message and partition) and every partition's file is in queue order.
+
 Rotation by size (``--rotate-size``, bytes before compression) and by age
 (``--rotate-interval``); ``--gzip`` compresses. File names carry the topic, partition, host,
 UTC start time and a sequence number: ``orders.p3.host1.2026-11-23T16-00-00Z.0001.log.gz``.
@@ -16,7 +20,6 @@ UTC start time and a sequence number: ``orders.p3.host1.2026-11-23T16-00-00Z.000
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gzip
 import os
@@ -42,10 +45,12 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
+from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
+from smartnsq.ordered import OrderedConsumer
 
 EPILOG = """\b
 Examples:
@@ -53,6 +58,7 @@ Examples:
   smartnsq to-file orders --output-dir /data/nsq --lookupd 127.0.0.1:4161 \\
       --gzip --rotate-size 100000000 --rotate-interval 3600
   smartnsq to-file events --output-dir . --nsqd 127.0.0.1:4150 --channel archive
+  smartnsq to-file payments --output-dir /data/nsq --lookupd 127.0.0.1:4161 --ordered
 """
 
 
@@ -242,6 +248,10 @@ def _fsync_dir(path: Path) -> None:
 @click.option("--channel", default="nsq_to_file", show_default=True)
 @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
               help="youzan: archive only this partition (repeatable)")
+@click.option("--ordered", is_flag=True,
+              help="youzan: read an ordered topic (SUB_ORDERED): one message at a time per "
+                   "partition, each synced to its file before the next is delivered (one "
+                   "fsync per message)")
 @click.option("--from", "start", type=FromParam(),
               help="youzan: start position (earliest | end | offset:P=N,... | timestamp:T)")
 @click.option("--rotate-size", type=click.IntRange(min=1), metavar="BYTES",
@@ -254,75 +264,82 @@ def _fsync_dir(path: Path) -> None:
               show_default=True, help="seconds between syncs (each sync FINs what it covers)")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True,
               help="messages held at once; a sync also happens when half of them are waiting")
+@connect_timeout_option()
 @command_runner
 async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
                   nsqd: tuple[str, ...], channel: str, partitions: tuple[int, ...],
-                  start: StartAt | None, rotate_size: int | None,
+                  ordered: bool, start: StartAt | None, rotate_size: int | None,
                   rotate_interval: float | None, compress: bool, gzip_level: int,
-                  sync_interval: float, max_in_flight: int) -> None:
+                  sync_interval: float, max_in_flight: int, connect_timeout: float) -> None:
     """Archive TOPIC into files in --output-dir (at-least-once: a message is finished only
     after the file holding it has been flushed and synced). Ctrl-C stops gracefully: files
     are synced and closed, unwritten messages go back to the channel."""
     cluster = pick_cluster(lookupd, nsqd)
-    if cluster.nsqd and (partitions or start is not None):
-        raise click.UsageError("--partition and --from need --lookupd")
+    if cluster.nsqd and (partitions or ordered or start is not None):
+        raise click.UsageError("--partition, --ordered and --from need --lookupd")
     try:
         os.makedirs(output_dir, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create --output-dir {output_dir}: {exc.strerror}") from None
+    # ordered: a partition's next message comes only once the current one is finished,
+    # which here means synced
     archiver = Archiver(topic, output_dir, rotate_size=rotate_size,
                         rotate_interval=rotate_interval, compress=compress,
-                        gzip_level=gzip_level, sync_count=max(1, max_in_flight // 2),
+                        gzip_level=gzip_level,
+                        sync_count=1 if ordered else max(1, max_in_flight // 2),
                         host=socket.gethostname().split(".")[0] or "host")
-    config = ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
-                            lookupd_poll_interval=15.0, max_attempts=0)
     stop = stop_event()
+    consumer: Consumer
     if cluster.nsqd:
         consumer = Consumer(topic, channel, archiver, nsqd_tcp_addresses=list(cluster.nsqd),
-                            config=config)
-        await _run(consumer, archiver, stop, sync_interval)
+                            config=_config(max_in_flight))
+        await _run(consumer, archiver, stop, sync_interval, connect_timeout)
     else:
         async with cluster.lookup(poll_interval=15.0) as lk:
             view = await topic_view(lk, topic)
+            refuse_unordered(view, ordered)
             check_partitions(view, partitions)
             check_start(view, start)
             start = await skip_empty_partitions(view, start, partitions)
-            consumer = Consumer(topic, channel, archiver, lookup=lk, config=config,
-                                start_at=start, partitions=partitions or None)
-            await _run(consumer, archiver, stop, sync_interval)
+            only = partitions or None
+            if ordered:
+                # every partition read needs a RDY of its own
+                config = _config(max(max_in_flight, len(partitions) or view.partition_num))
+                consumer = OrderedConsumer(topic, channel, archiver, lookup=lk, config=config,
+                                           start_at=start, partitions=only)
+            else:
+                consumer = Consumer(topic, channel, archiver, lookup=lk,
+                                    config=_config(max_in_flight), start_at=start,
+                                    partitions=only)
+            await _run(consumer, archiver, stop, sync_interval, connect_timeout)
     stderr_console().print(
         f"archived {archiver.finished} message(s) of {topic} into "
         f"{len(archiver.closed_files)} file(s) in {output_dir}", highlight=False,
         soft_wrap=True)
 
 
+def _config(max_in_flight: int) -> ConsumerConfig:
+    # max_attempts=0: a message is never given up (FIN without writing it)
+    return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
+                          lookupd_poll_interval=15.0, max_attempts=0)
+
+
 async def _run(consumer: Consumer, archiver: Archiver, stop: asyncio.Event,
-               sync_interval: float) -> None:
-    await consumer.start()
-    try:
-        while not stop.is_set() and not consumer.is_closed and not archiver.failed.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_first(stop, archiver.failed), sync_interval)
+               sync_interval: float, connect_timeout: float) -> None:
+    async def ticks() -> None:
+        while True:
+            await asyncio.sleep(sync_interval)
             archiver.tick()
-    finally:
-        # stop taking messages, make what was written durable and finish it, then stop
+
+    async def finish() -> None:
+        # stop taking messages, make what was written durable and finish it; the consumer
+        # stops after this
         archiver.stopping = True
-        try:
-            await archiver.close_all()
-        finally:
-            await consumer.stop()
-    if consumer.error is not None:
-        raise consumer.error
+        await archiver.close_all()
+
+    await consume_watched(consumer, stop, archiver.failed, connect_timeout=connect_timeout,
+                          guards=[ticks], before_stop=finish)
     if archiver.error is not None:
         raise CliError(f"cannot write the archive in {archiver.out_dir}: "
                        f"{describe(archiver.error)} (what was not synced went back to the "
                        "channel)")
-
-
-async def _first(*events: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

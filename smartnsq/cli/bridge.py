@@ -5,6 +5,12 @@ A message is finished on the source only after the destination acknowledged it, 
 is lost (at-least-once: a crash between the two may publish a message twice). With
 ``--shard-key-field`` (JSON messages) it is published ordered on the destination: one key's
 messages keep their source order and land on the key's murmur3 partition.
+
+An ordered youzan source is read with ``--ordered`` (SUB_ORDERED, through ``--from-lookupd``):
+each partition hands over one message at a time and its next one only after this one was
+published, so each partition's order is kept. Without ``--shard-key-field`` source partition
+``p`` goes to destination partition ``p`` modulo the destination's partition count (a
+destination without partitions takes them in the order they come).
 """
 
 from __future__ import annotations
@@ -19,17 +25,18 @@ from smartnsq.cli.common import (
     CliError,
     cluster_options,
     command_runner,
-    consume_until,
     pick_cluster,
     stderr_console,
     stop_event,
     topic_argument,
 )
+from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.publish import _check_topic
 from smartnsq.cli.tail import topic_view
 from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
+from smartnsq.ordered import OrderedConsumer
 from smartnsq.producer import Producer
 
 EPILOG = """\b
@@ -37,6 +44,7 @@ Examples:
   smartnsq bridge orders --from-lookupd old:4161 --to-lookupd new:4161
   smartnsq bridge orders orders_v2 --from-nsqd old:4150 --to-lookupd new:4161 \\
       --shard-key-field customer_id
+  smartnsq bridge payments --from-lookupd old:4161 --to-lookupd new:4161 --ordered
 """
 
 
@@ -44,11 +52,14 @@ class Forwarder:
     """The source consumer's handler: publish to the destination, then return (FIN)."""
 
     def __init__(self, producer: Producer, topic: str, field: list[str] | None,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, partitions: int | None = None) -> None:
         self.producer = producer
         self.topic = topic
         self.field = field
         self.limit = limit
+        #: the destination's partition count a source partition is mapped onto (None: the
+        #: producer chooses)
+        self.partitions = partitions
         #: publishes started (a failed one is taken back) and acknowledged
         self.started = 0
         self.forwarded = 0
@@ -81,6 +92,9 @@ class Forwarder:
         try:
             if self.field is not None:
                 await self.producer.publish_ordered(self.topic, self.shard_key(msg), msg.body)
+            elif self.partitions is not None and msg.partition is not None:
+                await self.producer.publish(self.topic, msg.body,
+                                            partition=msg.partition % self.partitions)
             else:
                 await self.producer.publish(self.topic, msg.body)
         except CliError as exc:
@@ -107,19 +121,29 @@ class Forwarder:
               help="source channel")
 @click.option("--shard-key-field", metavar="NAME",
               help="JSON messages: publish ordered on the destination by this field")
+@click.option("--ordered", is_flag=True,
+              help="youzan: read an ordered source topic (SUB_ORDERED, needs --from-lookupd): "
+                   "one message at a time per partition, published before the next is read; "
+                   "source partition P goes to destination partition P (modulo its partition "
+                   "count) unless --shard-key-field says otherwise")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("-n", "count", type=click.IntRange(min=1),
               help="exit after forwarding COUNT messages")
+@connect_timeout_option()
 @command_runner
 async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ...],
                  from_nsqd: tuple[str, ...], to_lookupd: tuple[str, ...],
                  to_nsqd: tuple[str, ...], channel: str, shard_key_field: str | None,
-                 max_in_flight: int, count: int | None) -> None:
+                 ordered: bool, max_in_flight: int, count: int | None,
+                 connect_timeout: float) -> None:
     """Forward TOPIC from one cluster to DEST_TOPIC (default: the same name) on another,
     finishing each message on the source only after the destination acknowledged it.
     Ctrl-C stops gracefully."""
     source = pick_cluster(from_lookupd, from_nsqd, prefix="from-")
     dest = pick_cluster(to_lookupd, to_nsqd, prefix="to-")
+    if ordered and source.nsqd:
+        raise click.UsageError("--ordered needs --from-lookupd (an ordered topic is read per "
+                               "partition, which the lookupds publish)")
     dest_name = dest_topic or topic
     field = None
     if shard_key_field is not None:
@@ -133,26 +157,45 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
     pconfig = ProducerConfig(publish_timeout=30.0)
     producer = (Producer(list(dest.nsqd), config=pconfig) if dest.nsqd
                 else Producer(lookupd=dest.lookup_config(poll_interval=15.0), config=pconfig))
-    # sharded publishing keeps one key's order only for messages handed over in order
-    config = ConsumerConfig(max_in_flight=max_in_flight if field is None else 1,
-                            drain_timeout=30.0, lookupd_poll_interval=15.0, max_attempts=0,
-                            default_requeue_delay=1.0)
     stop = stop_event()
     async with producer:
+        dest_parts = None
         if producer.lookup is not None:
-            await _check_topic(producer.lookup, dest_name)
-        forwarder = Forwarder(producer, dest_name, field, count)
+            view = await _check_topic(producer.lookup, dest_name)
+            dest_parts = view.partition_num if view.is_partitioned else None
+        forwarder = Forwarder(producer, dest_name, field, count,
+                              partitions=dest_parts if ordered else None)
+        events = (stop, forwarder.failed, forwarder.done)
         if source.nsqd:
             consumer = Consumer(topic, channel, forwarder,
-                                nsqd_tcp_addresses=list(source.nsqd), config=config)
-            await consume_until(consumer, stop, forwarder.failed, forwarder.done)
+                                nsqd_tcp_addresses=list(source.nsqd),
+                                config=_config(max_in_flight if field is None else 1))
+            await consume_watched(consumer, *events, connect_timeout=connect_timeout,
+                                  lookupd_flag="--from-lookupd")
         else:
             async with source.lookup(poll_interval=15.0) as lk:
-                await topic_view(lk, topic)
-                consumer = Consumer(topic, channel, forwarder, lookup=lk, config=config)
-                await consume_until(consumer, stop, forwarder.failed, forwarder.done)
+                src = await topic_view(lk, topic)
+                refuse_unordered(src, ordered)
+                if ordered:
+                    # one message at a time per partition already: each needs a RDY
+                    consumer = OrderedConsumer(topic, channel, forwarder, lookup=lk,
+                                               config=_config(max(max_in_flight,
+                                                                  src.partition_num)))
+                else:
+                    consumer = Consumer(topic, channel, forwarder, lookup=lk,
+                                        config=_config(max_in_flight if field is None else 1))
+                await consume_watched(consumer, *events, connect_timeout=connect_timeout,
+                                      lookupd_flag="--from-lookupd")
     if forwarder.error is not None:
         raise CliError(f"{forwarder.error.message} (after {forwarder.forwarded} message(s) "
                        "were forwarded; the failing one went back to the source)")
     stderr_console().print(f"forwarded {forwarder.forwarded} message(s) from {topic} to "
                            f"{dest_name}", highlight=False, soft_wrap=True)
+
+
+def _config(max_in_flight: int) -> ConsumerConfig:
+    # sharded publishing keeps one key's order only for messages handed over in order, so the
+    # caller passes 1 with --shard-key-field (an ordered source hands them over in order)
+    return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=30.0,
+                          lookupd_poll_interval=15.0, max_attempts=0,
+                          default_requeue_delay=1.0)

@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -260,28 +260,33 @@ def stop_event() -> StopEvent:
 
 
 async def consume_until(consumer: Consumer, *events: asyncio.Event,
-                        guard: Callable[[], Awaitable[None]] | None = None) -> None:
+                        guards: Sequence[Callable[[], Awaitable[None]]] = (),
+                        before_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start ``consumer`` and run it until one of ``events`` is set, it stops by itself, or
-    ``guard()`` (run beside it once started) raises; then stop it (draining what is in
-    flight) and raise the error it or the guard stopped on, if any."""
+    one of ``guards`` (each run beside it once started) ends; then run ``before_stop``, stop
+    the consumer (draining what is in flight) and raise the error it or a guard stopped on,
+    if any."""
     await consumer.start()
     failed: BaseException | None = None
     try:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(e.wait()) for e in events]
         waits.append(asyncio.ensure_future(_stopped_by_itself(consumer)))
-        watching: asyncio.Future[None] | None = None
-        if guard is not None:
-            watching = asyncio.ensure_future(guard())
-            waits.append(watching)
+        watching = [asyncio.ensure_future(g()) for g in guards]
+        waits += watching
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
-        if watching is not None and watching.done() and not watching.cancelled():
-            failed = watching.exception()
+        for w in watching:
+            if w.done() and not w.cancelled() and failed is None:
+                failed = w.exception()
     finally:
-        await consumer.stop()
+        try:
+            if before_stop is not None:
+                await before_stop()
+        finally:
+            await consumer.stop()
     if consumer.error is not None:
         raise consumer.error
     if failed is not None:

@@ -1,21 +1,43 @@
-"""Saying why a reading command reads nothing: while its consumer holds no connection, the
-consumer's warnings (``cannot subscribe at HOST:PORT ...: the connection error``) reach stderr
-whatever ``-v`` says, and a command that never connected gives up after a bound.
+"""How the reading commands (``tail``, ``to-file``, ``bridge``) run their consumer: saying why
+one reads nothing, bounding the wait for a first connection, and naming ``--ordered`` for an
+ordered topic.
 
+While the consumer holds no connection, its warnings (``cannot subscribe at HOST:PORT ...: the
+connection error``) reach stderr whatever ``-v`` says, and a command that never connected gives
+up after ``--connect-timeout``; one that lost its connection later keeps retrying, saying so.
 The consumer reports connection failures only through its log, so that log is where they are
 taken from: a handler on the ``smartnsq.consumer`` logger, lowered to WARNING for the command's
 run (``-v`` decides only what the rich log handler shows, see :func:`cli_logging`).
+
+An ordered youzan topic refuses a plain SUB (``E_SUB_ORDER_IS_MUST``): the commands read it
+with SUB_ORDERED when given ``--ordered`` (through the lookupds) and otherwise say so in the
+operator's terms, not the library's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import ParamSpec, TypeVar
 
-from smartnsq.cli.common import CliError, err_print
+import click
+
+from smartnsq.cli.common import CliError, consume_until, err_print
 from smartnsq.consumer import Consumer
+from smartnsq.errors import SubOrderIsMustError
+from smartnsq.lookup import TopicView
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: seconds a reading command waits for its first connection before giving up
+CONNECT_TIMEOUT = 10.0
+
+ORDERED_HINT = ("topic {topic!r} is ordered: it is read one message at a time per partition "
+                "(SUB_ORDERED); {how}")
 
 #: while still unconnected, the latest warning is shown again after this many seconds
 REMIND_SECONDS = 5.0
@@ -90,3 +112,39 @@ async def watch_connections(consumer: Consumer, warnings: ConsumerWarnings, *,
                 raise CliError(f"no nsqd accepted the subscription within {bound:g} s "
                                f"(--connect-timeout){why}")
         await asyncio.sleep(POLL_SECONDS)
+
+
+def connect_timeout_option() -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """``--connect-timeout SECONDS`` (default :data:`CONNECT_TIMEOUT`; 0: keep trying)."""
+    return click.option(
+        "--connect-timeout", type=click.FloatRange(min=0), default=CONNECT_TIMEOUT,
+        show_default=True, metavar="SECONDS",
+        help="exit with an error when no nsqd accepted the subscription within SECONDS "
+             "(0: keep trying). Until one does, connection errors are shown on stderr; a "
+             "connection lost later is retried for ever, also shown")
+
+
+def refuse_unordered(view: TopicView, ordered: bool) -> None:
+    """The lookup says ``view``'s topic is ordered and ``--ordered`` was not given."""
+    if view.ordered and not ordered:
+        raise CliError(ORDERED_HINT.format(topic=view.topic, how="add --ordered"))
+
+
+async def consume_watched(consumer: Consumer, *events: asyncio.Event, connect_timeout: float,
+                          lookupd_flag: str = "--lookupd",
+                          guards: Sequence[Callable[[], Awaitable[None]]] = (),
+                          before_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+    """:func:`~smartnsq.cli.common.consume_until` with the connection watch beside it
+    (:func:`watch_connections`, bounded by ``connect_timeout``). An nsqd that refuses the plain
+    SUB of an ordered topic (only reachable straight at the nsqd, where ``--ordered`` is not
+    offered) ends the command with the advice to read it through ``lookupd_flag``."""
+    began = asyncio.get_running_loop().time()
+    with consumer_warnings() as warnings:
+        watch = functools.partial(watch_connections, consumer, warnings,
+                                  bound=connect_timeout, began=began)
+        try:
+            await consume_until(consumer, *events, guards=[watch, *guards],
+                                before_stop=before_stop)
+        except SubOrderIsMustError:
+            raise CliError(ORDERED_HINT.format(
+                topic=consumer.topic, how=f"use {lookupd_flag} with --ordered")) from None

@@ -44,7 +44,7 @@ from smartnsq.cli.common import (
 from smartnsq.cli.records import Record, RecordTooLong, parse_delimiter, read_records
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import NSQError
-from smartnsq.lookup import Lookup
+from smartnsq.lookup import Lookup, TopicView
 from smartnsq.producer import Producer, PublishReceipt
 
 EPILOG = """\b
@@ -283,13 +283,15 @@ def _producer(cluster: Cluster, max_msg_size: int) -> Producer:
     return Producer(lookupd=cluster.lookup_config(poll_interval=15.0), config=config)
 
 
-async def _check_topic(lookup: Lookup, topic: str) -> None:
+async def _check_topic(lookup: Lookup, topic: str) -> TopicView:
+    """The writable view of ``topic``, or a CliError when it cannot be written."""
     view = await lookup.lookup(topic, "w")
     if view.not_found or not view.nodes:
         why = f" ({view.not_found_reason})" if view.not_found_reason else ""
         raise CliError(f"topic {topic!r} is not writable on lookupd "
                        f"{', '.join(view.answered_by) or ', '.join(lookup.seeds)}{why}: create "
                        "it (smartnsq topic create) and a channel first")
+    return view
 
 
 def _progress(show: bool, total: int | None) -> Progress:

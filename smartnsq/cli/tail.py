@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import json
 import random
 import sys
@@ -20,17 +19,16 @@ from smartnsq.cli.common import (
     StartAt,
     cluster_options,
     command_runner,
-    consume_until,
     err_print,
     pick_cluster,
     stdout_closed,
     stop_event,
     topic_argument,
 )
-from smartnsq.cli.connections import consumer_warnings, watch_connections
+from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
-from smartnsq.errors import Flavour, SubOrderIsMustError
+from smartnsq.errors import Flavour
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.message import Message
 from smartnsq.ordered import OrderedConsumer
@@ -43,13 +41,6 @@ Examples:
   smartnsq tail orders --lookupd 127.0.0.1:4161 --ordered --from timestamp:2026-11-23T10:00
   smartnsq tail events --nsqd 127.0.0.1:4150 --channel audit
 """
-
-
-#: seconds a tail waits for its first connection before giving up (``--connect-timeout``)
-CONNECT_TIMEOUT = 10.0
-
-ORDERED_HINT = ("topic {topic!r} is ordered: it is read one message at a time per partition "
-                "(SUB_ORDERED); {how}")
 
 
 def ephemeral_channel() -> str:
@@ -196,11 +187,7 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
               help="body: the raw body per line; json: id, partition, offset, raw size, trace "
                    "id, attempts, timestamp, ext and body")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--connect-timeout", type=click.FloatRange(min=0), default=CONNECT_TIMEOUT,
-              show_default=True, metavar="SECONDS",
-              help="exit with an error when no nsqd accepted the subscription within SECONDS "
-                   "(0: keep trying). Until one does, connection errors are shown on "
-                   "stderr; a connection lost later is retried for ever, also shown")
+@connect_timeout_option()
 @command_runner
 async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], channel: str | None,
                partitions: tuple[int, ...], ordered: bool, start: StartAt | None,
@@ -226,8 +213,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         return
     async with cluster.lookup(poll_interval=15.0) as lookup:
         view = await topic_view(lookup, topic)
-        if view.ordered and not ordered:
-            raise CliError(ORDERED_HINT.format(topic=topic, how="add --ordered"))
+        refuse_unordered(view, ordered)
         check_partitions(view, partitions)
         check_start(view, start)
         start = await skip_empty_partitions(view, start, partitions)
@@ -267,12 +253,4 @@ def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConf
 
 async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,
                connect_timeout: float) -> None:
-    began = asyncio.get_running_loop().time()
-    with consumer_warnings() as warnings:
-        try:
-            await consume_until(consumer, stop, printer.done, guard=functools.partial(
-                watch_connections, consumer, warnings, bound=connect_timeout, began=began))
-        except SubOrderIsMustError:
-            # the nsqd refused a plain SUB: say what the operator types, not the class to use
-            raise CliError(ORDERED_HINT.format(
-                topic=consumer.topic, how="use --lookupd with --ordered")) from None
+    await consume_watched(consumer, stop, printer.done, connect_timeout=connect_timeout)
