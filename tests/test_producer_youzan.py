@@ -15,6 +15,7 @@ import pytest
 
 import smartnsq.trace
 from smartnsq.config import LookupConfig, ProducerConfig
+from smartnsq.consumer import Consumer
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import (
     ConfigError,
@@ -33,7 +34,10 @@ from smartnsq.producer import (
     PublishTimeoutError,
     TraceSwitch,
 )
+from tests.real_servers import YouzanCluster, youzan
 from tests.test_producer_support import LookupCounter
+
+__all__ = ["youzan"]  # the fixture, imported for pytest
 
 FAST = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
 
@@ -330,3 +334,20 @@ async def test_http_producer_youzan(cluster: DevCluster) -> None:
     assert stored(cluster, "hy", 1)[:4] == [b"h1", b"h2", b"h3", b"h4"]
     assert stored(cluster, "hy", 1)[-1] == b"moved"
     assert len(stored(cluster, "hy", 0)) == 2
+
+
+@pytest.mark.real_youzan
+async def test_http_producer_ext_values_arrive_unchanged(youzan: YouzanCluster) -> None:
+    """youzan nsqd unescapes /pub_ext's ext argument twice: '+', '%41' and '&' in a value
+    must still arrive as sent (a real server stored 'a+b %41' as 'a b A')."""
+    topic = (await youzan.create_topic("httpext", partition_num=1, replicator=1, ext=True,
+                                       channels=("ch",))).name
+    header = {"k": "a+b %41 c&d=e/é ?#", "##": "x"}
+    async with HttpProducer(lookupd=[youzan.lookupd], config=FAST) as p:
+        await p.publish(topic, b"body", ext=header)
+    async with Consumer(topic, "ch", lookupd_http_addresses=[youzan.lookupd],
+                        start_at="earliest") as c:
+        async with asyncio.timeout(10):
+            m = await anext(aiter(c))
+        m.finish()
+    assert m.ext == header

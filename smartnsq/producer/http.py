@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -176,7 +177,9 @@ class HttpProducer:
         youzan = False
         if ext is not None:
             header = ext_header_bytes(ext, trace_id)
-            params["ext"] = header.decode()
+            # youzan nsqd unescapes the ext argument once more after the query's own
+            # decoding ('+' would become a space, '%41' an 'A'): escape it once more here
+            params["ext"] = urllib.parse.quote(header.decode(), safe="")
             path, youzan = "/pub_ext", True
         elif trace_id is not None:
             params["trace_id"] = str(check_trace_id(trace_id))
