@@ -283,7 +283,8 @@ async def test_one_publish_per_web_request() -> None:
                     all_in.set()
 
             async with Consumer("orders", "app", handle, lookupd_http_addresses=lookupd,
-                                start_at="earliest"), aiohttp.ClientSession() as http:
+                                start_at="earliest", config=ConsumerConfig(max_in_flight=10)
+                                ), aiohttp.ClientSession() as http:
                 async def request(i: int) -> int:
                     async with http.post(f"http://127.0.0.1:{port}/orders",
                                          data=b"order-%d" % i) as r:
