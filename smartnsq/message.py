@@ -9,6 +9,7 @@ later.
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any, Protocol
 
@@ -25,16 +26,27 @@ from smartnsq.protocol.messages import (
     RAW_SIZE,
     TIMESTAMP,
     MessageRecord,
-    RawMessage,
-    record_of,
     split_youzan_id,
 )
 
-__all__ = ["Message", "MessageOwner"]
+__all__ = ["FINISHED", "PENDING", "REQUEUED", "Message", "MessageOwner", "MessageState"]
 
-_PENDING = 0
-_FINISHED = 1
-_REQUEUED = 2
+
+class MessageState(enum.IntEnum):
+    """Where a delivered message stands; the dispatcher reads and sets it too."""
+
+    #: not answered yet
+    PENDING = 0
+    #: FIN sent (or given up)
+    FINISHED = 1
+    #: REQ sent (or decided)
+    REQUEUED = 2
+
+
+# bound once: EnumType has a __getattr__, so MessageState.PENDING costs ~4x a global
+PENDING = MessageState.PENDING
+FINISHED = MessageState.FINISHED
+REQUEUED = MessageState.REQUEUED
 
 
 class MessageOwner(Protocol):
@@ -64,24 +76,14 @@ class Message:
 
     __slots__ = ("_auto", "_ext", "_owner", "_raw", "_state")
 
-    def __init__(self, raw: RawMessage, owner: MessageOwner) -> None:
-        self._init(record_of(raw), owner)
-
-    def _init(self, record: MessageRecord, owner: MessageOwner) -> None:
-        #: the decoded frame as a record (smartnsq.protocol.messages): the consumer's queue
-        #: holds records, and a message is made of one only when its handler is called
+    def __init__(self, record: MessageRecord, owner: MessageOwner) -> None:
+        #: the decoded frame (smartnsq.protocol.messages): the consumer's queue holds
+        #: records, and a message is made of one only when its handler is called
         self._raw = record
         self._owner = owner
-        self._state = _PENDING
+        self._state = PENDING
         self._auto = True
         self._ext: Any = None
-
-    @classmethod
-    def of_record(cls, record: MessageRecord, owner: MessageOwner) -> Message:
-        """The message of a decoded frame in record form (the consumer's receive path)."""
-        msg = cls.__new__(cls)
-        msg._init(record, owner)
-        return msg
 
     def __repr__(self) -> str:
         where = self._owner.address
@@ -185,15 +187,15 @@ class Message:
 
     @property
     def has_responded(self) -> bool:
-        return self._state != _PENDING
+        return self._state != PENDING
 
     @property
     def finished(self) -> bool:
-        return self._state == _FINISHED
+        return self._state == FINISHED
 
     @property
     def requeued(self) -> bool:
-        return self._state == _REQUEUED
+        return self._state == REQUEUED
 
     @property
     def auto_response(self) -> bool:
@@ -208,9 +210,9 @@ class Message:
 
     def finish(self) -> bool:
         """FIN: the message is done and will not be redelivered."""
-        if self._state != _PENDING:
+        if self._state != PENDING:
             return False
-        self._state = _FINISHED
+        self._state = FINISHED
         return self._owner.finish(self)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> bool:
@@ -219,13 +221,13 @@ class Message:
         not count as a failure for the consumer's backoff."""
         if delay is not None:
             delay = check_duration(delay, "requeue delay")
-        if self._state != _PENDING:
+        if self._state != PENDING:
             return False
-        self._state = _REQUEUED
+        self._state = REQUEUED
         return self._owner.requeue(self, delay, backoff)
 
     def touch(self) -> bool:
         """TOUCH: restart the server's in-flight timeout for this message."""
-        if self._state != _PENDING:
+        if self._state != PENDING:
             return False
         return self._owner.touch(self)

@@ -21,7 +21,7 @@ from smartnsq.errors import ConfigError, EventLoopError, InvalidNameError
 from smartnsq.lookup import Lookup
 from smartnsq.message import Message
 from smartnsq.producer import HttpProducer, Producer
-from smartnsq.protocol.messages import encode_message
+from smartnsq.protocol.messages import encode_message, record_of
 from tests.scripted_server import Peer, ScriptedServer
 
 T = TypeVar("T")
@@ -262,7 +262,7 @@ def test_message_requeue_delay(value: Any) -> None:
 
     raw = decode_message(encode_message(1, 1, b"0" * 16, b"body"), STOCK_LAYOUT)
     owner = _Owner()
-    msg = Message(raw, owner)  # type: ignore[arg-type]
+    msg = Message(record_of(raw), owner)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="requeue delay"):
         msg.requeue(value)
     assert owner.calls == [] and not msg.has_responded

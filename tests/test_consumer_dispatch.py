@@ -15,7 +15,7 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer, Sub
 from smartnsq.consumer.discovery import Endpoint
 from smartnsq.message import Message
-from smartnsq.protocol.messages import RawMessage
+from smartnsq.protocol.messages import RawMessage, record_of
 from smartnsq.trace import TraceSwitch
 
 
@@ -68,16 +68,16 @@ class Rig:
     extra: dict[str, Any] = {}
 
     def deliver(self, n: int, attempts: int = 1, start: int = 0, batch: bool = False) -> None:
-        """``batch``: all ``n`` in one on_messages call (a connection's read) instead of one
-        on_message call each."""
+        """``batch``: all ``n`` in one on_records call (a connection's read) instead of one
+        call each."""
         raws = [RawMessage(1, attempts, b"%016x" % i, b"body-%d" % i)
                 for i in range(start, start + n)]
         dispatch = self.consumer._dispatch
         if batch:
-            dispatch.on_messages(self.sub, None, raws)  # type: ignore[arg-type]
+            dispatch.on_records(self.sub, [record_of(r) for r in raws])
             return
         for raw in raws:
-            dispatch.on_message(self.sub, None, raw)  # type: ignore[arg-type]
+            dispatch.on_records(self.sub, [record_of(raw)])
 
     def sent(self, kind: str) -> list[Any]:
         return [v for k, v in self.conn.sent if k == kind]
@@ -238,7 +238,7 @@ async def test_one_read_mixing_messages_over_and_under_the_attempt_cap() -> None
 
     rig = Rig(handler, max_attempts=2)
     raws = [RawMessage(1, a, b"%016x" % i, b"body-%d" % i) for i, a in enumerate((1, 3, 2, 5))]
-    rig.consumer._dispatch.on_messages(rig.sub, None, raws)  # type: ignore[arg-type]
+    rig.consumer._dispatch.on_records(rig.sub, [record_of(r) for r in raws])
     # the given-up ones are finished from the receive path, before any handler ran
     assert rig.sent("FIN") == [b"%016x" % 1, b"%016x" % 3] and handled == []
     await turns()

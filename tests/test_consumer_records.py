@@ -42,10 +42,10 @@ async def test_interleaved_reads_reach_the_handler_with_their_own_subscription()
     rig = Rig(handler)
     sub_b, conn_b = second_sub(rig)
     d = rig.consumer._dispatch
-    d.on_records(rig.sub, None, records(0, 3))
-    d.on_records(sub_b, None, records(10, 2))
-    d.on_records(rig.sub, None, records(3, 1))
-    d.on_records(rig.sub, None, records(4, 1))  # same owner as the tail: no new marker
+    d.on_records(rig.sub, records(0, 3))
+    d.on_records(sub_b, records(10, 2))
+    d.on_records(rig.sub, records(3, 1))
+    d.on_records(rig.sub, records(4, 1))  # same owner as the tail: no new marker
     await turns()
     a, b = "127.0.0.1:1", "127.0.0.1:2"
     assert seen == [(a, b"body-0"), (a, b"body-1"), (a, b"body-2"), (b, b"body-10"),
@@ -66,9 +66,9 @@ async def test_records_of_a_closed_subscription_are_dropped_not_handled() -> Non
     rig = Rig(handler)
     sub_b, conn_b = second_sub(rig)
     d = rig.consumer._dispatch
-    d.on_records(rig.sub, None, records(0, 2))
-    d.on_records(sub_b, None, records(10, 3))
-    d.on_records(rig.sub, None, records(2, 1))
+    d.on_records(rig.sub, records(0, 2))
+    d.on_records(sub_b, records(10, 3))
+    d.on_records(rig.sub, records(2, 1))
     sub_b.closed = True  # its connection went away: nsqd redelivers those messages
     await turns()
     assert seen == [b"body-0", b"body-1", b"body-2"]
@@ -87,11 +87,11 @@ async def test_stop_requeues_records_still_queued_on_their_own_connections() -> 
     rig = Rig(handler, max_in_flight=1)
     sub_b, conn_b = second_sub(rig)
     d = rig.consumer._dispatch
-    d.on_records(rig.sub, None, records(0, 2))
-    d.on_records(sub_b, None, records(10, 2))
+    d.on_records(rig.sub, records(0, 2))
+    d.on_records(sub_b, records(10, 2))
     await turns()
     assert started == [b"body-0"]  # one worker (max_in_flight 1), stuck in the handler
-    d._requeue_outstanding()
+    d.requeue_outstanding()
     # the one being handled and the three queued, each on its own connection
     assert sorted(v[0] for v in rig.sent("REQ")) == [b"%016x" % 0, b"%016x" % 1]
     assert [v[0] for k, v in conn_b.sent if k == "REQ"] == [b"%016x" % 10, b"%016x" % 11]
@@ -117,10 +117,10 @@ async def test_the_slow_path_keeps_a_subscriptions_order_between_records() -> No
     finally:
         Rig.extra = {}
     d = rig.consumer._dispatch
-    d.on_records(rig.sub, None, records(0, 3))
+    d.on_records(rig.sub, records(0, 3))
     await turns()  # the one worker holds body-0
     switch.enable("t")
-    d.on_records(rig.sub, None, records(3, 2))
+    d.on_records(rig.sub, records(3, 2))
     assert [type(x) for x in d.queue] == [tuple, tuple, Message, Message]
     gate.set()
     await turns()
@@ -137,7 +137,7 @@ async def test_queued_records_are_not_tracked_by_the_garbage_collector() -> None
 
     rig = Rig(handler, max_in_flight=1)
     d = rig.consumer._dispatch
-    d.on_records(rig.sub, None, records(0, 500))
+    d.on_records(rig.sub, records(0, 500))
     await turns()
     gc.collect()
     waiting = [x for x in d.queue if type(x) is tuple]

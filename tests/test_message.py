@@ -8,7 +8,7 @@ import pytest
 
 from smartnsq.errors import ConfigError, ProtocolError
 from smartnsq.message import Message
-from smartnsq.protocol.messages import RawMessage, youzan_id
+from smartnsq.protocol.messages import RawMessage, record_of, youzan_id
 
 
 class Owner:
@@ -40,7 +40,7 @@ def stock_raw(body: bytes = b"hello", attempts: int = 1) -> RawMessage:
 
 def test_stock_message_fields() -> None:
     owner = Owner()
-    m = Message(stock_raw(), owner)
+    m = Message(record_of(stock_raw()), owner)
     assert m.body == b"hello"
     assert m.id == b"0123456789abcdef"
     assert m.attempts == 1
@@ -59,7 +59,7 @@ def test_youzan_message_fields() -> None:
     header = json.dumps({"k": "v", "##client_dispatch_tag": "x"}).encode()
     raw = RawMessage(5, 2, youzan_id(42, 7), b"body", ext_version=4, ext=header,
                      offset=1000, raw_size=45)
-    m = Message(raw, Owner(partition=3, youzan=True))
+    m = Message(record_of(raw), Owner(partition=3, youzan=True))
     assert m.partition == 3
     assert m.internal_id == 42 and m.trace_id == 7
     assert m.offset == 1000 and m.raw_size == 45
@@ -72,21 +72,21 @@ def test_youzan_message_fields() -> None:
 
 def test_ext_without_json_header() -> None:
     tag = RawMessage(5, 1, youzan_id(1), b"b", ext_version=2, ext=b"tag-a")
-    assert Message(tag, Owner(youzan=True)).ext is None
+    assert Message(record_of(tag), Owner(youzan=True)).ext is None
     none = RawMessage(5, 1, youzan_id(1), b"b", ext_version=0)
-    assert Message(none, Owner(youzan=True)).ext is None
+    assert Message(record_of(none), Owner(youzan=True)).ext is None
 
 
 @pytest.mark.parametrize("header", [b"{not json", b"[1, 2]"])
 def test_bad_ext_header_raises(header: bytes) -> None:
     raw = RawMessage(5, 1, youzan_id(1), b"b", ext_version=4, ext=header)
     with pytest.raises(ProtocolError):
-        _ = Message(raw, Owner(youzan=True)).ext
+        _ = Message(record_of(raw), Owner(youzan=True)).ext
 
 
 def test_finish_once() -> None:
     owner = Owner()
-    m = Message(stock_raw(), owner)
+    m = Message(record_of(stock_raw()), owner)
     assert not m.has_responded
     assert m.finish() is True
     assert m.finished and m.has_responded and not m.requeued
@@ -98,7 +98,7 @@ def test_finish_once() -> None:
 
 def test_requeue_once_with_arguments() -> None:
     owner = Owner()
-    m = Message(stock_raw(), owner)
+    m = Message(record_of(stock_raw()), owner)
     assert m.touch() is True
     assert m.requeue(2.5, backoff=False) is True
     assert m.requeued and not m.finished
@@ -109,7 +109,7 @@ def test_requeue_once_with_arguments() -> None:
 @pytest.mark.parametrize("delay", [-1, float("nan"), float("inf"), "1", True])
 def test_requeue_rejects_bad_delay(delay: object) -> None:
     owner = Owner()
-    m = Message(stock_raw(), owner)
+    m = Message(record_of(stock_raw()), owner)
     with pytest.raises(ConfigError):
         m.requeue(delay)  # type: ignore[arg-type]
     # nothing was sent and the message can still be answered
@@ -117,7 +117,7 @@ def test_requeue_rejects_bad_delay(delay: object) -> None:
 
 
 def test_disable_auto_response() -> None:
-    m = Message(stock_raw(), Owner())
+    m = Message(record_of(stock_raw()), Owner())
     assert m.auto_response
     m.disable_auto_response()
     assert not m.auto_response

@@ -224,11 +224,12 @@ class Consumer:
 
     @property
     def _workers(self) -> set[asyncio.Task[None]]:
-        return self._dispatch.workers
+        workers = self._dispatch.workers
+        return workers.tasks if workers is not None else set()
 
     @property
     def _queue(self) -> Collection[object]:
-        return self._dispatch.queue
+        return self._dispatch.queue.items
 
     @property
     def _flow(self) -> RdyController[Sub] | None:
@@ -237,7 +238,7 @@ class Consumer:
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind the consumer and its parts to the running loop."""
         self._loop = loop
-        self._dispatch.loop = loop
+        self._dispatch.bind(loop)
         self._driver.start(loop, self._max_in_flight)
 
     # ------------------------------------------------------------------ validation
@@ -389,7 +390,6 @@ class Consumer:
         if self._driver.flow is not None:
             self._driver.flush()
         self._closed = True
-        self._dispatch.close()
         if self._closed_event is not None:
             self._closed_event.set()
         log.info("consumer of %s/%s stopped", self.topic, self.channel)
@@ -402,8 +402,8 @@ class Consumer:
         self._check_open()
         self._max_in_flight = max_in_flight
         self._driver.set_max_in_flight(max_in_flight)
-        if self._driver.flow is not None:
-            self._dispatch.wake_if_idle()
+        if self._driver.flow is not None and self._dispatch.workers is not None:
+            self._dispatch.workers.wake_if_idle()
 
     @property
     def max_in_flight(self) -> int:

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from smartnsq.config import LookupConfig
 from smartnsq.errors import ConfigError, Flavour, LookupFailedError, LookupRefusedError
 from smartnsq.lookup import Lookup, Subscription, TopicChange, TopicView
-from smartnsq.protocol.validation import parse_tcp_address
+from smartnsq.protocol.validation import NO_PARTITION, parse_tcp_address
 
 __all__ = [
     "NO_PARTITION",
@@ -37,9 +37,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("smartnsq.consumer")
-
-#: partition of a non-partitioned subscription (stock nsqd, old youzan nsqd, direct address)
-NO_PARTITION = -1
 
 #: (``host:port``, partition)
 EndpointKey = tuple[str, int]

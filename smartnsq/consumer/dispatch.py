@@ -2,26 +2,29 @@
 
 Per-message path (kept flat on purpose; a consume+FIN loop spends most of its time here):
 
-1. ``Connection`` decodes the message frames of a read into records (plain tuples) and
+1. The connection decodes the message frames of a read into records (plain tuples) and
    hands them to :meth:`Dispatcher.on_records` synchronously from its receive path.
 2. ``on_records`` counts them for RDY (reported once per loop turn, see
    :class:`~smartnsq.consumer.rdy_driver.RdyDriver`) and, in the common case, queues them
-   as they are behind a marker, their subscription: the :class:`Message` is made by the
-   worker that takes one, so nothing per message waits in the queue for the garbage
-   collector to scan. With tracing, a start guard, the policy's admission
-   (:mod:`smartnsq.consumer.policy`) or a message over the attempt cap, each becomes a
-   :class:`Message` at once and goes through those checks (:meth:`Dispatcher._receive`).
-3. A worker task (:mod:`smartnsq.consumer.workers`) awaits the handler for each queued
-   message: no task per message.
+   as they are behind a marker, their subscription (:mod:`.work_queue`): the
+   :class:`Message` is made by the worker that takes one, so nothing per message waits in
+   the queue for the garbage collector to scan. With tracing, a start guard, the policy's
+   admission (:mod:`smartnsq.consumer.policy`) or a message over the attempt cap, each
+   becomes a :class:`Message` at once and goes through those checks (``_receive``).
+3. A worker task (:mod:`.workers`) awaits the handler for each queued message: no task per
+   message.
 4. Returning finishes the message (FIN), raising requeues it (REQ with the policy's delay);
    FIN/REQ writes of one loop iteration go out in one socket write.
 
-Without a handler, messages go to a buffer that ``async for`` reads (:meth:`next_message`).
-It owns the queue, the workers, the outstanding count and ``tracked`` (outstanding outside
-the queue: what stop() requeues). Callers: connections (``on_message``), messages (through
-their :class:`~smartnsq.consumer.sub.Sub`), the policy (its
-:class:`~smartnsq.consumer.policy.PolicyHost`) and the consumer's stop (its steps:
-:mod:`smartnsq.consumer.draining`).
+Without a handler, messages go to the iterators' buffer (:mod:`.iteration`).
+
+The dispatcher owns the outstanding count and ``tracked`` (outstanding messages outside the
+queue: what stop() requeues), and holds the parts that own the rest: the work queue, the
+handler workers, the iterator buffer. Callers: subscriptions (``on_records``), messages
+(through their :class:`~smartnsq.consumer.sub.Sub`), the policy (as its
+:class:`~smartnsq.consumer.policy.PolicyHost`), the workers (as their
+:class:`~smartnsq.consumer.workers.WorkerHost`) and the consumer's stop, whose steps are
+the last section here.
 """
 
 from __future__ import annotations
@@ -29,22 +32,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from operator import itemgetter
 from typing import Any
 
 from smartnsq import trace as _trace
-from smartnsq.conn import Connection
-from smartnsq.consumer.draining import DrainSteps
+from smartnsq.consumer.iteration import IteratorBuffer
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.trace import log_consumed
 from smartnsq.consumer.unseen import unseen
+from smartnsq.consumer.work_queue import WorkQueue
 from smartnsq.consumer.workers import HandlerWorkers
-from smartnsq.message import Message
-from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord, RawMessage, record_of
+from smartnsq.message import FINISHED, REQUEUED, Message
+from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord
 
 __all__ = ["Dispatcher", "Handler"]
 
@@ -56,9 +58,6 @@ Handler = Callable[[Message], Awaitable[object]]
 #: a record's attempts count
 _attempts = itemgetter(ATTEMPTS)
 
-_PENDING = 0  # Message._state values (smartnsq.message)
-_FINISHED = 1
-_REQUEUED = 2
 
 def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
                spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
@@ -77,7 +76,7 @@ def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
         spawn(run(result))
 
 
-class Dispatcher(HandlerWorkers, DrainSteps):
+class Dispatcher:
     """Queue, workers and answers of one consumer (see the module docstring)."""
 
     def __init__(self, topic: str, channel: str, handler: Handler | None,
@@ -92,27 +91,24 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self._fatal = fatal
         self.loop: asyncio.AbstractEventLoop | None = None
         self._screen = policy.admit if policy.screens else None
-        self._finished = policy.finished if policy.screens else None
         self._max_attempts = policy.max_attempts
         self._tracing = False
-        #: on_message has admission work beyond the start guard (see _admit)
+        #: on_records has admission work beyond the start guard (see _admit)
         self._checking = self._screen is not None or bool(self._max_attempts)
-        #: handler work in arrival order: messages, and records behind a marker, their
-        #: subscription (see on_records); the owner of the last marker queued and taken
-        self.queue: deque[Message | MessageRecord | Sub] = deque()
-        self._tail_owner: Sub | None = None
-        self.head_owner: Sub | None = None
-        self.workers: set[asyncio.Task[None]] = set()
-        self._idle: list[asyncio.Future[None]] = []
-        self._pumping = 0
-        self._waking = False
+        self.queue = WorkQueue()
+        self.iterator = IteratorBuffer(self._discard_buffered)
+        #: handler workers (with a handler)
+        self.workers: HandlerWorkers | None = None
+        if handler is not None:
+            self.workers = HandlerWorkers(self, handler, self.queue, driver,
+                                          hooked_finish=policy.screens)
         #: outstanding messages not in the queue and not being handled inline: handlers
         #: that suspended, messages held after disable_auto_response, iterated messages
         self.tracked: set[Message] = set()
-        self._buffer: deque[Message] = deque()
-        self._iter_waiters: deque[asyncio.Future[None]] = deque()
         self.outstanding = 0
         self._drained: asyncio.Event | None = None
+        #: stop() waits for the outstanding count to reach 0 (see WorkerHost)
+        self.drain_watch = False
         self._background: set[asyncio.Task[Any]] = set()
         #: deliveries finished without the handler: from before the start position, or a
         #: repositioned channel's read-ahead again (ConsumerStats.dropped_before_start)
@@ -123,63 +119,49 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self.returning = False
         #: deliveries handed back to nsqd without the application seeing them
         self.returned_unseen = 0
-        #: no more workers (stop() ended)
+        #: stop() ended
         self.closed = False
         policy.attach(self)
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        if self.workers is not None:
+            self.workers.loop = loop
+
     # ------------------------------------------------------------------ receiving
 
-    def on_records(self, sub: Sub, conn: Connection | None,
-                   records: list[MessageRecord]) -> None:
-        """The messages of one read (``Connection.on_records``). In the common case (a
-        handler, no tracing, start guard or admission hook, nothing over the attempt cap)
-        the records join the queue as they are, behind their subscription as a marker:
-        a :class:`Message` is made by the worker that takes one (see the module
-        docstring). Otherwise each goes through :meth:`_receive` as a message."""
+    def on_records(self, sub: Sub, records: list[MessageRecord]) -> None:
+        """The messages of one read. In the common case (a handler, no tracing, start
+        guard or admission hook, nothing over the attempt cap) the records join the queue
+        as they are (see the module docstring); otherwise each goes through
+        :meth:`_receive` as a message."""
         if not sub.dirty:
-            self._mark(sub)  # first: it may switch tracing on, which needs the slow path
+            self.mark(sub)  # first: it may switch tracing on, which needs the slow path
         cap = self._max_attempts
-        if (self._handler is None or self._tracing or self._screen is not None
+        workers = self.workers
+        if (workers is None or self._tracing or self._screen is not None
                 or sub.guard is not None or (cap and max(map(_attempts, records)) > cap)):
-            of_record = Message.of_record
             for rec in records:
-                self._receive(sub, of_record(rec, sub))
+                self._receive(sub, Message(rec, sub))
             return
         n = len(records)
         sub.recv_pending += n
         self.outstanding += n
         sub.outstanding += n
-        queue = self.queue
-        if self._tail_owner is not sub:
-            queue.append(sub)
-            self._tail_owner = sub
-        queue.extend(records)
-        if not self._pumping and not self._waking:
-            self._wake()
-
-    def on_messages(self, sub: Sub, conn: Connection | None, raws: list[RawMessage]) -> None:
-        """:meth:`on_records` for messages in object form."""
-        self.on_records(sub, conn, list(map(record_of, raws)))
-
-    def on_message(self, sub: Sub, conn: Connection | None, raw: RawMessage) -> None:
-        """One message in object form: :meth:`_receive`."""
-        self._receive(sub, Message(raw, sub))
+        self.queue.add_records(sub, records)
+        if not workers.pumping and not workers.waking:
+            workers.wake()
 
     def _receive(self, sub: Sub, msg: Message) -> None:
         """One delivery: counted, traced, screened, then queued (or iterated)."""
         sub.recv_pending += 1
         if not sub.dirty:
-            self._mark(sub)
+            self.mark(sub)
         if (self._checking or sub.guard is not None) and not self._admit(sub, msg):
             return
         self.outstanding += 1
         sub.outstanding += 1
-        if self._handler is not None:
-            self.queue.append(msg)
-            if not self._pumping and not self._waking:
-                self._wake()
-        else:
-            self.deliver(msg)
+        self.deliver(msg)
 
     def _admit(self, sub: Sub, msg: Message) -> bool:
         """Trace, start guard, admission: False when the message went elsewhere."""
@@ -200,28 +182,31 @@ class Dispatcher(HandlerWorkers, DrainSteps):
             return False
         return True
 
-    def _mark(self, sub: Sub) -> None:
+    def mark(self, sub: Sub) -> None:
+        """``sub`` has counts to report this loop turn (see RdyDriver.mark)."""
         if self._driver.mark(sub):
             # the trace switch is read once per loop iteration, not per message
             self._tracing = self._trace.is_on(self.topic)
             self._checking = self._tracing or self._screen is not None or bool(
                 self._max_attempts)
 
+    # ------------------------------------------------------------------ PolicyHost
+
     def deliver(self, msg: Message) -> None:
         """Hand an outstanding message to the handler or the iterator."""
         self.tracked.discard(msg)
-        if self._handler is not None:
-            self.queue.append(msg)
-            if not self._pumping and not self._waking:
-                self._wake()
+        workers = self.workers
+        if workers is not None:
+            self.queue.add(msg)
+            if not workers.pumping and not workers.waking:
+                workers.wake()
         elif self.returning:
             self.return_unseen(msg)
         else:
             # also while stopping: RDY 0 went out first, so what still arrives is returned
             # once, after CLS (requeue_buffered), rather than bounced back and forth
             self.tracked.add(msg)
-            self._buffer.append(msg)
-            self._wake_iterator()
+            self.iterator.put(msg)
 
     def hold(self, sub: Sub, msg: Message, *, track: bool) -> None:
         self.outstanding += 1
@@ -240,12 +225,12 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self.dropped_before_start += 1
         self.outstanding += 1
         sub.outstanding += 1
-        msg._state = _FINISHED
+        msg._state = FINISHED
         self._fin(sub, msg)
 
     def answer_copy(self, sub: Sub, msg: Message, *, fin: bool) -> None:
         self.dropped_before_start += 1
-        msg._state = _FINISHED if fin else _REQUEUED
+        msg._state = FINISHED if fin else REQUEUED
         if fin:
             self._fin(sub, msg)
         else:
@@ -253,8 +238,6 @@ class Dispatcher(HandlerWorkers, DrainSteps):
             if conn is not None:
                 conn.req(msg.id, 0)
             self._requeued(sub, msg, False)
-
-    # ------------------------------------------------------------------ background work
 
     def fatal(self, exc: BaseException) -> None:
         self._fatal(exc)
@@ -276,19 +259,21 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         sub.outstanding -= 1
         sub.fin_pending += 1
         if not sub.dirty:
-            self._mark(sub)
+            self.mark(sub)
         self.outstanding -= 1
         if self.tracked:
             self.tracked.discard(msg)
-        if self._drained is not None or sub.drained is not None:
-            self._settled(sub)
+        if self.drain_watch or sub.drained is not None:
+            self.settled(sub)
         return ok
 
     def finish(self, sub: Sub, msg: Message) -> bool:
         ok = self._fin(sub, msg)
-        if self._finished is not None:
-            self._finished(sub, msg, ok)
+        self._policy.finished(sub, msg, ok)
         return ok
+
+    def failed(self, msg: Message, exc: BaseException) -> None:
+        self._policy.failed(msg, exc)
 
     def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
         return self._policy.requeue(sub, msg, delay, backoff)
@@ -305,7 +290,7 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         self.outstanding -= 1
         self.tracked.discard(msg)
         self._driver.requeued(sub, backoff)
-        self._settled(sub)
+        self.settled(sub)
 
     def return_unseen(self, msg: Message) -> None:
         """REQ 0 for a message the application never saw (see :mod:`.unseen`)."""
@@ -313,15 +298,19 @@ class Dispatcher(HandlerWorkers, DrainSteps):
         unseen.returned(self.topic, self.channel, msg._raw[ID])
         msg.requeue(0, backoff=False)
 
-    def _discard(self, sub: Sub, msg_id: bytes) -> None:
+    def discard(self, sub: Sub, msg_id: bytes) -> None:
         """A queued message whose connection is gone: the server redelivers it, unseen."""
         self.returned_unseen += 1
         unseen.returned(self.topic, self.channel, msg_id)
         sub.outstanding -= 1
         self.outstanding -= 1
-        self._settled(sub)
+        self.settled(sub)
 
-    def _settled(self, sub: Sub) -> None:
+    def _discard_buffered(self, msg: Message) -> None:
+        self.tracked.discard(msg)
+        self.discard(msg._owner, msg._raw[ID])  # type: ignore[arg-type]
+
+    def settled(self, sub: Sub) -> None:
         if self._drained is not None and not self.outstanding:
             self._drained.set()
         if sub.drained is not None and not sub.outstanding:
@@ -331,51 +320,59 @@ class Dispatcher(HandlerWorkers, DrainSteps):
 
     async def next_message(self) -> Message | None:
         """The next iterated message; None once stop() began and the buffer is empty."""
-        while True:
-            buf = self._buffer
-            while buf:
-                msg = buf.popleft()
-                owner: Sub = msg._owner  # type: ignore[assignment]
-                if owner.closed and msg._state == _PENDING:
-                    self.tracked.discard(msg)
-                    self._discard(owner, msg._raw[ID])
-                    continue
-                return msg
-            if self.stopping or self.closed:
-                return None
-            assert self.loop is not None
-            fut: asyncio.Future[None] = self.loop.create_future()
-            waiters = self._iter_waiters
-            waiters.append(fut)
+        assert self.loop is not None
+        return await self.iterator.next(self.loop, lambda: self.stopping or self.closed)
+
+    # ------------------------------------------------------------------ stop steps
+
+    def requeue_buffered(self) -> None:
+        """Caller: stop(), after CLS. Iterated messages nobody took yet go back at once, and
+        so does anything arriving later (RDY 0 went out first: nothing comes back to us)."""
+        self.returning = True
+        for msg in self.iterator.take_all():
+            self.return_unseen(msg)
+        self._policy.before_drain()
+
+    async def drain(self, within: float) -> None:
+        """Caller: stop(). Wait up to ``within`` seconds for outstanding messages to be
+        answered; requeue the rest."""
+        if self.outstanding and within > 0:
+            self._drained = asyncio.Event()
+            self.drain_watch = True
             try:
-                await fut
-            except asyncio.CancelledError:
-                # woken and cancelled in the same turn (``asyncio.timeout`` around
-                # ``anext``): the wake-up belongs to the next waiter, not to nobody
-                if fut.done() and not fut.cancelled() and self._buffer:
-                    self._wake_iterator()
-                raise
+                async with asyncio.timeout(within):
+                    await self._drained.wait()
+            except TimeoutError:
+                pass
             finally:
-                if not fut.done():
-                    fut.cancel()
-                if fut in waiters:
-                    waiters.remove(fut)
+                self._drained = None
+                self.drain_watch = False
+        if self.outstanding:
+            log.warning("consumer of %s/%s: %d message(s) still unanswered after the drain "
+                        "timeout; requeueing them", self.topic, self.channel,
+                        self.outstanding)
+            self.requeue_outstanding()
 
-    def _wake_iterator(self) -> None:
-        """Wake one waiting ``next_message`` (a cancelled waiter does not count)."""
-        waiters = self._iter_waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
+    def requeue_outstanding(self) -> None:
+        """Queued messages (never seen) and tracked ones go back to nsqd."""
+        for owner, msg in self.queue.take_all():
+            if owner.closed:
+                self.discard(owner, msg._raw[ID])
+            else:
+                self.return_unseen(msg)
+        for msg in list(self.tracked):
+            msg.requeue(0, backoff=False)
 
-    def wake_iterators(self) -> None:
-        while self._iter_waiters:
-            fut = self._iter_waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-
-    def close(self) -> None:
+    async def stop_workers(self, deadline: float) -> None:
+        """Caller: stop(), last. Cancel the workers and wait for them until ``deadline``
+        (loop time): a handler that swallows CancelledError must not hold stop() forever,
+        so what still runs then is left behind (its message was requeued)."""
         self.closed = True
-        self.wake_iterators()
+        self.iterator.wake_all()
+        if self.workers is None:
+            return
+        assert self.loop is not None
+        stuck = await self.workers.stop(deadline - self.loop.time())
+        if stuck:
+            log.warning("consumer of %s/%s: %d handler(s) ignored cancellation; stopped "
+                        "without them", self.topic, self.channel, len(stuck))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.sub import Sub
 from smartnsq.flow import AttemptPolicy
-from smartnsq.message import Message
+from smartnsq.message import PENDING, Message
 
 __all__ = ["AttemptsPolicy", "DeliveryPolicy", "GivingUpCallback", "PolicyHost"]
 
@@ -28,7 +28,6 @@ log = logging.getLogger("smartnsq.consumer")
 #: called with a message given up after ``max_attempts`` (already finished); may be async
 GivingUpCallback = Callable[[Message], object]
 
-_PENDING = 0  # Message._state values (smartnsq.message)
 
 
 class PolicyHost(Protocol):
@@ -159,7 +158,7 @@ class AttemptsPolicy:
         log.warning("handler failed for message %s (attempt %d) of %s/%s: %r",
                     msg.id.hex(), msg.attempts, host.topic, host.channel, exc,
                     exc_info=exc)
-        if msg._state == _PENDING:
+        if msg._state == PENDING:
             if msg._auto:
                 msg.requeue()
             else:

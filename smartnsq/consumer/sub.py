@@ -19,6 +19,7 @@ from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
 from smartnsq.consumer.positions import StartGuard
 from smartnsq.errors import ServerError
 from smartnsq.message import Message
+from smartnsq.protocol.messages import MessageRecord
 
 __all__ = ["Answers", "Sub"]
 
@@ -28,6 +29,8 @@ class Answers(Protocol):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    def on_records(self, sub: Sub, records: list[MessageRecord]) -> None: ...
 
     def finish(self, sub: Sub, msg: Message) -> bool: ...
 
@@ -81,6 +84,11 @@ class Sub:
 
     def __repr__(self) -> str:
         return f"<subscription {self.endpoint}>"
+
+    # -- the connection's deliveries
+    def on_records(self, conn: Connection, records: list[MessageRecord]) -> None:
+        """The messages of one read of this subscription's connection."""
+        self.answers.on_records(self, records)
 
     # -- MessageOwner (user calls: the dispatch path answers without them)
     def finish(self, msg: Message) -> bool:

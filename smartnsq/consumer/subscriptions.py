@@ -172,7 +172,7 @@ class SubscriptionSet:
                 f"but nsqd {ep.address} serves it without partitions")
         sub = self.new_sub(ep)
         conn = Connection(ep.host, ep.port, self._connection_config(ext),
-                          on_records=functools.partial(self._dispatch.on_records, sub),
+                          on_records=sub.on_records,
                           on_error=self._on_conn_error,
                           on_close=functools.partial(self._on_conn_close, sub))
         sub.conn = conn

@@ -32,7 +32,7 @@ from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.unseen import unseen
 from smartnsq.errors import ConfigError, OrderViolationError
 from smartnsq.lookup import Lookup
-from smartnsq.message import Message
+from smartnsq.message import PENDING, Message
 from smartnsq.ordered.offsets import Check, CheckKind, OffsetValidator, Position
 from smartnsq.ordered.policy import (
     BlockedAction,
@@ -49,7 +49,6 @@ __all__ = ["OrderedConsumer", "OrderedPolicy"]
 
 log = logging.getLogger("smartnsq.ordered")
 
-_PENDING = 0  # Message._state values (smartnsq.message)
 
 
 def _position(msg: Message) -> Position | None:
@@ -239,7 +238,7 @@ class OrderedPolicy:
             return True
         if first in self._twins:
             return False
-        if first._state != _PENDING and first not in self._retries:
+        if first._state != PENDING and first not in self._retries:
             return False  # the first copy's REQ went out: this one is its retry
         # the first copy is pending, or failed and waits for its retry pause: the copy is
         # answered with it (with the REQ, when the pause ends)
@@ -266,7 +265,7 @@ class OrderedPolicy:
             log.exception("on_violation failed; stopping")
             error.__cause__ = exc
             action = ViolationAction.STOP
-        if msg._state != _PENDING:
+        if msg._state != PENDING:
             return  # answered meanwhile (the consumer stopped)
         v = self.validator(check.partition)
         if action is ViolationAction.ACCEPT:
@@ -284,7 +283,7 @@ class OrderedPolicy:
     # ------------------------------------------------------------------ failures
 
     def failed(self, msg: Message, exc: BaseException) -> None:
-        if msg._state != _PENDING:
+        if msg._state != PENDING:
             return
         host = self.host
         # deliveries returned unseen (a stopped reader's read-ahead) do not block
@@ -310,7 +309,7 @@ class OrderedPolicy:
         except Exception:
             log.exception("on_blocked failed; retrying the message")
             action = BlockedAction.RETRY
-        if msg._state != _PENDING:
+        if msg._state != PENDING:
             return
         if action is BlockedAction.RETRY:
             msg.requeue()
@@ -331,10 +330,10 @@ class OrderedPolicy:
             except Exception:
                 log.exception("dead_letter failed for message %s; not skipping it",
                               msg.id.hex())
-                if msg._state == _PENDING:
+                if msg._state == PENDING:
                     msg.requeue()
                 return
-        if msg._state != _PENDING:
+        if msg._state != PENDING:
             return
         log.warning("skipping message %s (partition %s, offset %s) after %d attempts, as "
                     "on_blocked decided", msg.id.hex(), msg.partition, msg.offset,
