@@ -17,9 +17,10 @@ import aiohttp
 
 from smartnsq.errors import ConfigError, NSQError
 from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
-from smartnsq.lookup.envelope import ACCEPT_V1, decode, error_message
 from smartnsq.lookup.envelope import LookupdError as _EnvelopeError
+from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.http import ACCEPT_V1
 from smartnsq.protocol.validation import (
     check_channel,
     check_partition,

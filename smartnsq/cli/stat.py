@@ -32,6 +32,7 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
+from smartnsq.protocol.validation import NO_PARTITION
 
 EPILOG = """\b
 Examples:
@@ -39,8 +40,6 @@ Examples:
   smartnsq stat orders --lookupd 127.0.0.1:4161 --interval 5
   smartnsq stat --nsqd 127.0.0.1:4151 --nsqd 127.0.0.1:4251 --once --json
 """
-
-NO_PARTITION = -1
 
 
 def _int(doc: dict[str, Any], key: str) -> int:

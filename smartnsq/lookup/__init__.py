@@ -22,7 +22,8 @@ from smartnsq.lookup.health import LookupdStatus
 from smartnsq.lookup.lookup import Lookup
 from smartnsq.lookup.models import LookupdInfo, NodeEntry
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
-from smartnsq.lookup.view import NO_PARTITION, Access, Node, Target, TopicMeta, TopicView
+from smartnsq.lookup.view import Access, Node, Target, TopicMeta, TopicView
+from smartnsq.protocol.validation import NO_PARTITION
 
 __all__ = [
     "NO_PARTITION",

@@ -9,7 +9,8 @@ import aiohttp
 
 from smartnsq.config import USER_AGENT
 from smartnsq.http_limits import LOOKUPD_LIMIT, BodyTooLargeError, read_body
-from smartnsq.lookup.envelope import ACCEPT_V1, LookupdError, decode
+from smartnsq.lookup.envelope import LookupdError, decode
+from smartnsq.protocol.http import ACCEPT_V1
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 

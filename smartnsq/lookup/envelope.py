@@ -1,4 +1,5 @@
-"""HTTP response envelopes of nsqlookupd (PROTOCOL.md §3.1) and the per-lookupd error.
+"""HTTP response envelopes of nsqlookupd (PROTOCOL.md §3.1) and the per-lookupd error; nsqd
+answers in the same envelopes (:mod:`smartnsq.nsqd_http` decodes them here too).
 
 Decoding, in this order:
 
@@ -18,9 +19,8 @@ import json
 from collections.abc import Mapping
 
 from smartnsq.errors import LookupFailedError
+from smartnsq.protocol.http import V1_CONTENT_TYPE
 
-ACCEPT_V1 = "application/vnd.nsq; version=1.0"
-V1_CONTENT_TYPE = "nsq; version=1.0"
 #: cap on quoted response text in errors and logs
 _MAX_QUOTE = 200
 

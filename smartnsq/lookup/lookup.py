@@ -34,12 +34,12 @@ from smartnsq.errors import (
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
-from smartnsq.lookup.discovery import Discovery
 from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
 from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
+from smartnsq.lookup.roster import LookupdRoster
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
 from smartnsq.lookup.topics import TopicState, TopicTable
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
@@ -106,7 +106,7 @@ class Lookup:
         self._own_session = session is None
         self._health = _health_book(config, self._seeds, clock)
         self._client: LookupdClient | None = None
-        self._discovery: Discovery | None = None
+        self._roster: LookupdRoster | None = None
         self._discover_once: Coalescer[tuple[str, ...]] | None = None
         #: set after the first /listlookup pass, which the first lookup round waits for
         self._discovered = asyncio.Event()
@@ -139,8 +139,8 @@ class Lookup:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         self._client = LookupdClient(self._session, self._config.request_timeout)
-        self._discovery = Discovery(self._seeds, self._health, self._client,
-                                    enabled=self._config.use_listlookup)
+        self._roster = LookupdRoster(self._seeds, self._health, self._client,
+                                 enabled=self._config.use_listlookup)
         self._discover_once = Coalescer(self._discover_round)
         if self._config.use_listlookup:
             self._discovery_task = asyncio.create_task(run_periodically(
@@ -184,7 +184,7 @@ class Lookup:
     @property
     def leader(self) -> str | None:
         """Base URL of the lookupd leader named by ``/listlookup`` (None: unknown/none)."""
-        return self._discovery.leader if self._discovery is not None else None
+        return self._roster.leader if self._roster is not None else None
 
     def lookupds(self) -> tuple[LookupdStatus, ...]:
         """Every known lookupd with its health, seeds first."""
@@ -225,9 +225,9 @@ class Lookup:
         return jittered_delay(self._config.poll_interval, self._config.poll_jitter, self._rng)
 
     async def _discover_round(self) -> tuple[str, ...]:
-        assert self._discovery is not None
+        assert self._roster is not None
         try:
-            return await self._discovery.run()
+            return await self._roster.run()
         finally:
             self._discovered.set()
 

@@ -1,4 +1,5 @@
-"""Which lookupds exist: ``/listlookup`` on the known ones, falling back to the seeds.
+"""Which lookupds exist: :class:`LookupdRoster` asks ``/listlookup`` of the known ones, falling
+back to the seeds. (Where a consumer subscribes is :mod:`smartnsq.consumer.discovery`.)
 
 One pass asks every known lookupd (demoted ones only when due) at the same time:
 
@@ -31,7 +32,9 @@ class _Unsupported:
 _UNSUPPORTED = _Unsupported()
 
 
-class Discovery:
+class LookupdRoster:
+    """The known lookupds and their leader, kept by discovery passes (:meth:`run`)."""
+
     def __init__(self, seeds: Sequence[str], health: HealthBook, client: LookupdClient, *,
                  enabled: bool) -> None:
         self.seeds = tuple(seeds)

@@ -39,11 +39,9 @@ from typing import Literal, NamedTuple
 
 from smartnsq.errors import Flavour, TopicNotFoundError
 from smartnsq.lookup.models import join_host_port
+from smartnsq.protocol.validation import NO_PARTITION
 
 Access = Literal["r", "w"]
-
-#: partition id of a node that is not partitioned (stock nsqd, old youzan nsqd)
-NO_PARTITION = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,9 @@ _NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 #: highest partition id youzan nsqd accepts (PROTOCOL.md §11.14)
 MAX_PARTITION = 1023
+#: the partition id of what is not partitioned: a stock nsqd, an old youzan nsqd, a topic
+#: subscribed by direct address (never sent: such commands have no partition token)
+NO_PARTITION = -1
 #: RDY upper bound when the server did not say (stock/youzan default max_rdy_count)
 DEFAULT_MAX_RDY_COUNT = 2500
 #: REQ/DPUB delays: youzan allows 3 days (stock 1 h is enforced by the server's clamp)
