@@ -13,20 +13,18 @@ import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from smartnsq.admin import NsqdAdmin, NsqdHttpError
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.consumer.discovery import Endpoint
 from smartnsq.consumer.positions import Positioner, read_position
 from smartnsq.errors import LookupFailedError, NSQConnectionError, NSQError, PublishError
 from smartnsq.http_limits import LOOKUPD_LIMIT, SMALL_LIMIT, STATS_LIMIT
 from smartnsq.lookup import Lookup
+from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
 from smartnsq.producer import HttpProducer
 from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.spark.nsqd_http import NsqdHttp
 
 #: what the server would send in full (never sent: the clients stop long before)
 HUGE = 800 * 1024 * 1024
@@ -111,42 +109,45 @@ def names(err: BaseException, server: str, path: str, limit: int) -> None:
 
 
 async def test_nsqd_admin_stats(big: BigServer) -> None:
-    async with NsqdAdmin(big.address, timeout=30) as nsqd:
-        err = await fails_within_cap(nsqd.stats, STATS_LIMIT, NsqdHttpError)
+    async with NsqdHttpClient(timeout=30) as nsqd:
+        err = await fails_within_cap(lambda: nsqd.stats(big.address), STATS_LIMIT,
+                                     NsqdHttpError)
     names(err, big.address, "/stats", STATS_LIMIT)
     assert big.sent < HUGE
 
 
 async def test_nsqd_admin_other_calls_have_a_smaller_cap(big: BigServer) -> None:
-    async with NsqdAdmin(big.address, timeout=30) as nsqd:
-        err = await fails_within_cap(nsqd.info, SMALL_LIMIT, NsqdHttpError)
-        names(err, big.address, "/info", SMALL_LIMIT)
-        err = await fails_within_cap(lambda: nsqd.channel("create", "t", "c"), SMALL_LIMIT,
+    async with NsqdHttpClient(timeout=30) as nsqd:
+        err = await fails_within_cap(lambda: nsqd.info(big.address), SMALL_LIMIT,
                                      NsqdHttpError)
+        names(err, big.address, "/info", SMALL_LIMIT)
+        err = await fails_within_cap(lambda: nsqd.channel(big.address, "create", "t", "c"),
+                                     SMALL_LIMIT, NsqdHttpError)
         names(err, big.address, "/channel/create", SMALL_LIMIT)
 
 
 async def test_consumer_start_position_reads(big: BigServer) -> None:
     ep = Endpoint("127.0.0.1:4150", "127.0.0.1", 4150, 0, big.address)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        err = await fails_within_cap(lambda: read_position(session, ep, "t", "c"),
+    async with NsqdHttpClient(timeout=30) as http:
+        err = await fails_within_cap(lambda: read_position(http, ep, "t", "c"),
                                      STATS_LIMIT, NSQConnectionError)
     names(err, big.address, "/stats", STATS_LIMIT)
     positioner = Positioner("t", "c", ep, OffsetSpec.virtual_queue(0), timeout=30,
                             ordered=False)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        err = await fails_within_cap(lambda: positioner._set_offset(session), SMALL_LIMIT,
-                                     NSQConnectionError)
+    try:
+        err = await fails_within_cap(positioner._set_offset, SMALL_LIMIT, NSQConnectionError)
+    finally:
+        await positioner.close()
     names(err, big.address, "/channel/setoffset", SMALL_LIMIT)
 
 
 async def test_spark_source_nsqd_reads(big: BigServer) -> None:
-    async with NsqdHttp(timeout=30) as http:
-        err = await fails_within_cap(lambda: http.topic_stats(big.address, "t"), STATS_LIMIT,
-                                     NSQConnectionError)
+    async with NsqdHttpClient(timeout=30) as http:
+        err = await fails_within_cap(lambda: http.partition_stats(big.address, "t", 0),
+                                     STATS_LIMIT, NSQConnectionError)
         names(err, big.address, "/stats", STATS_LIMIT)
         err = await fails_within_cap(
-            lambda: http.create_channel(big.address, "t", 0, "c"), SMALL_LIMIT,
+            lambda: http.channel(big.address, "create", "t", "c", 0), SMALL_LIMIT,
             NSQConnectionError)
         names(err, big.address, "/channel/create", SMALL_LIMIT)
 

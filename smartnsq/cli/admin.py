@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import click
 
-from smartnsq.admin import NsqdAdmin, NsqdHttpError
 from smartnsq.cli.common import (
     CliError,
     Cluster,
@@ -27,8 +26,9 @@ from smartnsq.cli.common import (
     pick_cluster,
     topic_argument,
 )
-from smartnsq.errors import Flavour, NSQError
+from smartnsq.errors import Flavour, NotLeaderError, NSQError, ServerError
 from smartnsq.lookup import Lookup, LookupdError, TopicView
+from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import check_channel
 
@@ -82,31 +82,40 @@ async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
 NEW_TOPIC_WAIT = 90.0
 
 
-async def _call_all(targets: list[Target], call: Callable[[NsqdAdmin, Target], Awaitable[str]],
-                    what: str, *, wait_not_leader: float = 0.0) -> None:
-    """Run ``call`` on every target, print each answer; fail if any target failed.
+Call = Callable[[NsqdHttpClient, Target], Awaitable[str]]
+
+
+def failure(exc: NsqdHttpError | ServerError) -> str:
+    """A failed call's answer as the CLI prints it (the target is named beside it)."""
+    if isinstance(exc, ServerError):
+        return f"{exc.server_code} {exc.text}".strip()
+    return f"HTTP {exc.status}: {exc.reason}" if exc.status is not None else exc.reason
+
+
+async def _call_all(targets: list[Target], call: Call, what: str, *,
+                    wait_not_leader: float = 0.0) -> None:
+    """Run ``call`` on every target (one HTTP session for all), print each answer; fail if
+    any target failed.
 
     With ``wait_not_leader`` a target answering E_FAILED_ON_NOT_LEADER is asked again, with
     growing pauses, for at most that many seconds."""
     loop = asyncio.get_running_loop()
 
-    async def one(t: Target) -> tuple[Target, str, bool]:
+    async def one(nsqd: NsqdHttpClient, t: Target) -> tuple[Target, str, bool]:
         deadline = loop.time() + wait_not_leader
         pause = 0.1
-        async with NsqdAdmin(t.http_address) as nsqd:
-            while True:
-                try:
-                    return t, await call(nsqd, t), True
-                except NsqdHttpError as exc:
-                    retry = (exc.status == 400 and "NOT_LEADER" in exc.reason.upper()
-                             and loop.time() + pause < deadline)
-                    if not retry:
-                        status = f"HTTP {exc.status}: " if exc.status is not None else ""
-                        return t, f"{status}{exc.reason}", False
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        while True:
+            try:
+                return t, await call(nsqd, t), True
+            except (NsqdHttpError, ServerError) as exc:
+                retry = isinstance(exc, NotLeaderError) and loop.time() + pause < deadline
+                if not retry:
+                    return t, failure(exc), False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
-    results = await asyncio.gather(*(one(t) for t in targets))
+    async with NsqdHttpClient() as nsqd:
+        results = await asyncio.gather(*(one(nsqd, t) for t in targets))
     failed = 0
     for t, answer, ok in results:
         click.echo(f"{what}: {t.label()}: {answer}")
@@ -116,6 +125,10 @@ async def _call_all(targets: list[Target], call: Callable[[NsqdAdmin, Target], A
 
 
 # -- topic -----------------------------------------------------------------------------------
+
+
+def _topic_call(action: str, name: str) -> Call:
+    return lambda nsqd, t: nsqd.topic(t.http_address, action, name)
 
 
 @click.group(epilog=TOPIC_EPILOG)
@@ -150,14 +163,14 @@ async def topic_create(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
             raise click.UsageError("partitions, replicas and topic flags are youzan options; "
                                    "give --lookupd (youzan creates topics on nsqlookupd)")
         await _call_all([Target(a, None) for a in cluster.nsqd],
-                        lambda n, _t: n.topic("create", name), "topic create")
+                        _topic_call("create", name), "topic create")
         return
     async with cluster.lookup() as lk:
         if await _flavour(lk) is Flavour.STOCK:
             if youzan_opts:
                 raise CliError("these lookupds are stock nsqlookupd: partitions, replicas and "
                                "topic flags need youzan")
-            await _call_all(await _stock_nodes(lk), lambda n, _t: n.topic("create", name),
+            await _call_all(await _stock_nodes(lk), _topic_call("create", name),
                             "topic create")
             return
         try:
@@ -181,7 +194,7 @@ async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
     cluster = pick_cluster(lookupd, nsqd)
     if cluster.nsqd:
         await _call_all([Target(a, None) for a in cluster.nsqd],
-                        lambda n, _t: n.topic("delete", name), "topic delete")
+                        _topic_call("delete", name), "topic delete")
         return
     async with cluster.lookup() as lk:
         view = await lk.lookup(name, "r")
@@ -190,7 +203,7 @@ async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
                            f"{', '.join(view.answered_by) or ', '.join(lk.seeds)}")
         if await _flavour(lk, view) is Flavour.STOCK:
             await _call_all([Target(n.http_address, None) for n in view.nodes.values()],
-                            lambda n, _t: n.topic("delete", name), "topic delete")
+                            _topic_call("delete", name), "topic delete")
             return
         try:
             took = await lk.admin.delete_topic(name)
@@ -227,8 +240,9 @@ def _channel_command(action: str, doc: str) -> click.Command:
         cluster = pick_cluster(lookupd, nsqd)
         targets = await _channel_targets(cluster, topic_name, channel_name, partitions,
                                          register=action == "create")
-        await _call_all(targets, lambda n, t: n.channel(action, topic_name, channel_name,
-                                                        t.partition), f"channel {action}",
+        await _call_all(targets, lambda n, t: n.channel(t.http_address, action, topic_name,
+                                                        channel_name, t.partition),
+                        f"channel {action}",
                         wait_not_leader=NEW_TOPIC_WAIT if action == "create" else 0.0)
 
     command.__doc__ = doc
@@ -269,8 +283,9 @@ async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...
         assert t.partition is not None
         return position[t.partition] if isinstance(position, dict) else position
 
-    await _call_all(targets, lambda n, t: n.set_offset(topic_name, channel_name,
-                                                       t.partition or 0, spec(t)),
+    await _call_all(targets, lambda n, t: n.set_offset(t.http_address, topic_name,
+                                                       channel_name, t.partition or 0,
+                                                       spec(t)),
                     "channel set-offset")
 
 

@@ -21,6 +21,7 @@ from smartnsq.cli.common import (
 from smartnsq.cli.common import topic_argument as _topic
 from smartnsq.cli.stat import build_doc, take_sample
 from smartnsq.lookup import Lookup, LookupdStatus, Node, TopicView
+from smartnsq.nsqd_http import NsqdHttpClient
 
 EPILOG = """\b
 Examples:
@@ -133,7 +134,8 @@ async def replicas(lk: Lookup, topic: str) -> dict[str, list[str]]:
     """Partition → nsqds (HTTP addresses) holding a replica that is not the leader. lookupd
     only names leaders; each nsqd's ``/stats`` says which partitions it holds."""
     nodes = sorted({n.http_address for n in await lk.admin.nodes() if n.http_port})
-    sample = await take_sample(nodes, topic)
+    async with NsqdHttpClient() as nsqd:
+        sample = await take_sample(nsqd, nodes, topic)
     out: dict[str, list[str]] = {}
     for row in build_doc(sample, None)["topics"]:
         if row["topic"] == topic and row["partition"] is not None:

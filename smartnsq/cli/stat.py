@@ -22,7 +22,6 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from smartnsq.admin import NsqdAdmin, NsqdHttpError
 from smartnsq.cli.common import (
     CliError,
     cluster_options,
@@ -32,6 +31,8 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
+from smartnsq.errors import ServerError
+from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
 from smartnsq.protocol.validation import NO_PARTITION
 
 EPILOG = """\b
@@ -170,15 +171,16 @@ def render(doc: dict[str, Any]) -> Group:
     return Group(table, *errors)
 
 
-async def take_sample(nodes: list[str], topic: str | None) -> Sample:
+async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None) -> Sample:
     sample = Sample(at=time.time())
 
     async def one(addr: str) -> None:
-        async with NsqdAdmin(addr, timeout=5.0) as nsqd:
-            try:
-                sample.stats[addr] = await nsqd.stats(topic)
-            except NsqdHttpError as exc:
-                sample.errors[addr] = exc.reason if exc.status is None else str(exc)
+        try:
+            sample.stats[addr] = await nsqd.stats(addr, topic)
+        except NsqdHttpError as exc:
+            sample.errors[addr] = exc.reason if exc.status is None else str(exc)
+        except ServerError as exc:
+            sample.errors[addr] = str(exc)
 
     await asyncio.gather(*(one(a) for a in nodes))
     return sample
@@ -205,16 +207,28 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
         nodes = sorted({n.http_address for n in entries if n.http_port})
         if not nodes:
             raise CliError(f"no nsqd registered with lookupd {', '.join(cluster.lookupd)}")
+    async with NsqdHttpClient() as http:
+        await _show(http, nodes, topic, interval, once, as_json)
+
+
+async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
+                once: bool, as_json: bool) -> None:
     stop = stop_event()
-    sample = await take_sample(nodes, topic)
+    sample = await take_sample(http, nodes, topic)
     if not sample.stats:
         raise CliError("no nsqd answered /stats: " + "; ".join(
             f"{a}: {e}" for a, e in sample.errors.items()))
     if topic is not None and not any(s["topics"] for s in sample.stats.values()):
         raise CliError(f"topic {topic!r} not found on nsqd {', '.join(sorted(sample.stats))}")
+
+    async def after() -> Sample:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        return await take_sample(http, nodes, topic)
+
     if once and not as_json:
         # a one-off snapshot shows rates too: measured over the interval
-        first, sample = sample, await _after(interval, nodes, topic, stop)
+        first, sample = sample, await after()
         stdout_console().print(render(build_doc(sample, first)))
         return
     if as_json:
@@ -224,7 +238,7 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
             click.echo(json.dumps(build_doc(sample, previous)))
             if once:
                 return
-            previous, sample = sample, await _after(interval, nodes, topic, stop)
+            previous, sample = sample, await after()
             if stop.is_set():
                 return
     last: Sample | None = None
@@ -232,11 +246,4 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
               auto_refresh=False) as live:
         while not stop.is_set():
             live.update(render(build_doc(sample, last)), refresh=True)
-            last, sample = sample, await _after(interval, nodes, topic, stop)
-
-
-async def _after(interval: float, nodes: list[str], topic: str | None,
-                 stop: asyncio.Event) -> Sample:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), interval)
-    return await take_sample(nodes, topic)
+            last, sample = sample, await after()

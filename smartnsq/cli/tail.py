@@ -12,7 +12,6 @@ from typing import Any, BinaryIO
 
 import click
 
-from smartnsq.admin import NsqdAdmin
 from smartnsq.cli.common import (
     CliError,
     FromParam,
@@ -31,6 +30,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.message import Message
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.ordered import OrderedConsumer
 
 EPILOG = """\b
@@ -153,9 +153,9 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
     wanted = set(start) if isinstance(start, dict) else set(partitions or view.partitions)
     leaders = {view.partitions[p].http_address for p in wanted if p in view.partitions}
     empty: set[int] = set()
-    for addr in sorted(leaders):
-        async with NsqdAdmin(addr) as nsqd:
-            stats = await nsqd.stats(view.topic)
+    async with NsqdHttpClient() as nsqd:
+        answers = [await nsqd.stats(addr, view.topic) for addr in sorted(leaders)]
+    for stats in answers:
         for t in stats["topics"]:
             try:
                 p = int(t.get("topic_partition", ""))

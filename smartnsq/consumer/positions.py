@@ -23,24 +23,20 @@ the read-ahead of an ordered channel, and a repeat of the first message handed o
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
-
-from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
-from smartnsq.errors import ConfigError, NSQConnectionError, StartPositionError
-from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
+from smartnsq.consumer.discovery import Endpoint
+from smartnsq.errors import ConfigError, ServerError, StartPositionError
 from smartnsq.message import Message
+from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError, ask_again
 from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.validation import NO_PARTITION
 
 __all__ = ["Positioner", "QueuePosition", "StartGuard", "read_position"]
 
 log = logging.getLogger("smartnsq.consumer")
 
-_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 #: pauses between attempts to make a refused position stick (the queue end is updated lazily)
 _RETRY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 
@@ -68,46 +64,13 @@ class QueuePosition:
         return self.channel is not None and self.channel < self.end
 
 
-def _int_field(doc: dict[str, Any], key: str, where: str) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise NSQConnectionError(f"{where}: /stats gave {key}={value!r}, not a byte count")
-    return value
-
-
-async def read_position(session: aiohttp.ClientSession, ep: Endpoint, topic: str,
+async def read_position(http: NsqdHttpClient, ep: Endpoint, topic: str,
                         channel: str) -> QueuePosition:
-    """The end of ``ep``'s partition and ``channel``'s position in it."""
-    where = f"nsqd {ep.http_address} ({topic} partition {ep.partition})"
-    params = {"format": "json", "topic": topic, "partition": str(ep.partition),
-              "channel": channel, "needClients": "false"}
-    try:
-        async with session.get(f"http://{ep.http_address}/stats", params=params,
-                               headers=_V1) as resp:
-            status = resp.status
-            body = await read_body(resp, server=f"nsqd {ep.http_address}", path="/stats",
-                                   limit=nsqd_limit("/stats"))
-        doc = json.loads(body) if status == 200 else body.decode("utf-8", "replace")
-    except BodyTooLargeError as exc:
-        raise NSQConnectionError(f"{where}: {exc.reason}") from None
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise NSQConnectionError(f"{where}: reading /stats failed: {exc!r}") from exc
-    if status != 200 or not isinstance(doc, dict):
-        raise NSQConnectionError(f"{where}: /stats answered HTTP {status}: {str(doc)[:200]}")
-    if isinstance(doc.get("data"), dict):  # the legacy envelope, should a server insist
-        doc = doc["data"]
-    for t in doc.get("topics") or ():
-        if not isinstance(t, dict) or t.get("topic_name") != topic or \
-                str(t.get("topic_partition")) != str(ep.partition):
-            continue
-        end = _int_field(t, "backend_depth", where)
-        start = _int_field(t, "backend_start", where) if "backend_start" in t else 0
-        for ch in t.get("channels") or ():
-            if isinstance(ch, dict) and ch.get("channel_name") == channel:
-                left = _int_field(ch, "depth_size", where)
-                return QueuePosition(end, max(0, end - left), start)
-        return QueuePosition(end, None, start)
-    raise NSQConnectionError(f"{where}: /stats does not list the partition (leader moved?)")
+    """The end of ``ep``'s partition and ``channel``'s position in it, from the leader's
+    ``/stats`` (:class:`~smartnsq.errors.NotLeaderError` when ``ep`` no longer leads it)."""
+    assert ep.http_address is not None
+    st = await http.partition_stats(ep.http_address, topic, ep.partition, channel)
+    return QueuePosition(st.end, st.channel, st.start)
 
 
 class StartGuard:
@@ -186,17 +149,26 @@ class Positioner:
         #: what goes on the wire ("end" becomes the end offset read first)
         self.spec = spec
         self.ordered = ordered
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        #: one keep-alive session for the whole job, prepare() to the end of settle()
+        self._http = NsqdHttpClient(timeout=timeout)
         self._before: QueuePosition | None = None
         #: the channel is not at the position yet (moving it would cause a read-ahead)
         self.needed = True
 
+    async def close(self) -> None:
+        """End the job early (settle() will not be called): close the HTTP session.
+        Idempotent; settle() and a failed prepare() close it themselves."""
+        await self._http.close()
+
     async def prepare(self) -> OffsetSpec | None:
         """Read where the partition ends and the channel stands; return the offset to send,
         None when the channel is already there (a move would only add a read-ahead)."""
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
-            before = self._before = await read_position(session, self.ep, self.topic,
+        try:
+            before = self._before = await read_position(self._http, self.ep, self.topic,
                                                         self.channel)
+        except BaseException:
+            await self.close()
+            raise
         if self.asked.kind == "special" or before.empty:
             self.spec = OffsetSpec.virtual_queue(before.end)
         spec = self.spec
@@ -209,38 +181,46 @@ class Positioner:
     async def settle(self, *, already_sent: bool) -> StartGuard:
         """Move the channel (unless SUB_ADVANCED already asked for it) and verify, retrying
         while the server keeps it elsewhere; the guard for the partition's deliveries."""
-        before = self._before
-        if before is None:
-            await self.prepare()
-            before = self._before
-        assert before is not None
-        spec = self.spec
+        try:
+            if self._before is None:
+                await self.prepare()
+            now = await self._move(send=self.needed and not already_sent)
+        finally:
+            await self.close()
+        before, spec = self._before, self.spec
+        assert before is not None and now.channel is not None
         target = spec.value if spec.kind == "virtual_queue" else None
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
-            send = self.needed and not already_sent
-            for attempt, pause in enumerate((*_RETRY_PAUSES, None)):
-                if send:
-                    await self._set_offset(session)
-                send = True
-                now = await read_position(session, self.ep, self.topic, self.channel)
-                if now.channel is not None and self._took(before, now, target):
-                    break
-                if pause is None:
-                    raise StartPositionError(
-                        f"{self.topic} partition {self.ep.partition} channel {self.channel}: "
-                        f"nsqd {self.ep.http_address} kept the channel at offset "
-                        f"{now.channel} (queue end {now.end}) after {attempt + 1} attempts "
-                        f"to move it to {spec.encode().decode()}")
-                log.info("%s partition %s: the channel is at %s, not yet at %s; retrying",
-                         self.topic, self.ep.partition, now.channel, spec.encode().decode())
-                await asyncio.sleep(pause)
-        assert now.channel is not None
         floor = target if target is not None else now.channel
         read_ahead = before.channel if before.backlog and self.needed else None
         log.info("%s partition %s channel %s positioned at offset %d (asked %s; channel was at "
                  "%s, queue end %d)", self.topic, self.ep.partition, self.channel, now.channel,
                  self.asked.encode().decode(), before.channel, before.end)
         return StartGuard(self.ep.partition, floor, read_ahead, ordered=self.ordered)
+
+    async def _move(self, *, send: bool) -> QueuePosition:
+        """Send the position (``send``: the first time too) until the channel is there,
+        a bounded number of times; where it is then."""
+        before, spec = self._before, self.spec
+        assert before is not None
+        target = spec.value if spec.kind == "virtual_queue" else None
+        attempt = 0
+        while True:
+            if send:
+                await self._set_offset()
+            send = True
+            now = await read_position(self._http, self.ep, self.topic, self.channel)
+            if now.channel is not None and self._took(before, now, target):
+                return now
+            if attempt == len(_RETRY_PAUSES):
+                raise StartPositionError(
+                    f"{self.topic} partition {self.ep.partition} channel {self.channel}: "
+                    f"nsqd {self.ep.http_address} kept the channel at offset "
+                    f"{now.channel} (queue end {now.end}) after {attempt + 1} attempts "
+                    f"to move it to {spec.encode().decode()}")
+            log.info("%s partition %s: the channel is at %s, not yet at %s; retrying",
+                     self.topic, self.ep.partition, now.channel, spec.encode().decode())
+            await asyncio.sleep(_RETRY_PAUSES[attempt])
+            attempt += 1
 
     @staticmethod
     def _took(before: QueuePosition, now: QueuePosition, target: int | None) -> bool:
@@ -254,22 +234,17 @@ class Positioner:
         was = before.channel if before.channel is not None else before.end
         return now.channel is not None and now.channel != was and now.channel >= target
 
-    async def _set_offset(self, session: aiohttp.ClientSession) -> None:
+    async def _set_offset(self) -> None:
         ep, spec = self.ep, self.spec
-        params = {"topic": self.topic, "partition": str(ep.partition), "channel": self.channel}
-        path = "/channel/setoffset"
+        assert ep.http_address is not None
         try:
-            async with session.post(f"http://{ep.http_address}{path}",
-                                    params=params, data=spec.encode(), headers=_V1) as resp:
-                body = await read_body(resp, server=f"nsqd {ep.http_address}", path=path,
-                                       limit=nsqd_limit(path))
-                text = body.decode("utf-8", "replace")
-                status = resp.status
-        except (BodyTooLargeError, aiohttp.ClientError, TimeoutError) as exc:
-            raise NSQConnectionError(f"positioning the channel at {ep} failed: {exc}") from exc
-        if status >= 300:
-            detail = f"POST /channel/setoffset {spec.encode().decode()} at {ep}: HTTP " \
-                     f"{status} {text.strip()[:200]}"
-            if "E_FAILED_ON_NOT_LEADER" in text or status in (404, 503):
-                raise NSQConnectionError(detail)
-            raise StartPositionError(f"cannot start at that position: {detail}")
+            await self._http.set_offset(ep.http_address, self.topic, self.channel, ep.partition,
+                                        spec)
+        except (NsqdHttpError, ServerError) as exc:
+            if ask_again(exc):
+                raise  # the consumer retries (after a lookup refresh when the leader moved)
+            answer = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, NsqdHttpError) \
+                else str(exc)
+            raise StartPositionError(
+                f"cannot start at that position: POST /channel/setoffset "
+                f"{spec.encode().decode()} at {ep}: {answer}") from exc

@@ -1,0 +1,295 @@
+"""The one HTTP client for nsqd (stock and youzan): ``/stats``, ``/info``, and the topic and
+channel calls (create, delete, empty, pause, unpause, youzan's ``/channel/setoffset``).
+
+Each user holds one :class:`NsqdHttpClient` for as long as its job lasts and closes it: one
+keep-alive aiohttp session for every nsqd it asks. Users: the CLI commands (one per command
+run), a consumer's start position (``consumer.positions.Positioner``: from the first
+``/stats`` to the check that the position took), and the Spark source (one per driver step or
+range read). nsqlookupd is another server kind with its own client (``lookup.client``).
+
+Every answer is read under :mod:`smartnsq.http_limits`' cap, and every failure is classified
+here, once:
+
+* no usable answer (refused, reset, nothing within the timeout, a body over the cap, a payload
+  that does not parse): :class:`NsqdUnavailableError`, an ``NSQConnectionError``;
+* an error answer whose code smartnsq knows: that code's class from :mod:`smartnsq.errors`,
+  not fatal (``E_FAILED_ON_NOT_LEADER`` is :class:`~smartnsq.errors.NotLeaderError`,
+  ``E_TOPIC_NOT_EXIST`` :class:`~smartnsq.errors.TopicNotExistError`,
+  ``E_FAILED_ON_NOT_WRITABLE`` :class:`~smartnsq.errors.NotWritableError`, as on TCP);
+* any other error answer: :class:`NsqdHttpError` with the status and the server's text
+  (stock's ``TOPIC_NOT_FOUND``, youzan's ``commit log end of file``).
+
+A partition's ``/stats`` saying another node leads it is ``NotLeaderError`` too, and one that
+does not list it ``TopicNotExistError`` (:meth:`NsqdHttpClient.partition_stats`).
+:func:`ask_again` is the one rule by which callers retry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from smartnsq.config import USER_AGENT
+from smartnsq.errors import (
+    SERVER_ERRORS,
+    ClientClosedError,
+    ConfigError,
+    NotLeaderError,
+    NSQConnectionError,
+    NSQError,
+    ServerError,
+    TopicNotExistError,
+)
+from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
+from smartnsq.lookup.envelope import LookupdError, decode, error_message
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.http import ACCEPT_V1
+from smartnsq.protocol.validation import (
+    check_channel,
+    check_partition,
+    check_topic,
+    parse_http_address,
+)
+
+__all__ = ["CHANNEL_ACTIONS", "TOPIC_ACTIONS", "NsqdHttpClient", "NsqdHttpError",
+           "NsqdUnavailableError", "PartitionStats", "ask_again", "error_from_answer"]
+
+#: ``POST /channel/<action>``: nsqd answers them with an empty body
+CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
+#: ``POST /topic/<action>`` (stock nsqd; youzan creates and deletes topics on lookupd)
+TOPIC_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
+HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
+
+
+class NsqdHttpError(NSQError):
+    """An nsqd HTTP call failed: ``status`` (None: no answer) and ``reason``, the server's
+    text or what was wrong with its answer."""
+
+    def __init__(self, address: str, path: str, reason: str, status: int | None) -> None:
+        self.address = address
+        self.path = path
+        self.reason = reason
+        self.status = status
+        code = f"HTTP {status}: " if status is not None else ""
+        super().__init__(f"nsqd {address}{path}: {code}{reason}")
+
+
+class NsqdUnavailableError(NsqdHttpError, NSQConnectionError):
+    """nsqd gave no usable answer: refused, reset, timed out, a body over the cap, or a
+    payload that does not parse."""
+
+
+def error_from_answer(status: int, message: str, *, address: str, path: str,
+                      topic: str | None = None, partition: int | None = None) -> NSQError:
+    """The error of an nsqd error answer: the class of its code (the first word of
+    ``message``) from :mod:`smartnsq.errors`, else :class:`NsqdHttpError`."""
+    code, _, desc = message.partition(" ")
+    cls = SERVER_ERRORS.get(code)
+    if cls is not None:
+        return cls(desc, fatal=False, address=address, topic=topic, partition=partition)
+    return NsqdHttpError(address, path, message or "(empty body)", status)
+
+
+def ask_again(exc: BaseException) -> bool:
+    """Whether asking again can help after ``exc`` failed an nsqd HTTP call (the partition's
+    leader, after a lookup refresh): no usable answer, a leader that moved (a
+    ``refresh_lookup`` code), or an answer that says the thing is not there (404) or not now
+    (503). Anything else is a refusal that asking again repeats."""
+    if isinstance(exc, NSQConnectionError):
+        return True
+    if isinstance(exc, ServerError):
+        return exc.refresh_lookup
+    return isinstance(exc, NsqdHttpError) and exc.status in (404, 503)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStats:
+    """One youzan partition as its leader's ``/stats`` reports it (byte offsets)."""
+
+    #: the first byte still stored (topic ``backend_start``)
+    start: int
+    #: the partition's end: offset + raw size of its last message (topic ``backend_depth``)
+    end: int
+    message_count: int
+    #: where the channel asked for reads next (the end minus its ``depth_size``, the bytes
+    #: left); None when no channel was asked for or the partition has no such channel
+    channel: int | None
+
+
+class NsqdHttpClient:
+    """HTTP calls to any nsqd, given as ``host:port`` (or ``http://host:port``) of its HTTP
+    listener; ``timeout`` bounds each call. Use ``async with NsqdHttpClient() as nsqd:`` or
+    call :meth:`close`; the session is opened by the first call."""
+
+    def __init__(self, *, timeout: float = 5.0) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+                0 < timeout < float("inf")):
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._timeout = aiohttp.ClientTimeout(total=float(timeout))
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session. Idempotent; the client takes no calls afterwards."""
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self._closed:
+                raise ClientClosedError("this NsqdHttpClient is closed")
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=HEADERS)
+        return self._session
+
+    async def _call(self, method: str, address: str, path: str, params: dict[str, str],
+                    body: bytes | None = None, *, topic: str | None = None,
+                    partition: int | None = None) -> object:
+        base = parse_http_address(address)
+        where = base.removeprefix("http://").removeprefix("https://")
+        session = self._http()
+        try:
+            async with session.request(method, base + path, params=params, data=body) as resp:
+                status = resp.status
+                data = await read_body(resp, server=f"nsqd {where}", path=path,
+                                       limit=nsqd_limit(path))
+                headers = dict(resp.headers)
+        except BodyTooLargeError as exc:
+            raise NsqdUnavailableError(where, path, exc.reason, status) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise NsqdUnavailableError(where, path, f"no answer ({reason})", None) from exc
+        if not 200 <= status < 300:
+            raise error_from_answer(status, error_message(data), address=where, path=path,
+                                    topic=topic, partition=partition)
+        if not data.strip().startswith((b"{", b"[")):
+            return data.decode("utf-8", "replace").strip()  # "OK" of older nsqd, or nothing
+        try:
+            return decode(status, headers, data, lookupd=where, path=path)
+        except LookupdError as exc:
+            if exc.status is not None and not 200 <= exc.status < 300:
+                # a legacy envelope whose status_code says the call failed
+                raise error_from_answer(exc.status, exc.reason, address=where, path=path,
+                                        topic=topic, partition=partition) from None
+            raise NsqdUnavailableError(where, path, exc.reason, status) from None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def stats(self, address: str, topic: str | None = None, channel: str | None = None,
+                    *, partition: int | None = None, clients: bool = False) -> dict[str, Any]:
+        """``GET /stats?format=json`` (``topics`` is always a list)."""
+        params = {"format": "json", "include_clients": str(clients).lower(),
+                  "needClients": str(clients).lower(), "include_mem": "false"}
+        if topic is not None:
+            params["topic"] = check_topic(topic)
+        if channel is not None:
+            params["channel"] = check_channel(channel)
+        if partition is not None:
+            params["partition"] = str(check_partition(partition))
+        doc = await self._call("GET", address, "/stats", params, topic=topic,
+                               partition=partition)
+        if not isinstance(doc, dict):
+            raise NsqdUnavailableError(_where(address), "/stats",
+                                       f"not a JSON object: {doc!r:.100}", 200)
+        if not isinstance(doc.get("topics"), list):
+            doc["topics"] = []
+        return doc
+
+    async def partition_stats(self, address: str, topic: str, partition: int,
+                              channel: str | None = None) -> PartitionStats:
+        """``topic``'s ``partition`` (and ``channel`` in it) from the ``/stats`` of its leader
+        at ``address``: :class:`~smartnsq.errors.NotLeaderError` when that nsqd lists the
+        partition as led elsewhere, :class:`~smartnsq.errors.TopicNotExistError` when it does
+        not list it."""
+        doc = await self.stats(address, topic, channel, partition=partition)
+        where = _where(address)
+        for t in doc["topics"]:
+            if not isinstance(t, dict) or t.get("topic_name") != topic or \
+                    str(t.get("topic_partition")) != str(partition):
+                continue
+            if t.get("is_leader") is False:
+                raise NotLeaderError("/stats lists the partition as led by another nsqd",
+                                     fatal=False, address=where, topic=topic,
+                                     partition=partition)
+            end = _count(t, "backend_depth", where)
+            start = _count(t, "backend_start", where, 0)
+            count = _count(t, "message_count", where, 0)
+            position = None
+            for ch in t.get("channels") or ():
+                if channel is not None and isinstance(ch, dict) and \
+                        ch.get("channel_name") == channel:
+                    position = max(0, end - _count(ch, "depth_size", where))
+            return PartitionStats(start, end, count, position)
+        raise TopicNotExistError("/stats does not list the partition (leader moved?)",
+                                 fatal=False, address=where, topic=topic, partition=partition)
+
+    async def info(self, address: str) -> dict[str, Any]:
+        """``GET /info`` (version, ports; youzan's version says ``HA``)."""
+        doc = await self._call("GET", address, "/info", {})
+        return doc if isinstance(doc, dict) else {}
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def topic(self, address: str, action: str, topic: str,
+                    partition: int | None = None) -> str:
+        """``POST /topic/<action>`` (stock nsqd; youzan creates topics on lookupd)."""
+        if action not in TOPIC_ACTIONS:
+            raise ConfigError(f"topic action must be one of {TOPIC_ACTIONS}, got {action!r}")
+        params = {"topic": check_topic(topic)}
+        if partition is not None:
+            params["partition"] = str(check_partition(partition))
+        return _answer(await self._call("POST", address, f"/topic/{action}", params,
+                                        topic=topic, partition=partition))
+
+    async def channel(self, address: str, action: str, topic: str, channel: str,
+                      partition: int | None = None) -> str:
+        """``POST /channel/<action>`` (create, delete, empty, pause, unpause); on youzan give
+        the ``partition`` and call its leader."""
+        if action not in CHANNEL_ACTIONS:
+            raise ConfigError(f"channel action must be one of {CHANNEL_ACTIONS}, "
+                              f"got {action!r}")
+        params = {"topic": check_topic(topic), "channel": check_channel(channel)}
+        if partition is not None:
+            params["partition"] = str(check_partition(partition))
+        return _answer(await self._call("POST", address, f"/channel/{action}", params,
+                                        topic=topic, partition=partition))
+
+    async def set_offset(self, address: str, topic: str, channel: str, partition: int,
+                         offset: OffsetSpec) -> str:
+        """youzan ``POST /channel/setoffset`` on the partition's leader: the channel reads
+        from ``offset`` next."""
+        if not isinstance(offset, OffsetSpec):
+            raise ConfigError(f"offset must be an OffsetSpec, got {type(offset).__name__}")
+        params = {"topic": check_topic(topic), "channel": check_channel(channel),
+                  "partition": str(check_partition(partition))}
+        return _answer(await self._call("POST", address, "/channel/setoffset", params,
+                                        offset.encode(), topic=topic, partition=partition))
+
+
+def _where(address: str) -> str:
+    return parse_http_address(address).removeprefix("http://").removeprefix("https://")
+
+
+def _count(doc: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """A byte or message count of a ``/stats`` object (``default`` when it is absent)."""
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NsqdUnavailableError(where, "/stats", f"{key}={value!r} is not a count", 200)
+    return value
+
+
+def _answer(doc: object) -> str:
+    if doc in ({}, "", None):
+        return "OK"
+    return doc if isinstance(doc, str) else str(doc)
