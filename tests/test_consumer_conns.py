@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 import pytest
 
+from smartnsq.backoff import ConstantBackoff, EqualJitterBackoff
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import (
     DirectDiscovery,
@@ -88,18 +89,23 @@ def make(discovery: Discovery, opener: Opener,
          fatal: list[BaseException] | None = None) -> ConnectionSet:
     errors = fatal if fatal is not None else []
     return ConnectionSet(discovery, opener, is_fatal=lambda e: isinstance(e, ConfigError),
-                         on_fatal=errors.append, reconnect_min=0.01, reconnect_max=0.04,
-                         rng=random.Random(7))
+                         on_fatal=errors.append, reconnect_min=1.0, reconnect_max=60.0,
+                         backoff=ConstantBackoff(0.01))
 
 
-def test_backoff_doubles_with_jitter_and_cap() -> None:
+def test_reconnects_wait_as_the_backoff_policy_says() -> None:
+    # the default: equal jitter from reconnect_min up to reconnect_max (the formula itself is
+    # tested in test_backoff.py)
     cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e: False,
                        on_fatal=lambda e: None, reconnect_min=1.0, reconnect_max=8.0,
                        rng=random.Random(1))
-    for n, step in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (60, 8.0), (10**6, 8.0)):
-        delays = [cs.backoff_delay(n) for _ in range(200)]
-        assert all(step / 2 <= d <= step for d in delays)
-        assert len(set(delays)) > 100  # jittered, not fixed
+    assert isinstance(cs.backoff, EqualJitterBackoff)
+    assert (cs.backoff.base, cs.backoff.cap) == (1.0, 8.0)
+    given = ConstantBackoff(0.01)
+    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e: False,
+                       on_fatal=lambda e: None, reconnect_min=1.0, reconnect_max=8.0,
+                       backoff=given)
+    assert cs.backoff is given
 
 
 async def test_direct_endpoint_is_retried_until_it_works() -> None:

@@ -32,17 +32,10 @@ from smartnsq.lookup.view import Node, TopicMeta, TopicView
 from smartnsq.producer import Producer, PublishReceipt, TraceSwitch
 from smartnsq.producer.batcher import one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies
-from smartnsq.producer.retry import MAX_RETRY_DELAY, Action, classify, retry_delay
+from smartnsq.producer.retry import Action, classify
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.trace import log_receipt
 from smartnsq.protocol.commands import mpub, mpub_size
-
-
-def test_retry_delays_follow_go_nsq_and_are_capped() -> None:
-    assert [round(retry_delay(a), 3) for a in (1, 2, 3, 4)] == [0.048, 0.088, 0.168, 0.328]
-    assert retry_delay(0) == retry_delay(1)
-    assert retry_delay(10) == MAX_RETRY_DELAY
-    assert retry_delay(100) == MAX_RETRY_DELAY
 
 
 @pytest.mark.parametrize(("exc", "action"), [

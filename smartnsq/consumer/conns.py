@@ -6,8 +6,9 @@ thousands of nsqd makes the runners queue for a slot instead of dialling all of 
 the same moment (which would exhaust file descriptors and ephemeral ports, and time most of
 them out).
 
-Reconnects back off exponentially with jitter (``reconnect_min`` doubling up to
-``reconnect_max``; each wait is drawn from the upper half of the current step). Before each
+Reconnects back off as the set's :class:`~smartnsq.backoff.Backoff` says: by default
+:func:`reconnect_backoff`, exponential with equal jitter (``reconnect_min`` doubling up to
+``reconnect_max``; each wait drawn from the upper half of the current step). Before each
 retry the discovery is asked whether the endpoint is still wanted: always for direct
 addresses, "does a fresh lookup still list it" with lookupds. Errors that retrying cannot
 fix (configuration errors) end the runner and are reported to the consumer once.
@@ -21,9 +22,11 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from smartnsq.backoff import Backoff, EqualJitterBackoff
+from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.discovery import Discovery, Endpoint, EndpointKey, Topology
 
-__all__ = ["ConnectionSet", "Session", "Slot"]
+__all__ = ["ConnectionSet", "Session", "Slot", "reconnect_backoff"]
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -48,6 +51,11 @@ class Session(Protocol):
 Opener = Callable[[Endpoint], Awaitable[Session]]
 
 
+def reconnect_backoff(config: ConsumerConfig, rng: random.Random | None = None) -> Backoff:
+    """The consumer's reconnect backoff from ``config``."""
+    return EqualJitterBackoff(config.reconnect_min, config.reconnect_max, rng)
+
+
 class Slot:
     """One endpoint's runner and state."""
 
@@ -64,7 +72,9 @@ class Slot:
 
 
 class ConnectionSet:
-    """Reconciles running subscriptions against :class:`Topology` snapshots."""
+    """Reconciles running subscriptions against :class:`Topology` snapshots. ``backoff``
+    (default: equal jitter from ``reconnect_min`` doubling up to ``reconnect_max``, drawn with
+    ``rng``) says how long an endpoint's runner waits before retry number n."""
 
     def __init__(
         self,
@@ -76,15 +86,16 @@ class ConnectionSet:
         reconnect_min: float,
         reconnect_max: float,
         rng: random.Random | None = None,
+        backoff: Backoff | None = None,
         max_connecting: int = 32,
     ) -> None:
         self._discovery = discovery
         self._open = opener
         self._is_fatal = is_fatal
         self._on_fatal = on_fatal
-        self._min = reconnect_min
-        self._max = max(reconnect_max, reconnect_min)
-        self._rng = rng if rng is not None else random.Random()
+        #: the wait before an endpoint's retry number n
+        self.backoff = backoff if backoff is not None else EqualJitterBackoff(
+            reconnect_min, reconnect_max, rng)
         self._connecting = asyncio.Semaphore(max_connecting)
         self._slots: dict[EndpointKey, Slot] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -97,12 +108,6 @@ class ConnectionSet:
     @property
     def slots(self) -> tuple[Slot, ...]:
         return tuple(self._slots.values())
-
-    def backoff_delay(self, failures: int) -> float:
-        """Seconds before retry number ``failures`` (≥ 1): the step ``min × 2^(n-1)``
-        capped at ``max``, then a random point of its upper half."""
-        step = min(self._max, self._min * (2.0 ** min(max(failures, 1) - 1, 62)))
-        return step * (0.5 + 0.5 * self._rng.random())
 
     def reconcile(self, topology: Topology) -> None:
         """Start runners for new endpoints; retire those no longer listed."""
@@ -159,7 +164,7 @@ class ConnectionSet:
         try:
             while slot.wanted and not self._closed:
                 if slot.failures:
-                    await asyncio.sleep(self.backoff_delay(slot.failures))
+                    await asyncio.sleep(self.backoff.compute(slot.failures))
                     if not slot.wanted or self._closed:
                         break
                     if not await self._discovery.still_wanted(slot.endpoint):

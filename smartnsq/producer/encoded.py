@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from smartnsq.conn import Connection
-from smartnsq.errors import CommandKind, ConfigError
+from smartnsq.errors import CommandKind, ConfigError, Flavour
 from smartnsq.producer.checks import check_body
 from smartnsq.producer.ops import MPub, MPubExt, MPubTrace, Op, check_trace_id
 from smartnsq.producer.types import PublishReceipt
@@ -160,9 +160,11 @@ class EncodedMPub(Op):
 
     async def send(self, conn: Connection, partition: int | None,
                    timeout: float) -> PublishReceipt | None:
-        self.sent_to = partition
         if self.traced:
             partition = self._youzan_partition(conn, partition)
+        elif partition is not None and conn.flavour is Flavour.STOCK:
+            raise self._on_stock(conn, partition)
+        self.sent_to = partition
         command = mpub_encoded(self.topic, self.body, partition, traced=self.traced)
         data = await conn.request(command, CommandKind.PUBLISH, timeout, topic=self.topic,
                                   partition=partition)

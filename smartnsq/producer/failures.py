@@ -1,10 +1,12 @@
 """The exceptions that end a publish, and the bounded pause between attempts: what the retry
-loops of :mod:`smartnsq.producer.execute` raise when :mod:`smartnsq.producer.retry` says stop.
+engine (:mod:`smartnsq.producer.engine` and its plans) raises when
+:mod:`smartnsq.producer.retry` says stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from smartnsq.errors import (
     ClientClosedError,
@@ -13,17 +15,17 @@ from smartnsq.errors import (
     PublishError,
     UnsupportedFeatureError,
 )
-from smartnsq.producer.ops import Op
+from smartnsq.producer.ops import Publish
 from smartnsq.producer.types import PublishTimeoutError
 
 __all__ = ["failure", "late_connection", "reconnect_timeout", "refused", "sleep_before"]
 
 
-def _where(op: Op, partition: int | None) -> str:
+def _where(op: Publish[Any], partition: int | None) -> str:
     return f"topic {op.topic!r}" + (f" partition {partition}" if partition is not None else "")
 
 
-def failure(op: Op, attempts: int, exc: BaseException, deadline: float) -> BaseException:
+def failure(op: Publish[Any], attempts: int, exc: BaseException, deadline: float) -> BaseException:
     """The exception that ends ``op`` after ``exc``: the caller's own mistakes and errors
     already shaped as publish errors as they are, anything else wrapped in PublishError
     (PublishTimeoutError when the deadline has passed)."""
@@ -50,7 +52,7 @@ def refused(topic: str, exc: LookupRefusedError) -> PublishError:
     return err
 
 
-def late_connection(op: Op, address: str, partition: int | None,
+def late_connection(op: Publish[Any], address: str, partition: int | None,
                     last: BaseException | None) -> PublishTimeoutError:
     """The deadline passed while the connection to ``address`` was being made."""
     err = PublishTimeoutError(
@@ -60,7 +62,7 @@ def late_connection(op: Op, address: str, partition: int | None,
     return err
 
 
-def reconnect_timeout(op: Op, address: str, partition: int | None,
+def reconnect_timeout(op: Publish[Any], address: str, partition: int | None,
                       cause: BaseException | None) -> PublishTimeoutError:
     """The deadline passed while our pool to ``address`` waited to redial."""
     err = PublishTimeoutError(

@@ -2,9 +2,11 @@
 
 The same targets and rules as the TCP :class:`~smartnsq.producer.Producer`: direct nsqd HTTP
 addresses with failover, or the lookup component (youzan partitions round-robin / explicit,
-old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`) and bounds
-(each request waits ``request_timeout`` at most, then fails over). nsqd's answers are read up
-to :mod:`smartnsq.http_limits`' cap: a larger one is garbage, not an answer (fails over).
+old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`), bounds
+(each request waits ``request_timeout`` at most, then fails over) and retry engine
+(:mod:`smartnsq.producer.engine`, with :mod:`smartnsq.producer.http_targets`). nsqd's
+answers are read up to :mod:`smartnsq.http_limits`' cap: a larger one is garbage, not an
+answer (fails over).
 
 Endpoints (PROTOCOL.md §3.2, §6.2): ``POST /pub`` (``defer`` for deferred publishing on stock),
 ``POST /mpub?binary=true`` (length-prefixed bodies; split at ``max_body_size``), and on youzan
@@ -30,32 +32,21 @@ import aiohttp
 
 from smartnsq._checks import check_loop
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import (
-    ClientClosedError,
-    ConfigError,
-    LookupFailedError,
-    LookupRefusedError,
-    NoLeaderError,
-    NSQConnectionError,
-    NSQTimeoutError,
-    PublishError,
-    TopicNotFoundError,
-    UnsupportedFeatureError,
-)
+from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.lookup import Lookup
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
-from smartnsq.producer.failures import refused
-from smartnsq.producer.http_nsqd import V1, HttpNode, post, receipt
-from smartnsq.producer.http_nsqd import flavour as nsqd_flavour
+from smartnsq.producer.engine import RetryEngine
+from smartnsq.producer.http_nsqd import V1
+from smartnsq.producer.http_targets import HttpNode, HttpNodes, HttpPublish, node_backoff
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
-from smartnsq.producer.retry import Action, classify, retry_delay
-from smartnsq.producer.router import Routes, TopicRoute
-from smartnsq.producer.routing import LookupdSpec, make_lookup
+from smartnsq.producer.retry import RetryPolicy
+from smartnsq.producer.routing import LookupdSpec, Router, make_lookup
+from smartnsq.producer.targets import DirectTargets
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as trace_switch
-from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
+from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
@@ -84,27 +75,28 @@ class HttpProducer:
             raise ConfigError("give either nsqd_http_addresses or lookupd (not both)")
         self.config = config
         self.trace = trace if trace is not None else trace_switch
-        self._nodes: dict[str, HttpNode] = {}
-        self._direct: list[HttpNode] = []
+        policy = RetryPolicy.from_config(config)
+        self._nodes = HttpNodes(node_backoff(config))
+        self._lookup: Lookup | None = None
+        self._own_lookup = False
+        self._router: Router | None = None
+        self._engine: RetryEngine[HttpNode]
         if nsqd_http_addresses is not None:
             if isinstance(nsqd_http_addresses, str):
                 nsqd_http_addresses = [nsqd_http_addresses]
             if not nsqd_http_addresses:
                 raise ConfigError("nsqd_http_addresses is empty")
+            listed: dict[str, HttpNode] = {}
             for a in nsqd_http_addresses:
                 base = parse_http_address(a)
-                if base not in self._nodes:
-                    node = self._nodes[base] = HttpNode(base)
-                    self._direct.append(node)
-        self._lookup: Lookup | None = None
-        self._own_lookup = False
-        self._routes: Routes | None = None
-        if lookupd is not None:
+                listed.setdefault(base, self._nodes.node(base))
+            self._engine = RetryEngine(policy, direct=DirectTargets(list(listed.values())))
+        else:
             self._lookup, self._own_lookup = make_lookup(lookupd)
-            self._routes = Routes(self._lookup)
+            self._router = Router(self._lookup, policy.backoff)
+            self._engine = RetryEngine(policy, router=self._router, endpoints=self._nodes)
         self._session = session
         self._own_session = session is None
-        self._rr = 0
         self._closed = False
         #: the event loop of the first call: the HTTP session belongs to it
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,8 +131,8 @@ class HttpProducer:
         if self._closed:
             return
         self._closed = True
-        if self._routes is not None:
-            await self._routes.close()
+        if self._router is not None:
+            await self._router.routes.close()
         if self._own_session and self._session is not None:
             await self._session.close()
         if self._lookup is not None and self._own_lookup:
@@ -148,7 +140,7 @@ class HttpProducer:
 
     @property
     def refreshes(self) -> int:
-        return self._routes.refreshes if self._routes is not None else 0
+        return self._router.routes.refreshes if self._router is not None else 0
 
     # ------------------------------------------------------------------ validation
 
@@ -214,201 +206,15 @@ class HttpProducer:
         await self._run("/pub", {"topic": topic, "defer": str(ms)}, body, topic, None, False,
                         True, deadline)
 
-    # ------------------------------------------------------------------ targets
-
-    def _mark_down(self, node: HttpNode) -> None:
-        node.failures += 1
-        cfg = self.config
-        delay = min(cfg.reconnect_max, cfg.reconnect_min * 2 ** min(node.failures - 1, 30))
-        node.retry_at = asyncio.get_running_loop().time() + delay
-
-    def _pick_direct(self, avoid: set[str], now: float) -> HttpNode | None:
-        nodes = self._direct
-        fallback = None
-        for _ in range(len(nodes)):
-            self._rr += 1
-            n = nodes[self._rr % len(nodes)]
-            if now >= n.retry_at:
-                if n.base not in avoid:
-                    return n
-                fallback = fallback or n
-        return fallback
-
-    def _target(self, route: TopicRoute | None, topic: str, partition: int | None,
-                      avoid_parts: set[int], avoid_nodes: set[str],
-                      now: float) -> tuple[HttpNode | None, int | None]:
-        if route is None:
-            return self._pick_direct(avoid_nodes, now), partition
-        if route.partitioned:
-            p = partition if partition is not None else route.pick(avoid_parts)
-            if p is None and avoid_parts:
-                p = route.pick()
-            address = route.leader(p) if p is not None else None
-        else:
-            p = None
-            address = route.pick_legacy(avoid_nodes) or (route.pick_legacy()
-                                                         if route.legacy else None)
-        if address is None:
-            return None, p
-        view_node = route.view.nodes.get(address)
-        if view_node is None:
-            return None, p
-        base = parse_http_address(view_node.http_address)
-        node = self._nodes.get(base)
-        if node is None:
-            node = self._nodes[base] = HttpNode(base)
-        return node, p
+    # ------------------------------------------------------------------ the engine
 
     async def _run(self, path: str, params: dict[str, str], body: bytes, topic: str,
                    partition: int | None, youzan_only: bool, stock_only: bool,
                    deadline: float) -> PublishReceipt | None:
-        loop = asyncio.get_running_loop()
         if self._session is None:
             await self.start()
-        session = self._session
-        assert session is not None
-        attempt = 0  # every send
-        counted = 0  # failed sends that max_attempts bounds
-        waits = 0
-        last: BaseException | None = None
-        avoid_parts: set[int] = set()
-        avoid_nodes: set[str] = set()
-        route: TopicRoute | None = None
-        while True:
-            if self._routes is not None:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        route = await self._routes.get(topic)
-                except LookupRefusedError as exc:
-                    raise refused(topic, exc) from exc
-                except (LookupFailedError, TimeoutError) as exc:
-                    last, route = exc, None
-                if route is not None:
-                    self._check_features(route, topic, partition, youzan_only, stock_only)
-                    if route.view.meta.valid and partition is not None and \
-                            partition >= route.partition_num:
-                        raise ConfigError(f"partition {partition} out of range: topic "
-                                          f"{topic!r} has {route.partition_num} partitions")
-                if route is None or not route.has_targets:
-                    waits += 1
-                    if loop.time() >= deadline:
-                        cause = TopicNotFoundError(
-                            f"no writable partition or nsqd for topic {topic!r}")
-                        cause.__cause__ = last
-                        raise PublishTimeoutError(
-                            f"topic {topic!r} had no writable partition or nsqd before the "
-                            "publish timed out") from cause
-                    await asyncio.sleep(min(retry_delay(waits), deadline - loop.time()))
-                    try:
-                        async with asyncio.timeout_at(deadline):
-                            await self._routes.refresh(topic, route)
-                    except LookupRefusedError as exc:
-                        raise refused(topic, exc) from exc
-                    except (LookupFailedError, TimeoutError):
-                        pass
-                    continue
-            node, p = self._target(route, topic, partition, avoid_parts, avoid_nodes,
-                                         loop.time())
-            if node is None and route is not None:
-                # no leader in the lookup (a leader move, writes switched off): wait for one,
-                # bounded by the deadline only, as the TCP producer (retry.py)
-                waits += 1
-                missing: BaseException = NoLeaderError(
-                    f"partition {partition} of topic {topic!r} has no writable leader")
-                missing.__cause__ = last
-                if loop.time() >= deadline:
-                    raise PublishTimeoutError(
-                        f"publish to topic {topic!r} not acknowledged in time ({attempt} "
-                        f"attempt(s)): {missing}") from missing
-                await asyncio.sleep(min(retry_delay(waits), max(0, deadline - loop.time())))
-                if self._routes is not None:
-                    try:
-                        async with asyncio.timeout_at(deadline):
-                            await self._routes.refresh(topic, route)
-                    except (LookupFailedError, TimeoutError):
-                        pass
-                continue
-            attempt += 1
-            if node is None:
-                missing = NSQConnectionError(
-                    "no nsqd available (each in its backoff after a failure)"
-                    + (f"; last error: {last}" if last is not None else ""))
-                missing.__cause__ = last
-                counted += 1
-                if counted >= self.config.max_attempts or loop.time() >= deadline:
-                    raise PublishError(f"publish to topic {topic!r} failed after {attempt} "
-                                       f"attempt(s): {missing}") from missing
-                await asyncio.sleep(min(retry_delay(attempt), max(0, deadline - loop.time())))
-                continue
-            try:
-                if route is None and (youzan_only or partition is not None or stock_only):
-                    flavour = await nsqd_flavour(session, node, deadline)
-                    if flavour == "stock" and (youzan_only or partition is not None):
-                        raise UnsupportedFeatureError(
-                            f"{path} with partition/trace/ext needs youzan nsqd; {node.base} "
-                            "is stock nsqd")
-                    if flavour == "youzan" and stock_only:
-                        raise UnsupportedFeatureError("youzan nsqd has no deferred publish")
-                q = dict(params)
-                if p is not None:
-                    q["partition"] = str(p)
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise NSQTimeoutError(f"publish to topic {topic!r} timed out")
-                # one attempt waits request_timeout at most: a silent nsqd costs an attempt
-                # and its backoff (_mark_down), not the whole deadline
-                data = await post(session, node.base, path, q, body,
-                                  min(remaining, self.config.request_timeout), topic, p)
-                node.failures = 0
-                if path in ("/pubtrace", "/pub_ext") and data.strip() != b"OK":
-                    return receipt(data, topic, p if p is not None else -1, node.base)
-                return None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                last = exc
-                action = classify(exc)
-                if isinstance(exc, UnsupportedFeatureError | ConfigError):
-                    raise
-                if action is not Action.REFRESH:
-                    counted += 1  # a leader-type refusal stored nothing: bounded by time only
-                if action is Action.RAISE or counted >= self.config.max_attempts or \
-                        loop.time() >= deadline:
-                    cls = PublishTimeoutError if loop.time() >= deadline else PublishError
-                    raise cls(f"publish to topic {topic!r} failed after {attempt} attempt(s): "
-                              f"{exc}") from exc
-                if action is Action.FAILOVER:
-                    self._mark_down(node)
-                avoid_nodes.add(node.base)
-                if route is not None and p is not None and \
-                        action in (Action.REFRESH, Action.FAILOVER):
-                    route.drop(p, next((a for a, n in route.view.nodes.items()
-                                        if parse_http_address(n.http_address) == node.base),
-                                       ""))
-                    if partition is None:
-                        avoid_parts.add(p)
-                        assert self._routes is not None
-                        self._routes.refresh_soon(topic, route)
-                    else:
-                        await asyncio.sleep(min(retry_delay(max(attempt, waits)),
-                                                max(0, deadline - loop.time())))
-                        assert self._routes is not None
-                        try:
-                            async with asyncio.timeout_at(deadline):
-                                await self._routes.refresh(topic, route)
-                        except (LookupFailedError, TimeoutError):
-                            pass
-                elif action is Action.RETRY:
-                    await asyncio.sleep(min(retry_delay(attempt), max(0, deadline - loop.time())))
-
-    def _check_features(self, route: TopicRoute, topic: str, partition: int | None,
-                        youzan_only: bool, stock_only: bool) -> None:
-        if route.partitioned:
-            if stock_only:
-                raise UnsupportedFeatureError(f"youzan nsqd has no deferred publish (topic "
-                                              f"{topic!r})")
-            return
-        if youzan_only or partition is not None:
-            raise UnsupportedFeatureError(
-                f"partition/trace/ext publishing needs a partitioned youzan topic; topic "
-                f"{topic!r} is served by stock or non-partitioned nsqd")
+        assert self._session is not None
+        op = HttpPublish(self._session, path, params, body, topic, partition,
+                         youzan_only=youzan_only, stock_only=stock_only,
+                         direct=self._router is None)
+        return await self._engine.retry(op, deadline)

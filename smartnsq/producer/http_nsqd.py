@@ -1,6 +1,7 @@
-"""One nsqd's HTTP publish endpoint, for :class:`~smartnsq.producer.http.HttpProducer`: the
-requests, their answers read under :mod:`smartnsq.http_limits`' cap, and what the answers mean
-(an error frame's code, the flavour from ``/info``, a traced publish's receipt).
+"""One nsqd's HTTP publish endpoint, for :class:`~smartnsq.producer.http.HttpProducer`'s
+requests (:mod:`smartnsq.producer.http_targets`): the requests, their answers read under
+:mod:`smartnsq.http_limits`' cap, and what the answers mean (an error frame's code, the
+flavour from ``/info``, a traced publish's receipt).
 
 Every failure comes out as the error the retry rule (:mod:`smartnsq.producer.retry`) knows:
 no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`,
@@ -10,7 +11,6 @@ over), an error status the :class:`ServerError` its code names.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import ClassVar
 
@@ -26,7 +26,7 @@ from smartnsq.errors import (
 from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
 from smartnsq.producer.types import PublishReceipt
 
-__all__ = ["V1", "HttpNode", "HttpServerError", "flavour", "post", "receipt"]
+__all__ = ["V1", "HttpServerError", "flavour", "post", "receipt"]
 
 #: ask nsqd for the V1 envelope
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
@@ -58,19 +58,6 @@ def error_from_http(status: int, body: bytes, address: str, topic: str,
     return ServerError(desc, code=code or f"HTTP_{status}", **where)  # type: ignore[arg-type]
 
 
-class HttpNode:
-    """One nsqd's HTTP endpoint and its health (capped backoff after connection failures)."""
-
-    __slots__ = ("base", "failures", "flavour", "retry_at")
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.failures = 0
-        self.retry_at = 0.0
-        #: "stock" / "youzan" once /info was asked (direct addresses only)
-        self.flavour: str | None = None
-
-
 async def post(session: aiohttp.ClientSession, base: str, path: str, params: dict[str, str],
                body: bytes, wait: float, topic: str, partition: int | None) -> bytes:
     """POST ``body`` to nsqd ``base`` ``path``, waiting ``wait`` seconds at most; the
@@ -92,24 +79,21 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
     return data
 
 
-async def flavour(session: aiohttp.ClientSession, node: HttpNode, deadline: float) -> str:
-    """stock or youzan, from ``/info`` (asked once per node)."""
-    if node.flavour is None:
-        timeout = max(0.001, deadline - asyncio.get_running_loop().time())
-        try:
-            async with session.get(node.base + "/info", headers=V1,
-                                   timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                body = await read_body(resp, server=f"nsqd {node.base}", path="/info",
-                                       limit=nsqd_limit("/info"))
-            doc = json.loads(body) if body.strip() else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError,
-                BodyTooLargeError) as exc:
-            raise NSQConnectionError(f"GET {node.base}/info failed: {exc}") from exc
-        if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
-            doc = doc["data"]
-        version = str(doc.get("version", "")) if isinstance(doc, dict) else ""
-        node.flavour = "youzan" if "HA" in version else "stock"
-    return node.flavour
+async def flavour(session: aiohttp.ClientSession, base: str, wait: float) -> str:
+    """stock or youzan, from nsqd ``base``'s ``/info``, waiting ``wait`` seconds at most."""
+    try:
+        async with session.get(base + "/info", headers=V1,
+                               timeout=aiohttp.ClientTimeout(total=max(0.001, wait))) as resp:
+            body = await read_body(resp, server=f"nsqd {base}", path="/info",
+                                   limit=nsqd_limit("/info"))
+        doc = json.loads(body) if body.strip() else None
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError,
+            BodyTooLargeError) as exc:
+        raise NSQConnectionError(f"GET {base}/info failed: {exc}") from exc
+    if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+        doc = doc["data"]
+    version = str(doc.get("version", "")) if isinstance(doc, dict) else ""
+    return "youzan" if "HA" in version else "stock"
 
 
 def receipt(data: bytes, topic: str, partition: int, base: str) -> PublishReceipt:

@@ -1,8 +1,10 @@
 """One publish command each: what to send on a connection once a target is chosen.
 
 An op knows its topic, the partition the caller asked for (None: the producer chooses) and how
-to send itself on a :class:`~smartnsq.conn.Connection` to a given partition. The producer's
-retry loop may call :meth:`Op.send` several times (another node, another leader).
+to send itself on a :class:`~smartnsq.conn.Connection` to a given partition. The retry engine
+(:mod:`smartnsq.producer.engine`) may call :meth:`Op.send` several times (another node, another
+leader). :class:`Publish` is what the engine and the routing need of any publish, the TCP ops
+here and the HTTP producer's requests alike.
 """
 
 # Per-call ``timeout`` arguments are the API (they bound the whole call, retries included);
@@ -12,7 +14,7 @@ retry loop may call :meth:`Op.send` several times (another node, another leader)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from smartnsq.conn import Connection
 from smartnsq.errors import ConfigError, Flavour, UnsupportedFeatureError
@@ -21,6 +23,41 @@ from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.commands import encode_ext_header
 
 _MAX_U64 = (1 << 64) - 1
+_STOCK = Flavour.STOCK
+
+C_contra = TypeVar("C_contra", contravariant=True)
+
+
+class Publish(Protocol[C_contra]):
+    """One publish as the retry engine runs it, sent on channels of type ``C_contra``."""
+
+    topic: str
+    #: the partition asked for (None: the producer chooses); a shard key pins it once known
+    partition: int | None
+    #: ordered publishing: the shard key whose partition this publish is pinned to
+    shard: ShardKey | None
+    rule: ShardRule
+
+    @property
+    def what(self) -> str:
+        """The command's name, for errors and logs."""
+        ...
+
+    @property
+    def youzan_only(self) -> bool:
+        """Needs a partitioned youzan topic."""
+        ...
+
+    @property
+    def stock_only(self) -> bool:
+        """Stock nsqd only (deferred publishing)."""
+        ...
+
+    def send(self, channel: C_contra, partition: int | None,
+             timeout: float) -> Awaitable[PublishReceipt | None]:
+        """One attempt on ``channel`` to ``partition``, waiting ``timeout`` at most for the
+        answer."""
+        ...
 
 
 def check_trace_id(trace_id: int) -> int:
@@ -70,6 +107,11 @@ class Op:
         otherwise."""
         return None
 
+    def _on_stock(self, conn: Connection, partition: int) -> UnsupportedFeatureError:
+        """A partition given for a directly addressed stock nsqd, which has none."""
+        return UnsupportedFeatureError(f"partition={partition} needs youzan nsqd; "
+                                       f"{conn.address} is stock nsqd")
+
     def _youzan_partition(self, conn: Connection, partition: int | None) -> int:
         if conn.flavour is Flavour.STOCK:
             raise UnsupportedFeatureError(f"{self.what} needs youzan nsqd; {conn.address} is "
@@ -100,8 +142,11 @@ class Pub(Op):
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
-        if self.traced and partition is not None and conn.flavour is Flavour.YOUZAN:
-            return self._send_traced(conn, partition, timeout)
+        if partition is not None:
+            if conn.flavour is _STOCK:
+                raise self._on_stock(conn, partition)
+            if self.traced and conn.flavour is Flavour.YOUZAN:
+                return self._send_traced(conn, partition, timeout)
         return conn.publish(self.topic, self.body, partition, timeout)
 
     async def _send_traced(self, conn: Connection, partition: int,
@@ -158,8 +203,11 @@ class MPub(Op):
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
-        if self.traced and partition is not None and conn.flavour is Flavour.YOUZAN:
-            return self._send_traced(conn, partition, timeout)
+        if partition is not None:
+            if conn.flavour is _STOCK:
+                raise self._on_stock(conn, partition)
+            if self.traced and conn.flavour is Flavour.YOUZAN:
+                return self._send_traced(conn, partition, timeout)
         return conn.publish_many(self.topic, self.bodies, partition, timeout)
 
     async def _send_traced(self, conn: Connection, partition: int,

@@ -6,7 +6,9 @@ round-robin, each carrying many publishes in flight (responses are FIFO per conn
 A connection can carry any topic and partition: every youzan PUB names its partition.
 
 Health: a failed dial or a connection lost to a network error marks the node *down* until
-``retry_at`` (capped exponential backoff with jitter, ``reconnect_min`` … ``reconnect_max``).
+``retry_at``, as far off as the pool's reconnect :class:`~smartnsq.backoff.Backoff` says
+(by default :class:`~smartnsq.backoff.SpreadJitterBackoff` from ``reconnect_min`` doubling up
+to ``reconnect_max``, ±25 %).
 While down the node is skipped by the producer; with ``auto_reconnect`` (direct nsqd
 addresses) a background task redials it when the backoff expires, so publishers never pay
 for probing a dead node while others are healthy. A connection closed by a server error
@@ -22,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable
 
+from smartnsq.backoff import Backoff, SpreadJitterBackoff
 from smartnsq.config import ProducerConfig
 from smartnsq.conn import Connection
 from smartnsq.errors import (
@@ -55,12 +57,19 @@ def _server_caused(exc: BaseException | None) -> bool:
     return False
 
 
+def reconnect_backoff(config: ProducerConfig) -> Backoff:
+    """The producer's reconnect backoff from ``config`` (shared by its pools)."""
+    return SpreadJitterBackoff(config.reconnect_min, config.reconnect_max)
+
+
 class NodePool:
-    """See the module docstring. ``on_up`` is called whenever a connection comes up."""
+    """See the module docstring. ``on_up`` is called whenever a connection comes up;
+    ``backoff`` (default :func:`reconnect_backoff`) says how long the node stays down after
+    its n-th consecutive failure."""
 
     def __init__(self, address: str, config: ProducerConfig, *, auto_reconnect: bool = False,
                  on_up: Callable[[NodePool], None] | None = None,
-                 rng: random.Random | None = None,
+                 backoff: Backoff | None = None,
                  connect_slots: asyncio.Semaphore | None = None) -> None:
         self.address = address
         #: shared by the producer's pools: how many dials may run at once
@@ -70,7 +79,7 @@ class NodePool:
         self._size = config.connections_per_nsqd
         self._auto_reconnect = auto_reconnect
         self._on_up = on_up
-        self._rng = rng or random.Random()
+        self._backoff = backoff if backoff is not None else reconnect_backoff(config)
         #: connected connections, in the order they came up
         self._up: list[Connection] = []
         self._all: set[Connection] = set()
@@ -143,6 +152,18 @@ class NodePool:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._up_waiters.append(fut)
             await fut
+
+    async def recover(self, deadline: float) -> bool:
+        """Wait until a connection is up again (woken at once) or the backoff ends, at most
+        until loop time ``deadline``; True if a dial failed meanwhile and left the node
+        down."""
+        seen = self.dial_failures
+        until = min(deadline, self._retry_at)
+        if asyncio.get_running_loop().time() < until:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await self.wait_up()
+        return self.dial_failures > seen and not self._up
 
     # ------------------------------------------------------------------ getting a connection
 
@@ -238,15 +259,11 @@ class NodePool:
 
     # ------------------------------------------------------------------ failures
 
-    def _backoff(self) -> float:
-        cfg = self._config
-        base = cfg.reconnect_min * (2 ** min(self._failures - 1, 30))
-        return float(min(cfg.reconnect_max, base * (0.75 + 0.5 * self._rng.random())))
-
     def _mark_down(self, exc: BaseException) -> None:
         self._failures += 1
         self.last_error = exc
-        self._retry_at = asyncio.get_running_loop().time() + self._backoff()
+        self._retry_at = asyncio.get_running_loop().time() + self._backoff.compute(
+            self._failures)
         logger.info("nsqd %s marked down for %.2fs (failure %d): %s", self.address,
                     self._retry_at - asyncio.get_running_loop().time(), self._failures, exc)
         if self._auto_reconnect and not self._closed and self._reconnect_task is None:

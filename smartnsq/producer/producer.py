@@ -15,13 +15,13 @@ Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
 redialled, counts against the timeout only); each attempt waits ``request_timeout`` at most
 for nsqd's answer, so an nsqd that stays connected but stops answering costs one attempt (its
 connection is then closed and the node marked down);
-:mod:`smartnsq.producer.retry` holds the rule. A publish that could not be
-acknowledged raises :class:`PublishError` (``__cause__``: the error that finally failed it),
-or :class:`PublishTimeoutError` when its time ran out; one acknowledged with OK is done and
-never resent. Cancelling a publish never corrupts its connection (the response still takes its
-FIFO slot). Bad arguments raise :class:`ConfigError` (or :class:`InvalidNameError`) before any
-I/O; youzan-only features against stock nsqd (and DPUB against youzan) raise
-:class:`UnsupportedFeatureError`.
+:mod:`smartnsq.producer.retry` holds the rule, :mod:`smartnsq.producer.engine` runs it. A
+publish that could not be acknowledged raises :class:`PublishError` (``__cause__``: the error
+that finally failed it), or :class:`PublishTimeoutError` when its time ran out; one
+acknowledged with OK is done and never resent. Cancelling a publish never corrupts its
+connection (the response still takes its FIFO slot). Bad arguments raise :class:`ConfigError`
+(or :class:`InvalidNameError`) before any I/O; youzan-only features against stock nsqd (and
+DPUB against youzan) raise :class:`UnsupportedFeatureError`.
 """
 
 # Per-call ``timeout`` arguments are the API (they bound the whole call, retries included);
@@ -55,7 +55,7 @@ from smartnsq.producer.encoded import (
     check_ext_items,
     mpub_op,
 )
-from smartnsq.producer.execute import Executor
+from smartnsq.producer.engine import TcpEngine
 from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.ops import (
@@ -69,6 +69,7 @@ from smartnsq.producer.ops import (
     ext_header_bytes,
 )
 from smartnsq.producer.pool import NodePool
+from smartnsq.producer.retry import RetryPolicy
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.routing import LookupdSpec, Router, make_lookup
 from smartnsq.producer.sharded import ShardSender
@@ -99,7 +100,7 @@ class Producer:
 
     The work is done by parts, one concern each: :class:`~smartnsq.producer.nodes.Nodes`
     (connection pools), :class:`~smartnsq.producer.routing.Router` (lookupd routes),
-    :class:`~smartnsq.producer.execute.Executor` (the retry loops),
+    :class:`~smartnsq.producer.engine.TcpEngine` (the retry loop),
     :class:`~smartnsq.producer.batcher.Batcher` (auto-batching) and
     :class:`~smartnsq.producer.lanes.ShardLanes` (ordered publishing).
     """
@@ -119,6 +120,7 @@ class Producer:
         self._max_msg = config.max_msg_size
         self._max_body = config.max_body_size
         self._timeout = config.publish_timeout
+        policy = RetryPolicy.from_config(config)
         self._router: Router | None = None
         self._lookup: Lookup | None = None
         self._own_lookup = False
@@ -133,11 +135,16 @@ class Producer:
             direct = nsqd_tcp_addresses
         else:
             self._lookup, self._own_lookup = make_lookup(lookupd)
-            self._router = Router(self._lookup)
+            self._router = Router(self._lookup, policy.backoff)
         self._nodes = Nodes(config, direct)
-        self._executor = Executor(config, self._nodes, self._router)
+        if self._router is None:
+            self._engine = TcpEngine(policy, direct=self._nodes.direct)
+        else:
+            self._engine = TcpEngine(policy, router=self._router, endpoints=self._nodes)
         #: runs one op with retries until its deadline
-        self._run = self._executor.run
+        self._run = self._engine.run
+        #: a plain PUB in direct mode
+        self._pub = self._engine.pub
         self._batcher: Batcher | None = None
         if config.linger > 0:
             self._batcher = Batcher(self._send_batch, linger=config.linger,
@@ -197,7 +204,7 @@ class Producer:
                 await self._lanes.drain()
                 if self._batcher is not None:
                     await self._batcher.drain()
-                await self._executor.wait_idle()
+                await self._engine.wait_idle()
         except TimeoutError:
             logger.warning("producer closed with publishes still in flight after %.1fs", limit)
         await self._lanes.abort()
@@ -248,7 +255,7 @@ class Producer:
             if self._loop is None:
                 self._loop = loop
                 self._thread = get_ident()
-                self._executor.bind(loop)
+                self._engine.bind(loop)
             else:
                 check_loop(self._loop, "this Producer")
         return loop
@@ -311,30 +318,9 @@ class Producer:
                                         body, deadline)
                 return None
             if self._router is None and partition is None:
-                # direct mode, plain PUB: the first attempt without the retry loop's frames
-                # when a connection can take it at once; a failure continues in that loop
-                pool = self._nodes.pick_direct(None, now)
-                conn = pool.pick(writable=True) if pool is not None else None
-                if conn is not None and deadline > now:
-                    assert pool is not None
-                    ex = self._executor
-                    ex.active += 1
-                    wait = deadline - now
-                    if wait > ex.request_timeout:
-                        wait = ex.request_timeout
-                    try:
-                        conn.check_publish_answer(await conn.send_pub(topic, body, wait), "PUB")
-                        return None
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        return await ex.retry_direct(Pub(topic, None, body, False), deadline,
-                                                     pool, exc)
-                    finally:
-                        ex.leave()
-                # in direct mode only a partition can make a PUB traced: plain, picked pool
-                return await self._executor.direct_from(Pub(topic, None, body, False),
-                                                        deadline, pool)
+                # direct mode: only a partition can make a PUB traced; the engine's fast path
+                await self._pub(topic, body, deadline, now)
+                return None
         traced = self.trace.is_on(topic)
         if ext is not None:
             header = ext_header_bytes(ext, trace_id)

@@ -29,17 +29,27 @@ pool's redial (woken when a connection comes up), bounded by its deadline; each 
 fails meanwhile counts as an attempt, so a node that really is down still fails the publish
 after ``max_attempts`` refused dials, and a redial past the deadline raises
 ``PublishTimeoutError`` naming the nsqd and its last error.
-Before retrying the *same* target (or looking again for a leader) the producer sleeps
-:func:`retry_delay` — go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
-capped at :data:`MAX_RETRY_DELAY`; a retry on a *different* target (another nsqd, another
-partition) goes at once. Waiting for a fresh topic to get a writable partition is bounded by
-the deadline, not by attempts (PROTOCOL.md §13).
+Before retrying the *same* target (or looking again for a leader) the engine sleeps what the
+policy's backoff says, go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
+capped at 1 s (:class:`~smartnsq.backoff.GoNsqRetryBackoff`); a retry on a *different* target
+(another nsqd, another partition) goes at once. Waiting for a fresh topic to get a writable
+partition is bounded by the deadline, not by attempts (PROTOCOL.md §13).
+
+With nsqd addresses given directly there is no lookup to refresh: a leader-type refusal from
+such an nsqd is spent like a failover (it counts, and the next attempt goes to another listed
+nsqd if there is one).
+
+:class:`RetryPolicy` holds the numbers (redis-py's ``Retry(backoff, retries)``);
+:mod:`smartnsq.producer.engine` runs the one loop that applies them, for the TCP and the HTTP
+producer alike.
 """
 
 from __future__ import annotations
 
 import enum
 
+from smartnsq.backoff import Backoff, GoNsqRetryBackoff
+from smartnsq.config import ProducerConfig
 from smartnsq.errors import (
     NSQConnectionError,
     NSQError,
@@ -57,18 +67,25 @@ class Action(enum.Enum):
     RETRY = "retry"
 
 
-#: upper bound of one retry sleep (seconds); go-nsq's formula doubles without bound
-MAX_RETRY_DELAY = 1.0
+class RetryPolicy:
+    """How far a publish may go: ``max_attempts`` attempts that count, each waiting
+    ``request_timeout`` at most for nsqd's answer, and ``backoff``, the pause before an
+    attempt goes to the same target again (see the module docstring)."""
 
+    __slots__ = ("backoff", "max_attempts", "request_timeout")
 
-def retry_delay(attempt: int) -> float:
-    """Seconds to sleep after failed attempt number ``attempt`` (1-based) before retrying
-    the same target: 0.048, 0.088, 0.168, 0.328 … capped at :data:`MAX_RETRY_DELAY`."""
-    if attempt < 1:
-        attempt = 1
-    if attempt >= 16:
-        return MAX_RETRY_DELAY
-    return min(MAX_RETRY_DELAY, (8 + 10 * (2 << attempt)) / 1000.0)
+    def __init__(self, max_attempts: int, request_timeout: float, backoff: Backoff) -> None:
+        self.max_attempts = max_attempts
+        self.request_timeout = request_timeout
+        self.backoff = backoff
+
+    @classmethod
+    def from_config(cls, config: ProducerConfig) -> RetryPolicy:
+        return cls(config.max_attempts, config.request_timeout, GoNsqRetryBackoff())
+
+    def __repr__(self) -> str:
+        return (f"RetryPolicy(max_attempts={self.max_attempts}, "
+                f"request_timeout={self.request_timeout}, backoff={self.backoff!r})")
 
 
 def classify(exc: BaseException) -> Action:

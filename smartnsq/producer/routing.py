@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+from smartnsq.backoff import Backoff
 from smartnsq.config import LookupConfig
 from smartnsq.errors import (
     ConfigError,
@@ -25,8 +27,7 @@ from smartnsq.errors import (
 from smartnsq.lookup import Lookup
 from smartnsq.ordered.sharding import ShardKey, ShardRule, shard_partition
 from smartnsq.producer.failures import refused, sleep_before
-from smartnsq.producer.ops import Op, Pub
-from smartnsq.producer.retry import retry_delay
+from smartnsq.producer.ops import Pub, Publish
 from smartnsq.producer.router import Routes, TopicRoute
 from smartnsq.producer.types import PublishTimeoutError
 
@@ -38,7 +39,7 @@ logger = logging.getLogger("smartnsq.producer")
 LookupdSpec = LookupConfig | Lookup | str | Sequence[str]
 
 
-def check_features(route: TopicRoute, op: Op, shard: bool = False) -> None:
+def check_features(route: TopicRoute, op: Publish[Any], shard: bool = False) -> None:
     """UnsupportedFeatureError when ``op`` (``shard``: an ordered publish) cannot go to the
     kind of server that carries ``route``'s topic."""
     if route.partitioned:
@@ -56,7 +57,7 @@ def check_features(route: TopicRoute, op: Op, shard: bool = False) -> None:
             f"by {where}")
 
 
-def choose_target(route: TopicRoute, op: Op, avoid_parts: set[int] | None,
+def choose_target(route: TopicRoute, op: Publish[Any], avoid_parts: set[int] | None,
                   avoid_nodes: set[str] | None) -> tuple[str | None, int | None]:
     """(nsqd address, partition) of the next attempt of ``op``; the address is None when
     the route names no writable target. A shard key's partition is pinned on ``op`` the
@@ -84,11 +85,13 @@ def choose_target(route: TopicRoute, op: Op, avoid_parts: set[int] | None,
 
 
 class Router:
-    """Routes bounded by a publish's deadline (see the module docstring)."""
+    """Routes bounded by a publish's deadline (see the module docstring); ``backoff``: the
+    growing pause between looks at a topic that has no writable partition yet."""
 
-    def __init__(self, lookup: Lookup) -> None:
+    def __init__(self, lookup: Lookup, backoff: Backoff) -> None:
         self.lookup = lookup
         self.routes = Routes(lookup)
+        self._backoff = backoff
 
     async def get(self, topic: str, deadline: float) -> TopicRoute | None:
         """The topic's route, looking it up if needed; None if the lookup failed (for now:
@@ -127,7 +130,7 @@ class Router:
                 f"topic {topic!r} had no writable partition or nsqd before the publish timed "
                 f"out{reason}")
             raise err2 from cause
-        await sleep_before(retry_delay(waits), deadline)
+        await sleep_before(self._backoff.compute(waits), deadline)
         try:
             async with asyncio.timeout_at(deadline):
                 return await self.routes.refresh(topic, route)

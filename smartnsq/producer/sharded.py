@@ -21,7 +21,7 @@ from smartnsq.producer.types import PublishReceipt
 
 __all__ = ["ShardSender"]
 
-#: runs one op with retries until its deadline (``Executor.run``)
+#: runs one op with retries until its deadline (``TcpEngine.run``)
 Run = Callable[[Op, float], Coroutine[Any, Any, PublishReceipt | None]]
 
 

@@ -1,0 +1,239 @@
+"""The one retry loop for every publish, TCP and HTTP: :class:`RetryEngine`.
+
+Who calls what:
+
+* :class:`~smartnsq.producer.Producer` holds a :class:`TcpEngine`. A plain PUB in direct mode
+  goes to :meth:`TcpEngine.pub`, every other publish (PUB to a partition, traced or with an
+  ext header, MPUB, DPUB, encoded and ext batches, auto-batched MPUBs, ordered lanes' sends) is
+  an op (:mod:`smartnsq.producer.ops`) for :meth:`TcpEngine.run`. In direct mode a plain
+  command's first attempt goes straight to a connection that can write at once (no plan, no
+  loop frame); when it fails, or no connection is ready, :meth:`RetryEngine.attempts` takes
+  over with that attempt counted.
+* :class:`~smartnsq.producer.HttpProducer` holds a ``RetryEngine[HttpNode]`` and calls
+  :meth:`RetryEngine.retry` with its requests (:mod:`smartnsq.producer.http_nsqd`).
+
+:meth:`RetryEngine.attempts` is the loop: the publish's plan (:mod:`smartnsq.producer.plans`:
+the listed nsqd, or the partition leaders a lookup names) picks each target
+(:mod:`smartnsq.producer.targets`), the engine gets a channel from it, sends with the
+per-attempt wait (``request_timeout``, never past the deadline), classifies a failure
+(:func:`~smartnsq.producer.retry.classify`), counts it, pauses before the same target again
+(the policy's backoff) and raises the error that ends the publish
+(:mod:`smartnsq.producer.failures`). The engine also counts the publishes in flight, so that
+closing a producer can wait for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Generic, TypeVar
+
+from smartnsq.conn import Connection
+from smartnsq.producer.failures import failure, late_connection, sleep_before
+from smartnsq.producer.ops import Op, Pub, Publish
+from smartnsq.producer.plans import DirectPlan, Plan, RoutedPlan
+from smartnsq.producer.pool import NodePool
+from smartnsq.producer.retry import Action, RetryPolicy, classify
+from smartnsq.producer.routing import Router
+from smartnsq.producer.targets import DirectTargets, Endpoints, Target
+from smartnsq.producer.types import PublishReceipt
+
+__all__ = ["RetryEngine", "TcpEngine"]
+
+logger = logging.getLogger("smartnsq.producer")
+
+C = TypeVar("C")
+
+Result = Coroutine[Any, Any, PublishReceipt | None]
+
+
+class RetryEngine(Generic[C]):
+    """Runs publishes with retries over targets handing out channels of type ``C``: the
+    listed nsqd (``direct``) or, with a ``router``, the nsqd its routes name, reached through
+    ``endpoints`` (see the module docstring)."""
+
+    def __init__(self, policy: RetryPolicy, *, direct: DirectTargets[Target[C]] | None = None,
+                 router: Router | None = None, endpoints: Endpoints[C] | None = None) -> None:
+        if (router is None) == (direct is None) or (router is None) != (endpoints is None):
+            raise ValueError("a retry engine needs direct targets, or a router and endpoints")
+        self.policy = policy
+        #: the longest one attempt waits for an answer
+        self.request_timeout = policy.request_timeout
+        self._direct = direct
+        self._router = router
+        self._endpoints = endpoints
+        #: publishes in flight (the loops, and the fast first attempts)
+        self.active = 0
+        self._idle: asyncio.Future[None] | None = None
+        #: the producer's loop, once bound (asyncio.get_running_loop costs a getpid system
+        #: call per call on Python 3.11)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def _time(self) -> float:
+        loop = self._loop
+        return (loop if loop is not None else asyncio.get_running_loop()).time()
+
+    def plan(self, op: Publish[C], start: Target[C] | None = None) -> Plan[C]:
+        """A fresh plan for ``op`` (``start``: direct mode's first pick, made already)."""
+        if self._direct is not None:
+            return DirectPlan(op, self.policy, self._direct, start)
+        assert self._router is not None and self._endpoints is not None
+        return RoutedPlan(op, self.policy, self._router, self._endpoints, self._time())
+
+    def retry(self, op: Publish[C], deadline: float) -> Result:
+        """``op`` from its first attempt to its answer or final error."""
+        return self.attempts(op, deadline, self.plan(op))
+
+    async def wait_idle(self) -> None:
+        """Until no publish is in flight."""
+        while self.active:
+            if self._idle is None or self._idle.done():
+                self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._idle)
+
+    def leave(self) -> None:
+        """The end of a publish counted in :attr:`active` (wait_idle() may be waiting)."""
+        self.active -= 1
+        if not self.active and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    async def attempts(self, op: Publish[C], deadline: float, plan: Plan[C],
+                       first: tuple[Target[C], Exception] | None = None
+                       ) -> PublishReceipt | None:
+        """The retry loop of ``op`` under ``plan``; ``first``: the target and error of a
+        first attempt already made (the fast path), which counts as attempt 1."""
+        self.active += 1
+        try:
+            loop = self._loop if self._loop is not None else asyncio.get_running_loop()
+            policy = self.policy
+            last: Target[C] | None = None
+            last_partition: int | None = None
+            target: Target[C] | None = None
+            exc: Exception | None = None
+            if first is not None:
+                target, exc = first
+                plan.attempt = 1
+            while True:
+                if exc is None:
+                    target = plan.pick(loop.time())
+                    if target is None:
+                        await plan.wait(deadline)
+                        last = None  # the wait was the pause before the next target
+                        continue
+                    partition = plan.partition
+                    if target is last and partition == last_partition:
+                        # the same target again (lookupd still names the old leader, one
+                        # nsqd listed ...)
+                        await sleep_before(
+                            policy.backoff.compute(max(plan.attempt, plan.waits)), deadline)
+                    plan.attempt += 1
+                    try:
+                        channel = target.pick()
+                        if channel is None:
+                            channel = await target.get()
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:
+                            raise late_connection(op, target.address, partition, plan.last_exc)
+                        return await op.send(channel, partition,
+                                             min(remaining, self.request_timeout))
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:
+                        exc = e
+                assert target is not None
+                # the attempt on ``target`` failed with ``exc``
+                action = classify(exc)
+                plan.last_exc = exc
+                if plan.counts(action):
+                    plan.counted += 1
+                else:
+                    plan.waits += 1
+                if action is Action.RAISE or plan.counted >= policy.max_attempts or \
+                        loop.time() >= deadline:
+                    err = failure(op, plan.attempt, exc, deadline)
+                    if err is exc:
+                        raise exc
+                    raise err from exc
+                logger.debug("%s to topic %r partition %s on nsqd %s failed (attempt %d, %s): "
+                             "%s", op.what, op.topic, plan.partition, target.address,
+                             plan.attempt, action.value, exc)
+                last, last_partition, exc = target, plan.partition, None
+                await plan.failed(target, action, deadline)
+        finally:
+            self.leave()
+
+
+class TcpEngine(RetryEngine[Connection]):
+    """The TCP producer's engine, with the fast first attempt of a plain publish in direct
+    mode (``direct``: the listed nsqd's connection pools)."""
+
+    def __init__(self, policy: RetryPolicy, *, direct: DirectTargets[NodePool] | None = None,
+                 router: Router | None = None, endpoints: Endpoints[Connection] | None = None
+                 ) -> None:
+        super().__init__(policy, direct=direct, router=router, endpoints=endpoints)
+        self._pools = direct
+
+    def run(self, op: Op, deadline: float) -> Result:
+        """``op`` with retries (no coroutine of its own: one frame less per publish)."""
+        if self._pools is not None and op.partition is None:
+            parts = op.plain_command()
+            if parts is not None:
+                return self._plain(op, parts, deadline)
+        return self.attempts(op, deadline, self.plan(op))
+
+    async def pub(self, topic: str, body: bytes, deadline: float, now: float) -> None:
+        """A plain PUB in direct mode (``now``: the loop's time, which the caller has): sent
+        at once on a connection that can write; without one, or when it fails, the retry
+        loop carries on (the failure counted as attempt 1)."""
+        direct = self._pools
+        assert direct is not None
+        pool = direct.pick(None, now)
+        conn = pool.pick(True) if pool is not None else None
+        if conn is None or deadline <= now:
+            # the picked pool takes the attempt: a second pick would skip it, and with two
+            # nodes every other pick (always the same one) would never be dialled
+            op = Pub(topic, None, body, False)
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool))
+            return
+        self.active += 1
+        wait = deadline - now
+        if wait > self.request_timeout:
+            wait = self.request_timeout
+        try:
+            conn.check_publish_answer(await conn.send_pub(topic, body, wait), "PUB")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            assert pool is not None
+            op = Pub(topic, None, body, False)
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+        finally:
+            self.leave()
+
+    async def _plain(self, op: Op, parts: tuple[bytes, bytes | None], deadline: float) -> None:
+        """``op``, a plain publish encoded as ``parts``: the first attempt goes straight to a
+        connection that can take it at once, as :meth:`pub`'s."""
+        direct = self._pools
+        assert direct is not None
+        now = self._time()
+        pool = direct.pick(None, now)
+        conn = pool.pick() if pool is not None else None
+        if conn is None or conn.write_paused or deadline <= now:
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool))
+            return
+        assert pool is not None
+        self.active += 1
+        try:
+            conn.check_publish_answer(await conn.send_publish(
+                parts[0], min(deadline - now, self.request_timeout), op.topic, parts[1]),
+                op.what)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+        finally:
+            self.leave()
