@@ -41,11 +41,12 @@ from smartnsq.config import ConnectionConfig, LookupConfig
 from smartnsq.conn import Connection
 from smartnsq.errors import NSQConnectionError, NSQError, NSQTimeoutError, ServerError
 from smartnsq.lookup import Lookup
-from smartnsq.protocol.messages import RawMessage
+from smartnsq.nsqd_http import NsqdHttpClient, ask_again
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.protocol.messages import MessageRecord, RawMessage
 from smartnsq.protocol.validation import parse_tcp_address
-from smartnsq.spark.nsqd_http import NsqdHttp
 
-__all__ = ["RangeFetcher", "RangeTask"]
+__all__ = ["RangeFetcher", "RangeTask", "channel_position"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,16 @@ _EMPTY_CHECK = 2.0
 MIN_RECORD = 30
 
 
+async def channel_position(http: NsqdHttpClient, leader_http: str, topic: str, partition: int,
+                           channel: str) -> int:
+    """Where ``channel`` will read next, in bytes, from the partition leader's ``/stats``."""
+    position = (await http.partition_stats(leader_http, topic, partition, channel)).channel
+    if position is None:
+        raise NSQConnectionError(f"channel {channel} of {topic} partition {partition} is not "
+                                 f"in the /stats of nsqd {leader_http}")
+    return position
+
+
 def _answer_refused(conn: Connection, exc: ServerError) -> None:
     # A FIN/REQ of a read-ahead copy (sent outside the channel's in-flight set: PROTOCOL.md
     # §13.1) is refused with E_FIN_FAILED / E_REQ_FAILED; that is expected here, not news.
@@ -71,6 +82,36 @@ def _answer_refused(conn: Connection, exc: ServerError) -> None:
         log.debug("nsqd %s: %s", conn.address, exc)
     else:
         log.warning("nsqd %s: %s", conn.address, exc)
+
+
+class _Inbox:
+    """The reading connection's delegate: its messages in arrival order, a wake-up for the
+    session, and why the connection closed."""
+
+    __slots__ = ("lost", "messages", "wake")
+
+    def __init__(self) -> None:
+        self.messages: deque[RawMessage] = deque()
+        self.wake = asyncio.Event()
+        self.lost: list[BaseException | None] = []
+
+    def on_records(self, conn: Connection, records: list[MessageRecord]) -> None:
+        # a RawMessage per record, its fields (a record's, in order) stored directly:
+        # cheaper than a call to its __init__ per message
+        new, cls, append = RawMessage.__new__, RawMessage, self.messages.append
+        for record in records:
+            m = new(cls)
+            (m.timestamp, m.attempts, m.id, m.body, m.ext_version, m.ext, m.offset,
+             m.raw_size) = record
+            append(m)
+        self.wake.set()
+
+    def on_error(self, conn: Connection, exc: ServerError) -> None:
+        _answer_refused(conn, exc)
+
+    def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        self.lost.append(exc)
+        self.wake.set()
 
 @dataclass(frozen=True, slots=True)
 class RangeTask:
@@ -154,7 +195,7 @@ class RangeFetcher:
         t = self.task
         leader, leader_http = t.leader, t.leader_http
         failures = 0
-        async with NsqdHttp(self._http_timeout) as http, \
+        async with NsqdHttpClient(timeout=self._http_timeout) as http, \
                 Lookup(LookupConfig(addresses=t.lookupd, request_timeout=self._http_timeout)
                        ) as lookup:
             try:
@@ -171,7 +212,12 @@ class RangeFetcher:
                     try:
                         async for chunk in self._session(http, leader, leader_http):
                             yield chunk
-                    except (_Reposition, NSQConnectionError, NSQTimeoutError) as exc:
+                    except (_Reposition, NSQError) as exc:
+                        # a lost connection, no answer, a leader that moved (refused on TCP
+                        # or HTTP alike): look the leader up again and resume at next_offset
+                        if not isinstance(exc, _Reposition | NSQTimeoutError) and \
+                                not ask_again(exc):
+                            raise
                         failures = 1 if self.next_offset > before else failures + 1
                         if failures >= _MAX_RETRIES:
                             raise NSQTimeoutError(
@@ -182,21 +228,15 @@ class RangeFetcher:
                         log.warning("%s partition %d at %d: %s; positioning again",
                                     t.topic, t.partition, self.next_offset, exc)
                         await asyncio.sleep(min(0.1 * 2 ** failures, 2.0))
-                    except ServerError as exc:
-                        if not exc.refresh_lookup:
-                            raise
-                        failures += 1
-                        if failures >= _MAX_RETRIES:
-                            raise
-                        await asyncio.sleep(min(0.1 * 2 ** failures, 2.0))
             finally:
                 if t.delete_channel and leader_http:
                     try:
-                        await http.delete_channel(leader_http, t.topic, t.partition, t.channel)
+                        await http.channel(leader_http, "delete", t.topic, t.channel,
+                                           t.partition)
                     except NSQError as exc:
                         log.warning("could not delete channel %s: %s", t.channel, exc)
 
-    async def _session(self, http: NsqdHttp, leader: str,
+    async def _session(self, http: NsqdHttpClient, leader: str,
                        leader_http: str) -> AsyncIterator[list[RawMessage]]:
         """One connection: position, subscribe, take messages until done or a problem."""
         t = self.task
@@ -205,25 +245,14 @@ class RangeFetcher:
             # before the position took lies at or beyond the end of this read, so the first
             # message delivered before the end is the first one at or after the position
             with contextlib.suppress(NSQError):
-                await http.delete_channel(leader_http, t.topic, t.partition, t.channel)
-        await http.create_channel(leader_http, t.topic, t.partition, t.channel)
-        await http.set_offset(leader_http, t.topic, t.partition, t.channel,
-                              f"virtual_queue:{self.next_offset}")
-        inbox: deque[RawMessage] = deque()
-        wake = asyncio.Event()
-        lost: list[BaseException | None] = []
-
-        def on_messages(_conn: Connection, batch: list[RawMessage]) -> None:
-            inbox.extend(batch)
-            wake.set()
-
-        def on_close(_conn: Connection, exc: BaseException | None) -> None:
-            lost.append(exc)
-            wake.set()
-
+                await http.channel(leader_http, "delete", t.topic, t.channel, t.partition)
+        await http.channel(leader_http, "create", t.topic, t.channel, t.partition)
+        await http.set_offset(leader_http, t.topic, t.channel, t.partition,
+                              OffsetSpec.virtual_queue(self.next_offset))
+        box = _Inbox()
+        inbox, wake, lost = box.messages, box.wake, box.lost
         host, port = parse_tcp_address(leader)
-        conn = Connection(host, port, self._config, on_messages=on_messages,
-                          on_close=on_close, on_error=_answer_refused)
+        conn = Connection(host, port, self._config, delegate=box)
         self._strays = 0
         self._held.clear()
         self._frontier = self.next_offset
@@ -282,11 +311,11 @@ class RangeFetcher:
             self._held.clear()
             await _close(conn, inbox)
 
-    async def _nothing_from(self, http: NsqdHttp, leader_http: str) -> bool:
+    async def _nothing_from(self, http: NsqdHttpClient, leader_http: str) -> bool:
         """Unaligned and nothing came: whether no message starts between the position and
         the end (the channel, long since positioned, is at or beyond the end)."""
         t = self.task
-        pos = await http.channel_position(leader_http, t.topic, t.partition, t.channel)
+        pos = await channel_position(http, leader_http, t.topic, t.partition, t.channel)
         if self.next_offset <= pos and pos >= t.end:
             self.next_offset, self._unaligned = pos, False
             return True

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from smartnsq.config import LookupConfig
-from smartnsq.errors import ConfigError, NSQConnectionError, TopicNotFoundError
-from smartnsq.lookup import Lookup, TopicView
-from smartnsq.spark.fetch import MIN_RECORD, RangeFetcher, RangeTask
-from smartnsq.spark.nsqd_http import NsqdHttp
+from smartnsq.errors import NSQConnectionError, ServerError, TopicNotFoundError
+from smartnsq.lookup import Lookup, Node, TopicView
+from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
+from smartnsq.protocol.commands import OffsetSpec
+from smartnsq.spark.fetch import MIN_RECORD, RangeFetcher, RangeTask, channel_position
 from smartnsq.spark.offsets import EARLIEST, LATEST, PartitionState
 from smartnsq.spark.options import SourceOptionError, SourceOptions
 
@@ -53,11 +54,19 @@ async def _view(lookup: Lookup, topic: str) -> TopicView:
     return view
 
 
+async def _state(http: NsqdHttpClient, topic: str, partition: int, leader: Node
+                 ) -> PartitionState:
+    st = await http.partition_stats(leader.http_address, topic, partition)
+    return PartitionState(partition, st.start, st.end, st.message_count, leader.address,
+                          leader.http_address)
+
+
 async def snapshot(opts: SourceOptions, *, attempts: int = 5) -> Snapshot:
     """Leaders from the lookup, then ``/stats`` from each leader; a leader that moved between
     the two is looked up again (a bounded number of times)."""
     last: Exception | None = None
-    async with Lookup(LookupConfig(addresses=opts.lookupd)) as lookup, NsqdHttp() as http:
+    async with Lookup(LookupConfig(addresses=opts.lookupd)) as lookup, \
+            NsqdHttpClient() as http:
         for i in range(attempts):
             view = await _view(lookup, opts.topic)
             if view.missing_partitions and i < attempts - 1:
@@ -67,9 +76,10 @@ async def snapshot(opts: SourceOptions, *, attempts: int = 5) -> Snapshot:
                 continue
             try:
                 states = await asyncio.gather(*(
-                    http.partition_state(node.http_address, node.address, opts.topic, p)
+                    _state(http, opts.topic, p, node)
                     for p, node in sorted(view.partitions.items())))
-            except NSQConnectionError as exc:
+            except (NsqdHttpError, ServerError) as exc:
+                # any failure of a /stats read (no answer, a leader that moved): look again
                 last = exc
                 await asyncio.sleep(0.2 * (i + 1))
                 continue
@@ -100,12 +110,12 @@ async def next_boundaries(opts: SourceOptions, snap: Snapshot, offsets: Mapping[
     channel asked for that position (read back from ``/stats``). The retained start and the
     end are boundaries already; nothing is asked about them."""
     out = dict(offsets)
-    async with NsqdHttp() as http:
+    async with NsqdHttpClient() as http:
         for p, off in sorted(offsets.items()):
             st = snap.partitions[p]
             if off in (st.start, st.end):
                 continue
-            pos = await _positioned(http, opts.topic, st, channel, f"virtual_queue:{off}")
+            pos = await _positioned(http, opts.topic, st, channel, OffsetSpec.virtual_queue(off))
             out[p] = min(max(pos, off), st.end)
     return out
 
@@ -115,7 +125,7 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
     """Per partition, the byte offset of the first message at or after ``seconds`` (the
     server's timestamp search on a throw-away channel)."""
     out: dict[int, int] = {}
-    async with NsqdHttp() as http:
+    async with NsqdHttpClient() as http:
         for p, st in sorted(snap.partitions.items()):
             if st.end <= st.start:
                 # real nsqd answers an empty partition's search with 500 "commit log end
@@ -123,9 +133,10 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
                 out[p] = st.end
                 continue
             try:
-                pos = await _positioned(http, opts.topic, st, channel, f"timestamp:{seconds}")
-            except ConfigError as exc:
-                if "end of file" not in str(exc):
+                pos = await _positioned(http, opts.topic, st, channel,
+                                        OffsetSpec.timestamp(seconds))
+            except NsqdHttpError as exc:
+                if "end of file" not in exc.reason:
                     raise
                 # every retained message is older than the timestamp
                 pos = st.end
@@ -133,28 +144,28 @@ async def resolve_timestamp(opts: SourceOptions, snap: Snapshot, seconds: int,
     return out
 
 
-async def _positioned(http: NsqdHttp, topic: str, st: PartitionState, channel: str,
-                      position: str) -> int:
+async def _positioned(http: NsqdHttpClient, topic: str, st: PartitionState, channel: str,
+                      position: OffsetSpec) -> int:
     """Where nsqd puts a fresh ``channel`` asked for ``position`` (``/channel/setoffset``);
     its position is read back from ``/stats`` (end minus the channel's bytes left) and the
     channel deleted again."""
-    await http.create_channel(st.leader_http, topic, st.partition, channel)
+    await http.channel(st.leader_http, "create", topic, channel, st.partition)
     try:
-        fresh = await http.channel_position(st.leader_http, topic, st.partition, channel)
-        await http.set_offset(st.leader_http, topic, st.partition, channel, position)
+        fresh = await channel_position(http, st.leader_http, topic, st.partition, channel)
+        await http.set_offset(st.leader_http, topic, channel, st.partition, position)
         return await _settled(http, st.leader_http, topic, st.partition, channel, fresh)
     finally:
-        await http.delete_channel(st.leader_http, topic, st.partition, channel)
+        await http.channel(st.leader_http, "delete", topic, channel, st.partition)
 
 
-async def _settled(http: NsqdHttp, leader_http: str, topic: str, partition: int,
+async def _settled(http: NsqdHttpClient, leader_http: str, topic: str, partition: int,
                    channel: str, fresh: int) -> int:
     """The channel's position once nsqd applied a setoffset: the channel's pump applies it
     asynchronously, so right after the call /stats may still show the fresh channel's
     position (seen under load). A position that never moves is the answer after a while."""
     pos = fresh
     for _ in range(_SETTLE_POLLS):
-        pos = await http.channel_position(leader_http, topic, partition, channel)
+        pos = await channel_position(http, leader_http, topic, partition, channel)
         if pos != fresh:
             return pos
         await asyncio.sleep(_SETTLE_INTERVAL)

@@ -32,8 +32,9 @@ from pyspark.sql.streaming.datasource import (
 
 from smartnsq.config import ConnectionConfig
 from smartnsq.errors import NSQError
+from smartnsq.nsqd_http import NsqdHttpClient
+from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
-from smartnsq.spark.nsqd_http import NsqdHttp
 from smartnsq.spark.offsets import (
     PartitionState,
     check_data_loss,
@@ -287,14 +288,14 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     async def _move_channel(self, end: Mapping[int, int]) -> None:
         snap = await snapshot(self.opts)
-        async with NsqdHttp() as http:
+        async with NsqdHttpClient() as http:
             for p, off in sorted(end.items()):
                 st = snap.partitions.get(p)
                 if st is None or off > st.end:
                     continue
-                await http.create_channel(st.leader_http, self.opts.topic, p, self.channel)
-                await http.set_offset(st.leader_http, self.opts.topic, p, self.channel,
-                                      f"virtual_queue:{off}")
+                await http.channel(st.leader_http, "create", self.opts.topic, self.channel, p)
+                await http.set_offset(st.leader_http, self.opts.topic, self.channel, p,
+                                      OffsetSpec.virtual_queue(off))
 
     def stop(self) -> None:
         if self._probed:
@@ -305,11 +306,12 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     async def _drop_probe_channel(self) -> None:
         snap = await snapshot(self.opts)
-        async with NsqdHttp() as http:
+        async with NsqdHttpClient() as http:
             for p, st in sorted(snap.partitions.items()):
                 # a partition never probed has no such channel
                 with contextlib.suppress(NSQError):
-                    await http.delete_channel(st.leader_http, self.opts.topic, p, self._probe)
+                    await http.channel(st.leader_http, "delete", self.opts.topic, self._probe,
+                                       p)
 
 
 class YouzanBatchReader(DataSourceReader):

@@ -351,6 +351,7 @@ async def test_timestamp_position_is_read_once_nsqd_applied_it() -> None:
     # nsqd applies a setoffset on the channel's pump, asynchronously: right after the call
     # /stats may still show the fresh channel's position (its queue end); the position read
     # back is the first that differs from it, or the fresh one if it never moves
+    from smartnsq.nsqd_http import PartitionStats
     from smartnsq.spark import planning
 
     class Stats:
@@ -358,9 +359,9 @@ async def test_timestamp_position_is_read_once_nsqd_applied_it() -> None:
             self.answers = answers
             self.calls = 0
 
-        async def channel_position(self, *_args: object) -> int:
+        async def partition_stats(self, *_args: object) -> PartitionStats:
             self.calls += 1
-            return self.answers[min(self.calls, len(self.answers)) - 1]
+            return PartitionStats(0, 1000, 9, self.answers[min(self.calls, len(self.answers)) - 1])
 
     late = Stats([900, 900, 900, 420])
     assert await planning._settled(late, "h:1", "t", 0, "c", 900) == 420  # type: ignore[arg-type]

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.producer import Producer
-from smartnsq.spark.nsqd_http import NsqdHttp
+from smartnsq.spark.fetch import channel_position
 from smartnsq.spark.options import parse_source_options
 from smartnsq.spark.planning import snapshot
 from tests.spark.conftest import ThreadedCluster
@@ -100,9 +101,9 @@ def channel_positions(tc: ThreadedCluster, options: dict[str, str]) -> dict[int,
 
     async def run() -> dict[int, int]:
         snap = await snapshot(o)
-        async with NsqdHttp() as http:
-            return {p: await http.channel_position(st.leader_http, o.topic, p,
-                                                   o.channel_for(""))
+        async with NsqdHttpClient() as http:
+            return {p: await channel_position(http, st.leader_http, o.topic, p,
+                                              o.channel_for(""))
                     for p, st in snap.partitions.items()}
 
     return tc.call(run())
