@@ -13,6 +13,7 @@ from smartnsq.ordered.sharding import (
     java_string_hash,
     murmur3_32,
     shard_partition,
+    shard_partitions,
     shard_trace_id,
 )
 from tests.test_producer_support import murmur3_32_reference
@@ -111,7 +112,25 @@ def test_int_keys_are_their_decimal_text_under_murmur3() -> None:
         shard_partition(True, 4)
 
 
+@given(st.lists(st.one_of(st.text(max_size=16), st.binary(max_size=16),
+                         st.integers(min_value=-(2**63), max_value=2**63 - 1)), max_size=20),
+       st.integers(min_value=1, max_value=64))
+def test_a_batch_of_keys_goes_where_each_key_goes(keys: list[str | bytes | int], n: int) -> None:
+    # the Spark sink hashes a batch's distinct keys at once: the same rule, key by key
+    def reference(k: str | bytes | int) -> int:
+        data = k.encode() if isinstance(k, str) else str(k).encode() if isinstance(k, int) else k
+        return murmur3_32_reference(data) % n
+
+    assert shard_partitions(keys, n) == [reference(k) for k in keys]
+    assert shard_partitions([bytearray(b"ab"), memoryview(b"ab")], n) == [reference(b"ab")] * 2
+    text = [k for k in keys if not isinstance(k, bytes)]
+    assert shard_partitions(text, n, "java") == [shard_partition(k, n, "java") for k in text]
+    assert shard_partitions(text, n, "java") == [abs(java_hash(k)) % n for k in text]
+
+
 def test_bad_keys_and_counts() -> None:
+    with pytest.raises(ConfigError):
+        shard_partitions(["a", True], 4)
     with pytest.raises(ConfigError):
         shard_partition(b"x", 4, "java")
     with pytest.raises(ConfigError):

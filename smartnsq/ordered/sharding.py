@@ -15,6 +15,7 @@ PUB_TRACE and the key's unsigned murmur3 hash as trace id: :func:`shard_trace_id
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import mmh3
@@ -80,12 +81,30 @@ def _java_mod(h: int, n: int) -> int:
 
 def shard_partition(key: ShardKey, partition_num: int, rule: ShardRule = "murmur3") -> int:
     """The partition of ``key`` among ``partition_num`` partitions under ``rule``."""
+    return shard_partitions((key,), partition_num, rule)[0]
+
+
+def shard_partitions(keys: Iterable[ShardKey], partition_num: int,
+                     rule: ShardRule = "murmur3") -> list[int]:
+    """:func:`shard_partition` of each key, the arguments checked once: the rule itself, which
+    the producer applies to one key and the Spark sink to a batch's distinct keys."""
     if partition_num <= 0:
         raise ConfigError(f"partition_num must be positive, got {partition_num}")
     if rule == "murmur3":
-        return murmur3_32(_murmur3_bytes(key)) % partition_num
+        h = mmh3.hash
+        out = []
+        for k in keys:
+            data: str | bytes
+            if type(k) is str or type(k) is bytes:
+                data = k  # mmh3 hashes a str as its UTF-8 bytes
+            elif type(k) is int:
+                data = str(k)  # its decimal text
+            else:
+                data = _murmur3_bytes(k)  # other bytes-likes, and the errors of bad keys
+            out.append(h(data, 0, signed=False) % partition_num)
+        return out
     if rule == "java":
-        return _java_mod(java_hash(key), partition_num)
+        return [_java_mod(java_hash(k), partition_num) for k in keys]
     raise ConfigError(f"shard rule must be 'murmur3' or 'java', got {rule!r}")
 
 

@@ -2,7 +2,8 @@
 
 A Spark task hands the sink ``pyarrow.RecordBatch``es. :func:`check_schema` validates the
 columns once on the driver; :class:`BatchPlan` splits one batch by topic and target partition
-(``partition`` column, else the ``shard_key``'s murmur3 partition, else the producer's
+(``partition`` column, else the ``shard_key``'s partition under the ``shardHash`` rule of
+:mod:`smartnsq.ordered.sharding`, hashed once per distinct key, else the producer's
 round-robin) and encodes each group into MPUB (or MPUB_TRACE) bodies straight from the Arrow
 buffers: the ``[size][body]`` elements come from one vectorised ``binary_join_element_wise`` of
 a prefix column (each MPUB's first prefix also holds the body's count) and the value column, so
@@ -20,10 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import mmh3
 import numpy as np
 
 from smartnsq.errors import ConfigError
+from smartnsq.ordered.sharding import shard_partitions
 from smartnsq.producer.checks import check_body
 from smartnsq.protocol.commands import encode_ext_header
 from smartnsq.protocol.validation import MAX_DELAY_MS, MAX_PARTITION, check_topic
@@ -38,7 +39,6 @@ __all__ = [
     "Unit",
     "check_schema",
     "deterministic_trace_base",
-    "shard_partition_of",
 ]
 
 #: the columns the sink understands, and what each does
@@ -46,7 +46,8 @@ SINK_COLUMNS: Mapping[str, str] = {
     "value": "the message body (binary or string, required)",
     "topic": "the row's topic (used only when the topic option is absent)",
     "partition": "youzan partition (wins over shard_key)",
-    "shard_key": "sharded ordered publish: murmur3(key) % partition_num",
+    "shard_key": "sharded ordered publish: the key's partition under the shardHash rule "
+                 "(string, binary or integer; binary keys only with murmur3)",
     "trace_id": "youzan PUB_TRACE trace id (long, >= 0)",
     "ext": "youzan PUB_EXT header (map<string,string>)",
     "delay_ms": "stock DPUB delay in milliseconds",
@@ -94,7 +95,7 @@ def check_schema(schema: Any, opts: SinkOptions) -> tuple[str, ...]:
         "value": ((t.BinaryType, t.StringType), "binary or string"),
         "topic": ((t.StringType,), "string"),
         "partition": (ints, "an integer type"),
-        "shard_key": ((t.StringType, t.BinaryType), "string or binary"),
+        "shard_key": ((t.StringType, t.BinaryType, *ints), "string, binary or an integer type"),
         "trace_id": (ints, "an integer type (long)"),
         "ext": ((t.MapType,), "map<string,string>"),
         "delay_ms": (ints, "an integer type"),
@@ -108,6 +109,10 @@ def check_schema(schema: Any, opts: SinkOptions) -> tuple[str, ...]:
         if not ok:
             raise ConfigError(f"column {name} must be {what} for the nsq sink, got "
                               f"{dtype.simpleString()}")
+    if opts.shardHash == "java" and isinstance(types.get("shard_key"), t.BinaryType):
+        raise ConfigError("column shard_key is binary, but shardHash=java hashes strings "
+                          "(String.hashCode) and integers (Long.hashCode): give a string or "
+                          "integer column, or shardHash=murmur3")
     if "topic" not in names and opts.topic is None:
         raise ConfigError("the nsq sink needs the topic option or a topic column")
     if "delay_ms" in names:
@@ -136,12 +141,6 @@ def deterministic_trace_base(batch_id: int, task_partition: int) -> int:
                           f"partitions; task partition {task_partition} is beyond")
     batch = batch_id % (1 << BATCH_BITS)
     return (batch << (PARTITION_BITS + ROW_BITS)) | (task_partition << ROW_BITS)
-
-
-def shard_partition_of(key: str | bytes, partition_num: int) -> int:
-    """youzan go-nsq's rule (the same as ``Producer.publish_ordered``)."""
-    data = key.encode("utf-8") if isinstance(key, str) else key
-    return int(mmh3.hash(data, 0, signed=False)) % partition_num
 
 
 # ---------------------------------------------------------------------------- publish units
@@ -283,7 +282,9 @@ class BatchPlan:
             k = key.take(idx) if idx is not None else key
             enc = pc.dictionary_encode(k)
             uniq = enc.dictionary.to_pylist()
-            parts = pa.array([shard_partition_of(u, partition_num) for u in uniq], pa.int64())
+            # the rule once per distinct key (Producer.publish_ordered's rule, in one call)
+            parts = pa.array(shard_partitions(uniq, partition_num, self.opts.shardHash),
+                             pa.int64())
             out = pc.take(parts, enc.indices)  # null keys stay null
         elif key is not None and not partition_num:
             raise ConfigError("column shard_key needs a youzan partitioned topic (its partition "

@@ -8,7 +8,7 @@ naming the option (as documented) and the value, before any task starts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -65,6 +65,9 @@ class SinkOptions(BaseModel):
     maxBatchBytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     #: upper bound of one message body (nsqd's --max-msg-size is 1 MiB by default)
     maxMessageBytes: int = Field(default=1 << 20, ge=1)
+    #: shard_key → partition rule, as ProducerConfig.shard_hash: youzan go-nsq's murmur3
+    #: (default) or the youzan Java SDK's hashCode rule
+    shardHash: Literal["murmur3", "java"] = "murmur3"
 
     @field_validator("lookupd", "nsqd", mode="before")
     @classmethod
@@ -84,6 +87,11 @@ class SinkOptions(BaseModel):
         if v is not None:
             check_topic(v)
         return v
+
+    @field_validator("shardHash", mode="before")
+    @classmethod
+    def _rule(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("deterministicTraceIds", mode="before")
     @classmethod
