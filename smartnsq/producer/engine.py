@@ -176,6 +176,9 @@ class TcpEngine(RetryEngine[Connection]):
                  ) -> None:
         super().__init__(policy, direct=direct, router=router, endpoints=endpoints)
         self._pools = direct
+        #: the one listed pool, when only one is listed (its pick() says whether it is up)
+        self._only = direct.targets[0] if direct is not None and len(direct.targets) == 1 \
+            else None
 
     def run(self, op: Op, deadline: float) -> Result:
         """``op`` with retries (no coroutine of its own: one frame less per publish)."""
@@ -189,11 +192,15 @@ class TcpEngine(RetryEngine[Connection]):
         """A plain PUB in direct mode (``now``: the loop's time, which the caller has): sent
         at once on a connection that can write; without one, or when it fails, the retry
         loop carries on (the failure counted as attempt 1)."""
+        only = self._only
         direct = self._pools
         assert direct is not None
-        pool = direct.pick(None, now)
+        # one nsqd listed (the common case): its pick() alone says whether it can take it
+        pool = only if only is not None else direct.pick(None, now)
         conn = pool.pick(True) if pool is not None else None
         if conn is None or deadline <= now:
+            if pool is only and pool is not None and not pool.available(now):
+                pool = None  # in its backoff: the plan waits for it
             # the picked pool takes the attempt: a second pick would skip it, and with two
             # nodes every other pick (always the same one) would never be dialled
             op = Pub(topic, None, body, False)
@@ -217,15 +224,17 @@ class TcpEngine(RetryEngine[Connection]):
     async def _plain(self, op: Op, parts: tuple[bytes, bytes | None], deadline: float) -> None:
         """``op``, a plain publish encoded as ``parts``: the first attempt goes straight to a
         connection that can take it at once, as :meth:`pub`'s."""
+        only = self._only
         direct = self._pools
         assert direct is not None
         now = self._time()
-        pool = direct.pick(None, now)
-        conn = pool.pick() if pool is not None else None
-        if conn is None or conn.write_paused or deadline <= now:
+        pool = only if only is not None else direct.pick(None, now)
+        conn = pool.pick(True) if pool is not None else None
+        if conn is None or deadline <= now:
+            if pool is only and pool is not None and not pool.available(now):
+                pool = None
             await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool))
             return
-        assert pool is not None
         self.active += 1
         try:
             conn.check_publish_answer(await conn.send_publish(
@@ -234,6 +243,7 @@ class TcpEngine(RetryEngine[Connection]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            assert pool is not None
             await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
         finally:
             self.leave()
