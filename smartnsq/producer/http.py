@@ -106,6 +106,7 @@ class HttpProducer:
         if loop is not self._loop:
             if self._loop is None:
                 self._loop = loop
+                self._engine.bind(loop)
             else:
                 check_loop(self._loop, "this HttpProducer")
 

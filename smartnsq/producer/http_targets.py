@@ -32,6 +32,8 @@ from smartnsq.protocol.validation import parse_http_address
 
 __all__ = ["HttpNode", "HttpNodes", "HttpPublish", "node_backoff"]
 
+_WHAT = {"/pubtrace": "traced publish", "/pub_ext": "publish with ext header"}
+
 
 def node_backoff(config: ProducerConfig) -> Backoff:
     """How long an HTTP node is passed over after its n-th consecutive failure."""
@@ -126,9 +128,7 @@ class HttpPublish:
     defer request goes to them (with lookupd the route says)."""
 
     __slots__ = ("body", "direct", "params", "partition", "path", "rule", "session", "shard",
-                 "stock_only", "topic", "youzan_only")
-
-    what: ClassVar[str] = "publish"
+                 "stock_only", "topic", "what", "youzan_only")
 
     def __init__(self, session: aiohttp.ClientSession, path: str, params: dict[str, str],
                  body: bytes, topic: str, partition: int | None, *, youzan_only: bool,
@@ -142,6 +142,8 @@ class HttpPublish:
         self.youzan_only = youzan_only
         self.stock_only = stock_only
         self.direct = direct
+        #: what errors call it
+        self.what = _WHAT.get(path, "publish") if not stock_only else "deferred publish"
         self.shard: ShardKey | None = None
         self.rule: ShardRule = "murmur3"
 
