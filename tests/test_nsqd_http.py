@@ -75,7 +75,8 @@ async def roles(yz: YouzanCluster, topic: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.real_youzan
-async def test_not_leader_and_no_such_partition_are_typed_once(yz_topic: Any) -> None:
+async def test_not_leader_and_no_such_partition_are_typed_once(
+        yz_topic: tuple[YouzanCluster, str]) -> None:
     yz, name = yz_topic
     leader, follower, outsider = await roles(yz, name)
     async with NsqdHttpClient(timeout=10) as nsqd:
@@ -108,13 +109,14 @@ async def yz_topic(youzan: YouzanCluster) -> tuple[YouzanCluster, str]:  # noqa:
 
 
 @pytest.mark.real_youzan
-async def test_a_start_position_read_from_a_replica_is_not_leader(yz_topic: Any) -> None:
+async def test_a_start_position_read_from_a_replica_is_not_leader(
+        yz_topic: tuple[YouzanCluster, str]) -> None:
     # a stale lookup names a former leader: its /stats still lists the partition, but the
     # position it reports is not the leader's, so positioning must not go on from it
     yz, name = yz_topic
     _, follower, _ = await roles(yz, name)
-    host, port = follower.split(":")
-    ep = Endpoint(f"{host}:1", host, 1, 0, follower)
+    host = follower.rsplit(":", 1)[0]
+    ep = Endpoint(f"{host}:1", host, 1, 0, follower)  # the TCP side is not used here
     positioner = Positioner(name, "ch", ep, OffsetSpec.virtual_queue(0), timeout=10,
                             ordered=False)
     with pytest.raises(NotLeaderError, match="led by another nsqd"):
