@@ -73,7 +73,7 @@ async def preload_channel(address: str, topic: str, count: int,
     """Create ``channel`` on ``topic`` (a SUB that never sends RDY), MPUB ``count`` messages
     into it, then unsubscribe: the channel keeps them for whichever client consumes next."""
     host, port = parse_tcp_address(address)
-    conn = Connection(host, port, on_message=lambda *_: None)
+    conn = Connection(host, port, on_records=lambda *_: None)
     await conn.connect()
     try:
         await conn.subscribe(topic, channel, timeout=10)

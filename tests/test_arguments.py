@@ -258,7 +258,8 @@ class _Owner:
 
 @pytest.mark.parametrize("value", [NAN, INF, -1, True, "x"], ids=bad_id)
 def test_message_requeue_delay(value: Any) -> None:
-    from smartnsq.protocol.messages import STOCK_LAYOUT, decode_message
+    from smartnsq.protocol.frames import decode_message
+    from smartnsq.protocol.messages import STOCK_LAYOUT
 
     raw = decode_message(encode_message(1, 1, b"0" * 16, b"body"), STOCK_LAYOUT)
     owner = _Owner()
@@ -292,7 +293,7 @@ async def _idle_sub(p: Peer) -> None:
 async def test_connection_timeouts_never_reach_a_timer() -> None:
     async with ScriptedServer(_idle_sub) as srv:
         conn = Connection("127.0.0.1", srv.port, ConnectionConfig(close_timeout=1.0),
-                          on_message=lambda c, m: None)
+                          on_records=lambda c, rs: None)
         await conn.connect()
         for bad in (NAN, INF, -1, 0, True):
             with pytest.raises(ConfigError, match="timeout"):

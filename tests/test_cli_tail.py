@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from smartnsq.protocol import commands as C
-from smartnsq.protocol.messages import decode_message
+from smartnsq.protocol.frames import decode_message
 from tests.cli_support import WAIT, closed_port, smartnsq
 from tests.devcluster_helpers import client
 from tests.real_servers import (  # noqa: F401  (the fixtures)

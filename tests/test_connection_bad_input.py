@@ -66,7 +66,7 @@ async def run_after_publishes(bad: Bad, exc_type: type[NSQError], match: str,
 
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg(**config),
-                          on_message=lambda c, m: None, on_close=lambda c, e: closes.append(e))
+                          on_records=lambda c, rs: None, on_close=lambda c, e: closes.append(e))
         await conn.connect()
         results = await asyncio.gather(conn.publish("t", b"a"), conn.publish("t", b"b"),
                                        return_exceptions=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from smartnsq.config import ConnectionConfig
-from smartnsq.conn import Connection
+from smartnsq.conn import Connection, ConnectionCallbacks
 from smartnsq.errors import (
     ConfigError,
     FinFailedError,
@@ -21,8 +21,8 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
-from smartnsq.protocol.messages import RawMessage, encode_message, youzan_id
+from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
+from smartnsq.protocol.messages import MessageRecord, RawMessage, encode_message, youzan_id
 from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
 
 # ids whose binary form contains the bytes nsqd's line parser would trip over (§4.2)
@@ -38,14 +38,15 @@ def cfg(**kw: Any) -> ConnectionConfig:
 
 
 class Inbox:
-    """Collects delivered messages; ``wait(n)`` returns once n arrived (bounded)."""
+    """An ``on_records`` that collects delivered messages as RawMessage objects; ``wait(n)``
+    returns once n arrived (bounded)."""
 
     def __init__(self) -> None:
         self.messages: list[RawMessage] = []
         self._changed = asyncio.Event()
 
-    def __call__(self, conn: Connection, msg: RawMessage) -> None:
-        self.messages.append(msg)
+    def __call__(self, conn: Connection, records: list[MessageRecord]) -> None:
+        self.messages += [RawMessage(*r) for r in records]
         self._changed.set()
 
     async def wait(self, n: int) -> list[RawMessage]:
@@ -89,7 +90,7 @@ async def test_ordered_ext_messages_and_fixed_layout_fin_req_touch() -> None:
 
     inbox = Inbox()
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(extend_support=True), on_message=inbox)
+        conn = Connection("127.0.0.1", srv.port, cfg(extend_support=True), on_records=inbox)
         await conn.connect()
         await conn.subscribe("t", "c", 2, mode="ordered", ext=True)
         assert conn.subscribed and conn.layout.ext and conn.layout.position
@@ -122,7 +123,7 @@ async def test_advanced_subscription_with_offset() -> None:
 
     inbox = Inbox()
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox)
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=inbox)
         await conn.connect()
         await conn.subscribe("t", "c", 0, mode="advanced",
                              offset=OffsetSpec.virtual_queue(123))
@@ -163,7 +164,7 @@ async def test_non_fatal_fin_error_goes_to_on_error() -> None:
         await finish_cls(p)
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=lambda c, rs: None,
                           on_error=lambda c, e: errors.append(e))
         await conn.connect()
         await conn.subscribe("t", "c")
@@ -192,7 +193,7 @@ async def test_close_sends_cls_and_delivers_until_close_wait() -> None:
 
     inbox = Inbox()
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox,
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=inbox,
                           on_close=lambda c, e: closes.append(e))
         await conn.connect()
         await conn.subscribe("t", "c")
@@ -216,7 +217,7 @@ async def test_close_is_bounded_when_close_wait_never_comes() -> None:
 
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg(close_timeout=0.2),
-                          on_message=lambda c, m: None)
+                          on_records=lambda c, rs: None)
         await conn.connect()
         await conn.subscribe("t", "c")
         loop = asyncio.get_running_loop()
@@ -237,7 +238,7 @@ async def test_fatal_sub_error_raises_and_closes() -> None:
         await p.expect_eof()
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=lambda c, rs: None,
                           on_close=lambda c, e: closes.append(e))
         await conn.connect()
         with pytest.raises(SubExtendNeedError) as info:
@@ -261,7 +262,7 @@ async def test_fatal_error_answering_a_fire_and_forget_command_closes() -> None:
         await p.expect_eof()
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None,
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=lambda c, rs: None,
                           on_close=lambda c, e: closes.append(e))
         await conn.connect()
         await conn.subscribe("t", "c")
@@ -300,9 +301,9 @@ async def test_subscribe_argument_checks() -> None:
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg())
         await conn.connect()
-        with pytest.raises(ConfigError, match="on_message"):
+        with pytest.raises(ConfigError, match="on_records"):
             await conn.subscribe("t", "c")
-        conn.on_message = lambda c, m: None
+        conn.delegate = ConnectionCallbacks(on_records=lambda c, rs: None)
         with pytest.raises(UnsupportedFeatureError):
             await conn.subscribe("t", "c", 0, mode="ordered")
         with pytest.raises(ConfigError, match="advanced"):
@@ -317,7 +318,7 @@ async def test_subscribe_argument_checks() -> None:
         await conn.close()
 
 
-async def test_failing_on_message_is_logged_and_delivery_goes_on(
+async def test_failing_on_records_is_logged_and_delivery_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     async def script(p: Peer) -> None:
         await p.handshake()
@@ -325,21 +326,24 @@ async def test_failing_on_message_is_logged_and_delivery_goes_on(
         p.send_response()
         await p.expect(b"RDY")
         p.send_message(encode_message(1, 1, b"0" * 16, b"boom"))
+        p.send_response(b"_heartbeat_")
+        await p.expect(b"NOP")  # the failing delivery was handled: the next is a read of its own
         p.send_message(encode_message(1, 1, b"1" * 16, b"fine"))
         await finish_cls(p)
 
     seen: list[bytes] = []
     done = asyncio.Event()
 
-    def on_message(conn: Connection, msg: RawMessage) -> None:
-        seen.append(msg.body)
-        if msg.body == b"boom":
-            raise RuntimeError("handler bug")
-        done.set()
+    def on_records(conn: Connection, records: list[MessageRecord]) -> None:
+        for msg in (RawMessage(*r) for r in records):
+            seen.append(msg.body)
+            if msg.body == b"boom":
+                raise RuntimeError("handler bug")
+            done.set()
 
     caplog.set_level(logging.ERROR)
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=on_message)
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=on_records)
         await conn.connect()
         await conn.subscribe("t", "c")
         conn.send_rdy(2)
@@ -358,7 +362,7 @@ async def test_rdy_before_subscribe_is_refused_and_sub_timeout_closes() -> None:
         await p.expect_eof()  # never answers the SUB
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=lambda c, m: None)
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=lambda c, rs: None)
         await conn.connect()
         with pytest.raises(ConfigError, match="RDY before"):
             conn.send_rdy(1)
@@ -380,7 +384,7 @@ async def test_cls_timeout() -> None:
 
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg(close_timeout=0.1),
-                          on_message=lambda c, m: None)
+                          on_records=lambda c, rs: None)
         await conn.connect()
         await conn.subscribe("t", "c")
         with pytest.raises(NSQTimeoutError, match="CLS"):
@@ -413,7 +417,7 @@ async def test_stock_fins_keep_their_order_among_other_commands() -> None:
 
     inbox = Inbox()
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_message=inbox)
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=inbox)
         await conn.connect()
         await conn.subscribe("t", "c")
         conn.send_rdy(6)
@@ -437,51 +441,3 @@ async def test_stock_fins_keep_their_order_among_other_commands() -> None:
         (b"REQ", [ids[3], b"10"]), (b"TOUCH", [ids[4]]), (b"FIN", [ids[4]]),
         (b"FIN", [ids[5]]),
     ]
-
-
-async def test_on_messages_gets_each_run_of_messages_in_stream_order(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """on_messages: one call per run of message frames in a read; a heartbeat or an error
-    frame between them is handled in its place; a failing callback is logged and delivery
-    goes on."""
-    log: list[Any] = []
-    second_read = asyncio.Event()
-
-    def msg(i: int) -> bytes:
-        return encode_frame(FRAME_MESSAGE, encode_message(1, 1, b"%016x" % i, b"m%d" % i))
-
-    async def script(p: Peer) -> None:
-        await p.handshake()
-        await p.expect(b"SUB")
-        p.send_response()
-        await p.expect(b"RDY")
-        p.send_raw(msg(0) + msg(1) + encode_frame(FRAME_RESPONSE, b"_heartbeat_") + msg(2)
-                   + encode_frame(FRAME_ERROR, b"E_FIN_FAILED FIN x failed ID not in flight")
-                   + msg(3) + msg(4))
-        await p.expect(b"NOP")
-        await p.expect(b"TOUCH")  # sent after the first read was handled
-        p.send_raw(msg(5))
-        await finish_cls(p)
-
-    def on_messages(conn: Connection, msgs: list[RawMessage]) -> None:
-        log.append([m.body for m in msgs])
-        if msgs[0].body == b"m3":
-            conn.touch(msgs[0].id)
-            raise RuntimeError("callback bug")
-        if msgs[0].body == b"m5":
-            second_read.set()
-
-    caplog.set_level(logging.ERROR)
-    async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_messages=on_messages,
-                          on_error=lambda c, e: log.append(type(e).__name__))
-        await conn.connect()
-        await conn.subscribe("t", "c")  # on_messages alone is a subscriber
-        conn.send_rdy(10)
-        async with asyncio.timeout(3):
-            await second_read.wait()
-        assert conn.is_connected and conn.in_flight == 6
-        assert conn.stats().messages_in == 6
-        await conn.close()
-    assert log == [[b"m0", b"m1"], [b"m2"], "FinFailedError", [b"m3", b"m4"], [b"m5"]]
-    assert "on_messages callback failed" in caplog.text and "callback bug" in caplog.text

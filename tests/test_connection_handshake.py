@@ -26,6 +26,7 @@ from smartnsq.errors import (
     TLSError,
 )
 from smartnsq.protocol.frames import MAGIC_V2, OK
+from smartnsq.protocol.messages import BODY, ID, MessageRecord
 from tests.scripted_server import (
     YOUZAN_VERSION,
     Peer,
@@ -74,7 +75,7 @@ async def test_identify_sends_every_field_and_records_the_answer() -> None:
                  msg_timeout=30, extend_support=True, desired_tag="blue",
                  ext_filter={"type": 1, "filter_ext_key": "k", "filter_data": "v"})
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, config, on_message=lambda c, m: None)
+        conn = Connection("127.0.0.1", srv.port, config, on_records=lambda c, rs: None)
         ident = await conn.connect()
         assert conn.is_connected
         assert ident.negotiated and ident.version == YOUZAN_VERSION
@@ -250,13 +251,14 @@ async def test_compression_both_directions(codec: str, coalesce: bool) -> None:
     received: list[bytes] = []
     done = asyncio.Event()
 
-    def on_message(c: Connection, m: Any) -> None:
-        received.append(m.body)
-        c.fin(m.id)
+    def on_records(c: Connection, records: list[MessageRecord]) -> None:
+        for r in records:
+            received.append(r[BODY])
+            c.fin(r[ID])
         done.set()
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(**{codec: True}), on_message=on_message)
+        conn = Connection("127.0.0.1", srv.port, cfg(**{codec: True}), on_records=on_records)
         await conn.connect()
         assert conn.compression == codec
         await conn.subscribe("t", "c")

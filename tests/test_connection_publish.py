@@ -32,7 +32,7 @@ from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover
 def pause_event(conn: Connection) -> asyncio.Event:
     """An event set when the transport pauses the connection's writes."""
     paused = asyncio.Event()
-    wire = conn._wire
+    wire = conn._core.wire
     assert wire is not None
     real_pause = wire.pause_writing
 
@@ -94,7 +94,7 @@ async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg())
         await conn.connect()
-        transport = conn._wire._transport  # type: ignore[union-attr]
+        transport = conn._core.wire._transport  # type: ignore[union-attr]
         assert transport is not None
         writes: list[int] = []
         real_write = transport.write

@@ -1,8 +1,9 @@
-"""``Connection.on_records``: the consumer's receive path, messages as plain tuples.
+"""The one receive mode: a connection hands its messages to its delegate's ``on_records``
+as plain tuples (records), one call per run of message frames in a read.
 
 A read of messages only that fits RDY is handed on in one piece; anything else (frames
-between messages, a server beyond RDY, ext layouts) takes the per-frame path and must behave
-exactly like ``on_messages``, only with records instead of objects."""
+between messages, a server beyond RDY) is split into runs at the other frames, in stream
+order, and ext layouts arrive as records too."""
 
 from __future__ import annotations
 
@@ -14,15 +15,20 @@ from typing import Any
 import pytest
 
 from smartnsq.config import ConnectionConfig
-from smartnsq.conn import Connection
-from smartnsq.errors import ProtocolError
-from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
+from smartnsq.conn import Connection, ConnectionCallbacks
+from smartnsq.errors import ConfigError, ProtocolError, ServerError
+from smartnsq.protocol.frames import (
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    decode_message,
+    encode_frame,
+)
 from smartnsq.protocol.messages import (
     BODY,
     ID,
     MessageRecord,
     RawMessage,
-    decode_message,
     encode_message,
     record_of,
 )
@@ -84,9 +90,9 @@ async def test_a_read_of_messages_only_is_handed_on_whole_as_records() -> None:
     assert not any(gc.is_tracked(r) for r in records)
 
 
-async def test_frames_between_messages_keep_their_place_like_on_messages(
+async def test_frames_between_messages_keep_their_place(
         caplog: pytest.LogCaptureFixture) -> None:
-    """The same script as on_messages' test: runs split at a heartbeat and an error frame, a
+    """Runs split at a heartbeat and an error frame, each frame handled in its place; a
     failing callback is logged (naming on_records) and delivery goes on."""
     log: list[Any] = []
     second_read = asyncio.Event()
@@ -115,7 +121,6 @@ async def test_frames_between_messages_keep_their_place_like_on_messages(
     caplog.set_level(logging.ERROR)
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg(), on_records=on_records,
-                          on_message=lambda c, m: log.append("on_message called"),
                           on_error=lambda c, e: log.append(type(e).__name__))
         await conn.connect()
         await conn.subscribe("t", "c")
@@ -124,7 +129,6 @@ async def test_frames_between_messages_keep_their_place_like_on_messages(
             await second_read.wait()
         assert conn.in_flight == 6 and conn.stats().messages_in == 6
         await conn.close()
-    # on_records wins over on_message
     assert log == [[b"m0", b"m1"], [b"m2"], "FinFailedError", [b"m3", b"m4"], [b"m5"]]
     assert "on_records callback failed" in caplog.text and "callback bug" in caplog.text
 
@@ -154,8 +158,8 @@ async def test_a_read_of_messages_beyond_rdy_hands_on_those_within_then_fails() 
 
 
 async def test_ext_and_position_layouts_arrive_as_records_too() -> None:
-    """Ext frames (decoded one by one) and SUB_ORDERED position frames become the same
-    records as decode_message's fields."""
+    """Ext frames and SUB_ORDERED position frames become records with decode_message's
+    fields."""
     frames = [payload(i, ext_version=4, ext=b'{"k":"%d"}' % i, offset=100 * i, raw_size=100)
               for i in range(3)]
     got: list[MessageRecord] = []
@@ -186,3 +190,62 @@ async def test_ext_and_position_layouts_arrive_as_records_too() -> None:
         await conn.close()
     assert [RawMessage(*r) for r in got] == [decode_message(f, layout) for f in frames]
     assert [r[BODY] for r in got] == [b"m0", b"m1", b"m2"]
+
+
+async def test_a_delegate_hears_the_records_the_errors_and_the_close() -> None:
+    """One object owns what a connection reports (go-nsq's ConnDelegate): the runs of
+    messages, the errors no caller waits for, the close; subscribe() returns the subscriber
+    side, which answers the messages."""
+
+    class Owner:
+        def __init__(self) -> None:
+            self.log: list[Any] = []
+            self.changed = asyncio.Event()
+
+        def on_records(self, conn: Connection, records: list[MessageRecord]) -> None:
+            self.note([r[BODY] for r in records])
+
+        def on_error(self, conn: Connection, exc: ServerError) -> None:
+            self.note(type(exc).__name__)
+
+        def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+            self.note(("closed", exc))
+
+        def note(self, what: Any) -> None:
+            self.log.append(what)
+            self.changed.set()
+
+        async def wait(self, n: int) -> None:
+            async with asyncio.timeout(3):
+                while len(self.log) < n:
+                    self.changed.clear()
+                    await self.changed.wait()
+
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        p.send_response()
+        await p.expect(b"RDY")
+        p.send_raw(msg(0) + msg(1))
+        assert (await p.expect(b"FIN")).params == [b"%016x" % 0]
+        p.send_error(b"E_FIN_FAILED FIN 0000000000000000 failed ID not in flight")
+        await finish_cls(p)
+
+    owner = Owner()
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), delegate=owner)
+        await conn.connect()
+        sub = await conn.subscribe("t", "c")
+        assert conn.subscriber is sub and sub.subscribed
+        sub.send_rdy(2)
+        await owner.wait(1)
+        assert sub.fin(b"%016x" % 0) and sub.in_flight == 1
+        await owner.wait(2)
+        await conn.close()
+        await owner.wait(3)
+    assert owner.log == [[b"m0", b"m1"], "FinFailedError", ("closed", None)]
+
+
+def test_a_delegate_or_callbacks_not_both() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        Connection("127.0.0.1", 1, delegate=ConnectionCallbacks(), on_close=lambda c, e: None)

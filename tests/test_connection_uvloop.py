@@ -13,7 +13,7 @@ import pytest
 from smartnsq.config import ConnectionConfig, TLSConfig
 from smartnsq.conn import Connection
 from smartnsq.errors import ProtocolError, TLSError
-from smartnsq.protocol.messages import RawMessage, encode_message
+from smartnsq.protocol.messages import MessageRecord, RawMessage, encode_message
 from tests.scripted_server import Peer, ScriptedServer, leftover_tasks, make_tls
 
 uvloop = pytest.importorskip("uvloop")
@@ -51,16 +51,17 @@ def test_tls_snappy_publish_and_consume_on_uvloop(tmp_path: Path) -> None:
         got: list[RawMessage] = []
         all_in = asyncio.Event()
 
-        def on_message(conn: Connection, msg: RawMessage) -> None:
-            got.append(msg)
-            conn.fin(msg.id)
+        def on_records(conn: Connection, records: list[MessageRecord]) -> None:
+            for msg in (RawMessage(*r) for r in records):
+                got.append(msg)
+                conn.fin(msg.id)
             if len(got) == 50:
                 all_in.set()
 
         async with ScriptedServer(script) as srv:
             conn = Connection("127.0.0.1", srv.port, ConnectionConfig(
                 snappy=True, tls=TLSConfig(enabled=True, ca_file=tls.ca_file)),
-                on_message=on_message)
+                on_records=on_records)
             await conn.connect()
             assert conn.tls and conn.compression == "snappy"
             # uvloop's transports report the socket address too

@@ -61,6 +61,7 @@ class Rig:
         self.sub = c._subscriptions.new_sub(Endpoint("127.0.0.1:1", "127.0.0.1", 1))
         self.conn = FakeConn()
         self.sub.conn = self.conn  # type: ignore[assignment]
+        self.sub.subscriber = self.conn  # type: ignore[assignment]
         self.sub.registered = True
         c._subs.add(self.sub)
         c._driver.added(self.sub, 2500)

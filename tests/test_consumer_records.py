@@ -27,6 +27,7 @@ def second_sub(rig: Rig, port: int = 2) -> tuple[Sub, FakeConn]:
     sub = c._subscriptions.new_sub(Endpoint(f"127.0.0.1:{port}", "127.0.0.1", port))
     conn = FakeConn()
     sub.conn = conn  # type: ignore[assignment]
+    sub.subscriber = conn  # type: ignore[assignment]
     sub.registered = True
     c._subs.add(sub)
     c._driver.added(sub, 2500)

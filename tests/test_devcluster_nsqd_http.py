@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from smartnsq.protocol import commands as C
-from smartnsq.protocol.messages import MessageLayout, decode_message
+from smartnsq.protocol.frames import decode_message
+from smartnsq.protocol.messages import MessageLayout
 from tests.captures import capture as read_capture
 from tests.devcluster_helpers import (
     client,

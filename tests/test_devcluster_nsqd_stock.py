@@ -15,8 +15,14 @@ import zlib
 import pytest
 
 from smartnsq.protocol import commands as C
-from smartnsq.protocol.frames import CLOSE_WAIT, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, OK
-from smartnsq.protocol.messages import decode_message
+from smartnsq.protocol.frames import (
+    CLOSE_WAIT,
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    OK,
+    decode_message,
+)
 from tests.devcluster_helpers import (
     capture,
     client,

@@ -13,8 +13,14 @@ import pytest
 from smartnsq.devcluster.meta import ClusterMeta, MetaEvent
 from smartnsq.devcluster.nsqd import ClusterStore, NsqdNode, youzan_raw_size
 from smartnsq.protocol import commands as C
-from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, OK
-from smartnsq.protocol.messages import MessageLayout, decode_message, youzan_id
+from smartnsq.protocol.frames import (
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    OK,
+    decode_message,
+)
+from smartnsq.protocol.messages import MessageLayout, youzan_id
 from smartnsq.protocol.responses import decode_trace_response
 from tests.devcluster_helpers import (
     RawClient,

@@ -31,8 +31,8 @@ import pytest
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.protocol import commands as C
-from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
-from smartnsq.protocol.messages import MessageLayout, decode_message, youzan_id
+from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, decode_message
+from smartnsq.protocol.messages import MessageLayout, youzan_id
 from smartnsq.protocol.responses import decode_trace_response
 from tests.captures import CAPTURES
 from tests.devcluster_helpers import RawClient, capture, client, frame_bytes

@@ -361,7 +361,7 @@ def server_subscriptions(cluster: DevCluster, topic: str) -> dict[EndpointKey, i
 
 def local_port(conn: Connection) -> int:
     """Our end's port of ``conn`` (Connection does not expose its socket)."""
-    wire = conn._wire
+    wire = conn._core.wire
     assert wire is not None and wire._transport is not None
     return int(wire._transport.get_extra_info("sockname")[1])
 

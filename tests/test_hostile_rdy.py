@@ -16,7 +16,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import ProtocolError
 from smartnsq.message import Message
 from smartnsq.protocol.frames import FRAME_MESSAGE, encode_frame
-from smartnsq.protocol.messages import RawMessage, encode_message
+from smartnsq.protocol.messages import MessageRecord, RawMessage, encode_message
 from tests.consumer_support import fast_config
 from tests.scripted_server import Peer, ScriptedServer
 
@@ -32,8 +32,8 @@ class Inbox:
         self.messages: list[RawMessage] = []
         self.changed = asyncio.Event()
 
-    def __call__(self, conn: Connection, msg: RawMessage) -> None:
-        self.messages.append(msg)
+    def __call__(self, conn: Connection, records: list[MessageRecord]) -> None:
+        self.messages += [RawMessage(*r) for r in records]
         self.changed.set()
 
     async def wait(self, n: int) -> None:
@@ -48,7 +48,7 @@ def cfg() -> ConnectionConfig:
 
 
 async def connect(port: int, inbox: Inbox) -> Connection:
-    conn = Connection("127.0.0.1", port, cfg(), on_message=inbox)
+    conn = Connection("127.0.0.1", port, cfg(), on_records=inbox)
     await conn.connect()
     return conn
 
@@ -239,8 +239,8 @@ async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight() -> 
 
 
 async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_batch() -> None:
-    """With on_messages, the messages of one read are counted one by one too: the batch
-    handed on holds those within RDY, then the connection fails."""
+    """The messages of one read are counted one by one: the batch handed on holds those
+    within RDY, then the connection fails."""
     async def script(p: Peer) -> None:
         await p.handshake()
         await p.expect(b"SUB")
@@ -252,7 +252,7 @@ async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_bat
     batches: list[list[RawMessage]] = []
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg(),
-                          on_messages=lambda c, ms: batches.append(ms))
+                          on_records=lambda c, rs: batches.append([RawMessage(*r) for r in rs]))
         await conn.connect()
         await conn.subscribe("t", "c", timeout=3)
         conn.send_rdy(2)
@@ -261,10 +261,10 @@ async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_bat
     assert [[m.body for m in b] for b in batches] == [[b"body-0", b"body-1"]]
 
 
-async def test_on_messages_answering_at_once_is_counted_as_if_one_by_one() -> None:
+async def test_a_run_answered_at_once_is_counted_as_if_one_by_one() -> None:
     """RDY 1 and two messages in one read (youzan's read-ahead copy then the tracked one,
-    PROTOCOL.md §13.1): a callback that FINs at once keeps the connection, exactly as with
-    on_message, because the run before the excess is handed on before counting again."""
+    PROTOCOL.md §13.1): a callback that FINs at once keeps the connection, exactly as if
+    each came alone, because the run before the excess is handed on before counting again."""
     async def script(p: Peer) -> None:
         await p.handshake()
         await p.expect(b"SUB")
@@ -278,14 +278,15 @@ async def test_on_messages_answering_at_once_is_counted_as_if_one_by_one() -> No
 
     batches: list[list[bytes]] = []
 
-    def on_messages(conn: Connection, msgs: list[RawMessage]) -> None:
+    def on_records(conn: Connection, records: list[MessageRecord]) -> None:
+        msgs = [RawMessage(*r) for r in records]
         batches.append([m.body for m in msgs])
         for m in msgs:
             if m.body == b"body-0":
                 conn.fin(m.id)
 
     async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg(), on_messages=on_messages)
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=on_records)
         await conn.connect()
         await conn.subscribe("t", "c", timeout=3)
         conn.send_rdy(1)

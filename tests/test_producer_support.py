@@ -14,7 +14,7 @@ import aiohttp
 
 from smartnsq.config import ConnectionConfig
 from smartnsq.conn import Connection
-from smartnsq.protocol.messages import RawMessage
+from smartnsq.protocol.messages import MessageRecord, RawMessage
 from smartnsq.protocol.validation import parse_tcp_address
 
 TIMEOUT = 10.0
@@ -64,19 +64,22 @@ async def consume(address: str, topic: str, channel: str, expect: int, *,
     got: list[RawMessage] = []
     done = asyncio.get_running_loop().create_future()
 
-    def on_message(conn: Connection, msg: RawMessage) -> None:
-        # a channel's first SUB_ORDERED reader gets its first message twice (an untracked
-        # read-ahead copy, then the tracked one), as real youzan nsqd does: keep it once
-        if mode == "ordered" and got and got[-1].id == msg.id and got[-1].attempts == msg.attempts:
+    def on_records(conn: Connection, records: list[MessageRecord]) -> None:
+        for msg in (RawMessage(*r) for r in records):
+            # a channel's first SUB_ORDERED reader gets its first message twice (an
+            # untracked read-ahead copy, then the tracked one), as real youzan nsqd does:
+            # keep it once
+            if mode == "ordered" and got and got[-1].id == msg.id and \
+                    got[-1].attempts == msg.attempts:
+                conn.fin(msg.id)
+                continue
+            got.append(msg)
             conn.fin(msg.id)
-            return
-        got.append(msg)
-        conn.fin(msg.id)
         if len(got) >= expect and not done.done():
             done.set_result(None)
 
     cfg = ConnectionConfig(extend_support=ext)
-    conn = Connection(host, port, cfg, on_message=on_message)
+    conn = Connection(host, port, cfg, on_records=on_records)
     await conn.connect()
     try:
         await conn.subscribe(topic, channel, partition, mode=mode,  # type: ignore[arg-type]

@@ -1,8 +1,11 @@
-"""Incremental frame decoding: every chunking, every bad header, bounded memory."""
+"""Incremental frame decoding: every chunking, every bad header, bounded memory; and the
+one decoder of message frames (``FrameDecoder.feed_records``) against the frames captured
+from real servers and against ``encode_message`` in every layout."""
 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,12 +23,13 @@ from smartnsq.protocol import (
     FrameDecoder,
     encode_frame,
 )
+from smartnsq.protocol.frames import decode_message
 from smartnsq.protocol.messages import (
+    ID,
     MessageLayout,
+    MessageRecord,
     RawMessage,
-    decode_message,
     encode_message,
-    record_of,
 )
 from tests.captures import capture, capture_frame
 
@@ -173,68 +177,164 @@ def test_arbitrary_bytes_give_frames_or_protocol_error_with_bounded_memory(
         pass
 
 
-def _stock_expected(frames: list[tuple[int, bytes]]) -> list[Frame | RawMessage]:
-    """What feed_messages() returns for ``frames``: stock messages decoded, the rest as frames
-    (including message frames too short to decode, for decode_message to reject)."""
-    return [decode_message(d) if t == FRAME_MESSAGE and len(d) >= 26 else Frame(t, d)
-            for t, d in frames]
+# ---------------------------------------------------------------- message frames
+
+STOCK = MessageLayout()
+POSITION = MessageLayout(position=True)
+EXT = MessageLayout(ext=True)
+EXT_POSITION = MessageLayout(ext=True, position=True)
+LAYOUTS = [STOCK, POSITION, EXT, EXT_POSITION]
 
 
-_stock_frames = st.lists(
-    st.one_of(
-        st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
-                  st.binary(max_size=40)),
-        st.builds(lambda ts, att, mid, body: (FRAME_MESSAGE, encode_message(ts, att, mid,
-                                                                            body)),
-                  st.integers(min_value=-2**63, max_value=2**63 - 1),
-                  st.integers(min_value=0, max_value=65535),
-                  st.binary(min_size=16, max_size=16), st.binary(max_size=300)),
-    ),
-    max_size=20,
-)
+def _record_of_fields(layout: MessageLayout, ts: int, attempts: int, msg_id: bytes,
+                      body: bytes, ext: tuple[int, bytes] | None,
+                      pos: tuple[int, int] | None) -> MessageRecord:
+    """The record a message written with these fields decodes to under ``layout``."""
+    ext_version = ext_data = offset = raw_size = None
+    if layout.ext:
+        assert ext is not None
+        ext_version, ext_data = ext[0], (ext[1] if ext[0] else None)
+    if layout.position:
+        assert pos is not None
+        offset, raw_size = pos
+    return (ts, attempts, msg_id, body, ext_version, ext_data, offset, raw_size)
 
 
-#: read sizes, used in turn: every way a stream can arrive in pieces
-_cuts = st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50)
+def _encode(layout: MessageLayout, ts: int, attempts: int, msg_id: bytes, body: bytes,
+            ext: tuple[int, bytes] | None, pos: tuple[int, int] | None) -> bytes:
+    return encode_message(ts, attempts, msg_id, body,
+                          ext_version=ext[0] if layout.ext and ext else None,
+                          ext=ext[1] if layout.ext and ext else b"",
+                          offset=pos[0] if layout.position and pos else None,
+                          raw_size=pos[1] if layout.position and pos else None)
 
 
-@given(_stock_frames, _cuts)
-@settings(max_examples=300, deadline=None)
-def test_feed_messages_decodes_messages_in_order_under_any_chunking(
-        frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
-    assert _feed_in_cuts(frames, cuts, position=False) == _stock_expected(frames)
+def _reencode(record: MessageRecord) -> bytes:
+    """The message frame data a record was decoded from (every byte accounted for)."""
+    ts, attempts, msg_id, body, ext_version, ext, offset, raw_size = record
+    return encode_message(ts, attempts, msg_id, body, ext_version=ext_version, ext=ext or b"",
+                          offset=offset, raw_size=raw_size)
 
 
-def _feed_in_cuts(frames: list[tuple[int, bytes]], cuts: list[int],
-                  position: bool) -> list[Frame | RawMessage]:
-    """feed_messages() over the encoded ``frames`` cut in pieces of the ``cuts`` sizes (in
-    turn); nothing may be left buffered."""
-    stream = b"".join(encode_frame(t, d) for t, d in frames)
+def _feed_in_cuts(stream: bytes, cuts: list[int], layout: MessageLayout
+                  ) -> list[Frame | MessageRecord]:
+    """feed_records() over ``stream`` cut in pieces of the ``cuts`` sizes (in turn); the
+    count of each call covers exactly its records, and nothing may be left buffered."""
     dec = FrameDecoder()
-    out: list[Frame | RawMessage] = []
-    pos = 0
-    i = 0
+    out: list[Frame | MessageRecord] = []
+    pos = i = 0
     while pos < len(stream):
         n = cuts[i % len(cuts)]
-        out += dec.feed_messages(stream[pos:pos + n], position)
+        got = dec.feed_records(stream[pos:pos + n], layout)
+        assert dec.records == sum(type(x) is tuple for x in got)
+        out += got
         pos += n
         i += 1
     assert dec.buffered == 0
     return out
 
 
-def test_feed_messages_message_fields_and_short_message_frame() -> None:
-    mid = b"0123456789abcdef"
-    good = encode_frame(FRAME_MESSAGE, encode_message(1_700_000_000_000_000_000, 3, mid,
-                                                      b"body"))
-    short = encode_frame(FRAME_MESSAGE, b"x" * 25)
-    ok = encode_frame(FRAME_RESPONSE, OK)
-    out = FrameDecoder().feed_messages(bytearray(ok + good + short))
-    assert out[0] == Frame(FRAME_RESPONSE, OK)
-    assert out[1] == RawMessage(1_700_000_000_000_000_000, 3, mid, b"body")
-    assert out[2] == Frame(FRAME_MESSAGE, b"x" * 25)
-    with pytest.raises(ProtocolError, match="shorter than 26"):
-        decode_message(b"x" * 25)
+#: the captured message frames of real servers and the layout of the connection they came on
+CAPTURED = [
+    ("stock/message_frame.bin", STOCK),
+    ("youzan/message_frame_sub.bin", STOCK),
+    ("youzan/message_frame_sub_traced.bin", STOCK),
+    ("youzan/message_frame_sub_ordered.bin", POSITION),
+    ("youzan/message_frame_sub_ordered_2.bin", POSITION),
+    ("youzan/message_frame_sub_advanced.bin", POSITION),
+    ("youzan/message_frame_sub_ext.bin", EXT),
+]
+
+
+@pytest.mark.parametrize(("name", "layout"), CAPTURED)
+def test_captured_message_frames_decode_to_records_that_reencode_byte_exact(
+        name: str, layout: MessageLayout) -> None:
+    data = capture(name)
+    (record,) = FrameDecoder().feed_records(data, layout)
+    assert type(record) is tuple and len(record) == 8
+    # every byte of the frame is in the record: written back, it is the capture
+    assert encode_frame(FRAME_MESSAGE, _reencode(record)) == data  # type: ignore[arg-type]
+    # byte by byte, the same record
+    assert _feed_in_cuts(data, [1], layout) == [record]
+    # and decode_message, for a single frame's data, is the same decoder
+    ftype, payload = capture_frame(name)
+    assert ftype == FRAME_MESSAGE
+    assert decode_message(payload, layout) == RawMessage(*record)  # type: ignore[misc]
+
+
+def test_captured_frames_in_their_fields() -> None:
+    (stock,) = FrameDecoder().feed_records(capture("stock/message_frame.bin"))
+    assert stock[1:4] == (1, b"18a312c2d3269000", b"hello stock nsq")  # type: ignore[index]
+    assert stock[4:] == (None, None, None, None)  # type: ignore[index]
+    (ordered,) = FrameDecoder().feed_records(capture("youzan/message_frame_sub_ordered.bin"),
+                                             POSITION)
+    assert ordered[3:] == (b"ordered-1", None, None, 0, 39)  # type: ignore[index]
+    (ext,) = FrameDecoder().feed_records(capture("youzan/message_frame_sub_ext.bin"), EXT)
+    assert ext[3:6] == (b"ext body", 4,  # type: ignore[index]
+                        b'{"##trace_id": "987654", "custom_key": "v"}')
+
+
+_ids = st.binary(min_size=16, max_size=16)
+_ext = st.tuples(st.sampled_from([0, 2, 4, 7]), st.binary(max_size=100))
+_pos = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1))
+_message = st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(0, 65535), _ids,
+                     st.binary(max_size=300), _ext, _pos)
+#: other frames (never a message: those are written by encode_message)
+_other = st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR]), st.binary(max_size=50))
+#: read sizes, used in turn: every way a stream can arrive in pieces
+_cuts = st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50)
+
+
+@given(st.sampled_from(LAYOUTS), st.lists(st.one_of(_message, _other), max_size=20), _cuts)
+@settings(max_examples=400, deadline=None)
+def test_messages_written_by_encode_message_come_back_as_their_fields_in_order(
+        layout: MessageLayout, frames: list[Any], cuts: list[int]) -> None:
+    stream = b"".join(
+        encode_frame(FRAME_MESSAGE, _encode(layout, *f)) if len(f) == 6 else encode_frame(*f)
+        for f in frames)
+    out = _feed_in_cuts(stream, cuts, layout)
+    assert out == [_record_of_fields(layout, *f) if len(f) == 6 else Frame(*f)
+                   for f in frames]
+    # records are exact tuples (so the garbage collector stops tracking them), frames not
+    assert all(type(x) is tuple or type(x) is Frame for x in out)
+
+
+@given(st.sampled_from(LAYOUTS), st.binary(max_size=200))
+@settings(max_examples=500, deadline=None)
+def test_any_message_frame_decodes_exactly_or_raises_protocol_error(
+        layout: MessageLayout, payload: bytes) -> None:
+    try:
+        (record,) = FrameDecoder().feed_records(encode_frame(FRAME_MESSAGE, payload), layout)
+    except ProtocolError:
+        return
+    assert len(record[ID]) == 16  # type: ignore[arg-type]
+    assert _reencode(record) == payload  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("data", "layout", "match"),
+    [
+        (b"x" * 25, STOCK, "shorter than 26"),
+        (b"x" * 25, POSITION, "shorter than 26"),
+        (b"\x00" * 26 + b"\x00" * 11, POSITION, "inside the 12-byte position prefix"),
+        (b"\x00" * 26, EXT, "before the ext version"),
+        (b"\x00" * 26 + b"\x04\x00", EXT, "before the ext header length"),
+        (b"\x00" * 26 + b"\x04\x00\x10abc", EXT, "runs past the end"),
+        (b"\x00" * 26 + b"\x00" + b"\x00" * 11, EXT_POSITION, "inside the 12-byte position"),
+    ],
+    ids=["stock", "position-head", "position", "ext-version", "ext-length", "ext-header",
+         "ext-position"],
+)
+def test_a_message_frame_too_short_for_its_layout_is_rejected(
+        data: bytes, layout: MessageLayout, match: str) -> None:
+    # after a good message and an OK in the same read: found mid-buffer too
+    good = encode_frame(FRAME_MESSAGE, _encode(layout, 1, 1, b"0123456789abcdef", b"b",
+                                               (4, b"{}"), (0, 40)))
+    stream = good + encode_frame(FRAME_RESPONSE, OK) + encode_frame(FRAME_MESSAGE, data)
+    with pytest.raises(ProtocolError, match=match):
+        FrameDecoder().feed_records(stream, layout)
+    with pytest.raises(ProtocolError, match=match):
+        decode_message(data, layout)
 
 
 @pytest.mark.parametrize(("header", "match"), [
@@ -242,94 +342,12 @@ def test_feed_messages_message_fields_and_short_message_frame() -> None:
     (struct.pack(">ii", 300, FRAME_MESSAGE), "exceeds the maximum of 256"),
     (struct.pack(">ii", 40, 7), "unknown frame type 7"),
 ])
-def test_feed_messages_rejects_bad_headers(header: bytes, match: str) -> None:
+def test_feed_records_rejects_bad_headers(header: bytes, match: str) -> None:
     dec = FrameDecoder(max_size=256)
     # a good message first: the bad header is found mid-buffer, not only at its start
     good = encode_frame(FRAME_MESSAGE, encode_message(1, 1, b"0123456789abcdef", b"x"))
     with pytest.raises(ProtocolError, match=match):
-        dec.feed_messages(good + header)
-
-
-_POSITION = MessageLayout(position=True)
-
-_position_frames = st.lists(
-    st.one_of(
-        st.tuples(st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
-                  st.binary(max_size=50)),
-        st.builds(lambda ts, att, mid, off, raw, body: (
-            FRAME_MESSAGE, encode_message(ts, att, mid, body, offset=off, raw_size=raw)),
-                  st.integers(min_value=-2**63, max_value=2**63 - 1),
-                  st.integers(min_value=0, max_value=65535),
-                  st.binary(min_size=16, max_size=16),
-                  st.integers(min_value=0, max_value=2**64 - 1),
-                  st.integers(min_value=0, max_value=2**32 - 1), st.binary(max_size=300)),
-    ),
-    max_size=20,
-)
-
-
-@given(_position_frames, _cuts)
-@settings(max_examples=300, deadline=None)
-def test_feed_messages_with_positions_decodes_like_decode_message_under_any_chunking(
-        frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
-    # a message frame too short for the position prefix stays a frame, for decode_message
-    # to reject
-    assert _feed_in_cuts(frames, cuts, position=True) == [
-        decode_message(d, _POSITION) if t == FRAME_MESSAGE and len(d) >= 38 else Frame(t, d)
-        for t, d in frames]
-
-
-@pytest.mark.parametrize("name", ["message_frame_sub_ordered", "message_frame_sub_ordered_2",
-                                  "message_frame_sub_advanced"])
-def test_feed_messages_decodes_captured_position_frames(name: str) -> None:
-    data = capture(f"youzan/{name}.bin")
-    (msg,) = FrameDecoder().feed_messages(data, position=True)
-    ftype, payload = capture_frame(f"youzan/{name}.bin")
-    assert ftype == FRAME_MESSAGE
-    assert msg == decode_message(payload, _POSITION)
-    assert isinstance(msg, RawMessage) and msg.offset is not None and msg.raw_size
-    # the body is what follows the 38 bytes of head, id and position
-    assert msg.body == payload[38:]
-
-
-def test_a_position_frame_too_short_for_its_prefix_is_rejected() -> None:
-    short = encode_message(1, 1, b"0123456789abcdef", b"")[:26] + b"\x00" * 11
-    (out,) = FrameDecoder().feed_messages(encode_frame(FRAME_MESSAGE, short), position=True)
-    assert out == Frame(FRAME_MESSAGE, short)
-    with pytest.raises(ProtocolError, match="inside the 12-byte position prefix"):
-        decode_message(short, _POSITION)
-
-
-@given(st.one_of(_stock_frames.map(lambda f: (f, False)),
-                 _position_frames.map(lambda f: (f, True))), _cuts)
-@settings(max_examples=200, deadline=None)
-def test_feed_records_gives_plain_tuples_of_decode_messages_fields_under_any_chunking(
-        case: tuple[list[tuple[int, bytes]], bool], cuts: list[int]) -> None:
-    frames, position = case
-    layout = _POSITION if position else MessageLayout()
-    stream = b"".join(encode_frame(t, d) for t, d in frames)
-    dec = FrameDecoder()
-    out: list[object] = []
-    records = 0
-    pos = i = 0
-    while pos < len(stream):
-        n = cuts[i % len(cuts)]
-        got = dec.feed_records(stream[pos:pos + n], position)
-        # the count covers exactly the plain tuples of this call
-        assert dec.records == sum(type(x) is tuple for x in got)
-        records += dec.records
-        out += got
-        pos += n
-        i += 1
-    shortest = 38 if position else 26
-    assert out == [record_of(decode_message(d, layout))
-                   if t == FRAME_MESSAGE and len(d) >= shortest else Frame(t, d)
-                   for t, d in frames]
-    assert records == sum(type(x) is tuple for x in out)
-    # records are exact tuples (so the garbage collector stops tracking them), frames not
-    assert all(type(x) is tuple or type(x) is Frame for x in out)
-    assert all(RawMessage(*x) == decode_message(d, layout)
-               for x, (_, d) in zip(out, frames, strict=True) if type(x) is tuple)
+        dec.feed_records(good + header)
 
 
 def test_feed_oks_takes_whole_runs_of_ok_frames_only() -> None:

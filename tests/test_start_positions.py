@@ -36,8 +36,8 @@ from smartnsq.errors import InvalidError, StartPositionError
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.frames import FRAME_MESSAGE
-from smartnsq.protocol.messages import MessageLayout, RawMessage, decode_message
+from smartnsq.protocol.frames import FRAME_MESSAGE, decode_message
+from smartnsq.protocol.messages import MessageLayout, RawMessage
 from smartnsq.protocol.responses import decode_trace_response
 from tests.consumer_support import Collector, fast_config
 from tests.devcluster_helpers import RawClient

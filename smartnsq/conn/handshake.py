@@ -8,9 +8,9 @@ facts), raising the typed errors a bad answer deserves. Frames are taken one at 
 upgrade starts exactly at a frame boundary; bytes after it stay in the handshake's buffer
 and go to the next layer (:meth:`Handshake.take_buffer`), as h11's ``trailing_data`` does.
 
-:func:`negotiate` runs those steps on a :class:`~smartnsq.conn.transport.Wire`; the
-connection calls it once from ``connect()`` and feeds the handshake from its receive path
-until it is done.
+:func:`negotiate` runs those steps on a :class:`~smartnsq.conn.transport.Wire`;
+:class:`~smartnsq.conn.connecting.Opening` calls it once per connection and feeds the
+handshake the wire's bytes until it is done.
 """
 
 from __future__ import annotations

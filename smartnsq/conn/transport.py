@@ -59,7 +59,8 @@ def host_port(sockname: object) -> str | None:
 class Wire(asyncio.Protocol):
     """See the module docstring. Callbacks:
 
-    * ``on_data(bytes)`` for every piece of the plain NSQ stream;
+    * ``on_data(bytes)`` for every piece of the plain NSQ stream (an attribute: the owner
+      hands the stream on, from its handshake to its receive path);
     * ``on_fault(exc)`` when the compression layer finds corrupt input;
     * ``on_lost(exc | None)`` once, when the transport is gone.
     """
@@ -72,7 +73,8 @@ class Wire(asyncio.Protocol):
         on_lost: Callable[[Exception | None], None],
     ) -> None:
         self._loop = loop
-        self._on_data = on_data
+        #: where the plain byte stream goes; replaceable between two pieces
+        self.on_data = on_data
         self._on_fault = on_fault
         self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
@@ -114,11 +116,11 @@ class Wire(asyncio.Protocol):
         self.last_read = self._loop.time()
         dec = self._decoder
         if dec is None:
-            self._on_data(data)
+            self.on_data(data)
             return
         try:
             for piece in dec.feed(data):
-                self._on_data(piece)
+                self.on_data(piece)
         except CompressionError as exc:
             self._on_fault(exc)
 

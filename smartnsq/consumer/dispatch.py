@@ -234,9 +234,9 @@ class Dispatcher:
         if fin:
             self._fin(sub, msg)
         else:
-            conn = sub.conn
-            if conn is not None:
-                conn.req(msg.id, 0)
+            subscriber = sub.subscriber
+            if subscriber is not None:
+                subscriber.req(msg.id, 0)
             self._requeued(sub, msg, False)
 
     def fatal(self, exc: BaseException) -> None:
@@ -254,8 +254,8 @@ class Dispatcher:
     # ------------------------------------------------------------------ answering
 
     def _fin(self, sub: Sub, msg: Message) -> bool:
-        conn = sub.conn
-        ok = conn is not None and conn.fin(msg._raw[ID])
+        subscriber = sub.subscriber
+        ok = subscriber is not None and subscriber.fin(msg._raw[ID])
         sub.outstanding -= 1
         sub.fin_pending += 1
         if not sub.dirty:
@@ -279,8 +279,8 @@ class Dispatcher:
         return self._policy.requeue(sub, msg, delay, backoff)
 
     def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool) -> bool:
-        conn = sub.conn
-        ok = conn is not None and conn.req(msg._raw[ID], delay_ms)
+        subscriber = sub.subscriber
+        ok = subscriber is not None and subscriber.req(msg._raw[ID], delay_ms)
         self._requeued(sub, msg, backoff)
         return ok
 

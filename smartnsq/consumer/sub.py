@@ -1,20 +1,24 @@
 """One subscription: a connection to one (nsqd, partition) endpoint and its counters.
 
-A :class:`Sub` is what a :class:`~smartnsq.message.Message` answers through
+A :class:`Sub` is its connection's delegate (:class:`~smartnsq.conn.ConnectionDelegate`),
+what a :class:`~smartnsq.message.Message` answers through
 (:class:`~smartnsq.message.MessageOwner`) and what the connection set runs
-(:class:`smartnsq.consumer.conns.Session`). It holds no logic of its own: answers go to the
-dispatcher (:class:`Answers`), retiring to the subscription set. The counters are written by
-the dispatcher (per message) and read by the flow-control driver (once per loop turn).
+(:class:`smartnsq.consumer.conns.Session`). It holds no logic of its own: deliveries and
+answers go to the dispatcher (:class:`Answers`), retiring and the end of the connection to
+the subscription set. The dispatcher FINs and REQs through the connection's subscriber side
+(:attr:`Sub.subscriber`). The counters are written by the dispatcher (per message) and read
+by the flow-control driver (once per loop turn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from smartnsq._checks import check_loop
-from smartnsq.conn import Connection
+from smartnsq.conn import Connection, Subscriber
 from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
 from smartnsq.consumer.positions import StartGuard
 from smartnsq.errors import ServerError
@@ -22,6 +26,8 @@ from smartnsq.message import Message
 from smartnsq.protocol.messages import MessageRecord
 
 __all__ = ["Answers", "Sub"]
+
+log = logging.getLogger("smartnsq.consumer")
 
 
 class Answers(Protocol):
@@ -41,18 +47,22 @@ class Sub:
     """One subscription: a connection to one endpoint, with its message counters."""
 
     __slots__ = (
-        "_retire", "address", "answers", "channel", "closed", "conn", "dirty", "drained",
-        "endpoint", "error", "fin_pending", "finished", "given_up", "guard", "local_address",
-        "outstanding", "partition", "received", "recv_pending", "registered", "requeued",
-        "retiring", "seeked", "topic", "youzan",
+        "_ended", "_retire", "address", "answers", "channel", "closed", "conn", "dirty",
+        "drained", "endpoint", "error", "fin_pending", "finished", "given_up", "guard",
+        "local_address", "outstanding", "partition", "received", "recv_pending", "registered",
+        "requeued", "retiring", "seeked", "subscriber", "topic", "youzan",
     )
 
     def __init__(self, endpoint: Endpoint, topic: str, channel: str, answers: Answers,
-                 retire: Callable[[Sub], Awaitable[None]]) -> None:
+                 retire: Callable[[Sub], Awaitable[None]],
+                 ended: Callable[[Sub, BaseException | None], None]) -> None:
         self.endpoint = endpoint
         self.answers = answers
         self._retire = retire
+        self._ended = ended
         self.conn: Connection | None = None
+        #: the connection's subscriber side, once subscribed: FIN / REQ / TOUCH go there
+        self.subscriber: Subscriber[Connection] | None = None
         self.topic = topic
         self.channel = channel
         self.address = endpoint.address
@@ -85,10 +95,22 @@ class Sub:
     def __repr__(self) -> str:
         return f"<subscription {self.endpoint}>"
 
-    # -- the connection's deliveries
+    # -- ConnectionDelegate: the connection's reports
     def on_records(self, conn: Connection, records: list[MessageRecord]) -> None:
         """The messages of one read of this subscription's connection."""
         self.answers.on_records(self, records)
+
+    def on_error(self, conn: Connection, exc: ServerError) -> None:
+        # E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED: the message timed out on the
+        # server and went to someone else; nothing to do
+        log.debug("nsqd %s: %s", conn.address, exc)
+
+    def on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        """The connection is closed: this subscription is over (the subscription set moves
+        its counts to its totals)."""
+        self.closed = True
+        self.error = exc
+        self._ended(self, exc)
 
     # -- MessageOwner (user calls: the dispatch path answers without them)
     def finish(self, msg: Message) -> bool:
@@ -101,8 +123,8 @@ class Sub:
 
     def touch(self, msg: Message) -> bool:
         check_loop(self.answers.loop, "this message's consumer")
-        conn = self.conn
-        return conn is not None and conn.touch(msg.id)
+        subscriber = self.subscriber
+        return subscriber is not None and subscriber.touch(msg.id)
 
     # -- Session
     async def wait_closed(self) -> None:

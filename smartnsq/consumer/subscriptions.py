@@ -6,13 +6,13 @@ with the flow control, closes them out (their counts move to the totals of close
 subscriptions) and retires those whose endpoint left the topology. It is the opener that
 :class:`~smartnsq.consumer.conns.ConnectionSet` calls, so it follows leaders through
 ``conns.py``. Callers: the connection set (:meth:`SubscriptionSet.open`, ``Sub.retire``),
-connections (close callbacks), the consumer (stop: :meth:`cls`, :meth:`close_all`; stats).
+subscriptions (``Sub.on_close``: their connection ended), the consumer (stop: :meth:`cls`,
+:meth:`close_all`; stats).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -33,7 +33,6 @@ from smartnsq.errors import (
     Flavour,
     NSQConnectionError,
     NSQError,
-    ServerError,
     SubOrderIsMustError,
     UnsupportedFeatureError,
 )
@@ -85,7 +84,7 @@ class SubscriptionSet:
         self._waiting = False
 
     def new_sub(self, ep: Endpoint) -> Sub:
-        return Sub(ep, self.topic, self.channel, self._dispatch, self._retire)
+        return Sub(ep, self.topic, self.channel, self._dispatch, self._retire, self._ended)
 
     # ------------------------------------------------------------------ topology
 
@@ -171,10 +170,7 @@ class SubscriptionSet:
                 f"topic {self.topic!r}: ordered consumption needs a partitioned youzan topic, "
                 f"but nsqd {ep.address} serves it without partitions")
         sub = self.new_sub(ep)
-        conn = Connection(ep.host, ep.port, self._connection_config(ext),
-                          on_records=sub.on_records,
-                          on_error=self._on_conn_error,
-                          on_close=functools.partial(self._on_conn_close, sub))
+        conn = Connection(ep.host, ep.port, self._connection_config(ext), delegate=sub)
         sub.conn = conn
         try:
             await conn.connect()
@@ -196,8 +192,9 @@ class SubscriptionSet:
                 spec = await positioner.prepare()  # None: already there, not moved
                 if offset is not None:
                     offset = spec
-            await conn.subscribe(self.topic, self.channel, sub.partition, mode, offset,
-                                 ext=ext, timeout=self._config.connection.handshake_timeout)
+            sub.subscriber = await conn.subscribe(
+                self.topic, self.channel, sub.partition, mode, offset, ext=ext,
+                timeout=self._config.connection.handshake_timeout)
             if positioner is not None or ordered:
                 # youzan delivers a repositioned channel's read-ahead, and the first
                 # message of a channel's first ordered reader twice, outside RDY (§13.1)
@@ -264,14 +261,10 @@ class SubscriptionSet:
 
     # ------------------------------------------------------------------ closing
 
-    def _on_conn_error(self, conn: Connection, exc: ServerError) -> None:
-        # E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED: the message timed out on the
-        # server and went to someone else; nothing to do
-        log.debug("nsqd %s: %s", conn.address, exc)
-
-    def _on_conn_close(self, sub: Sub, conn: Connection, exc: BaseException | None) -> None:
-        sub.closed = True
-        sub.error = exc
+    def _ended(self, sub: Sub, exc: BaseException | None) -> None:
+        """Caller: ``sub.on_close``, once its connection is closed (``exc``: why, None after
+        a clean close). A registered subscription leaves the set and the flow control; its
+        counts move to the totals."""
         if sub.registered:
             sub.registered = False
             self.subs.discard(sub)

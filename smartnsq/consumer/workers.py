@@ -206,9 +206,9 @@ class HandlerWorkers:
                                     finish(sub, msg)
                                 else:
                                     # the dispatcher's FIN, inlined: one call less a message
-                                    conn = sub.conn
-                                    if conn is not None:
-                                        conn.fin(msg._raw[ID])
+                                    subscriber = sub.subscriber
+                                    if subscriber is not None:
+                                        subscriber.fin(msg._raw[ID])
                                     sub.outstanding -= 1
                                     sub.fin_pending += 1
                                     if not sub.dirty:

@@ -15,13 +15,13 @@ from smartnsq.protocol.frames import (
     OK,
     Frame,
     FrameDecoder,
+    decode_message,
     encode_frame,
 )
 from smartnsq.protocol.messages import (
     STOCK_LAYOUT,
     MessageLayout,
     RawMessage,
-    decode_message,
     encode_message,
     youzan_id,
 )

@@ -1,20 +1,27 @@
-"""Server → client framing (PROTOCOL.md §1.3): ``[int32 size][int32 type][data]``.
+"""Server → client framing (PROTOCOL.md §1.3): ``[int32 size][int32 type][data]``, and
+the one decoder of message frames.
 
 :class:`FrameDecoder` is incremental: feed it any chunking of the byte stream and it returns
 whole frames. It rejects a bad size before buffering the frame body, so a hostile or broken
-peer cannot make it allocate more than ``max_size`` bytes.
+peer cannot make it allocate more than ``max_size`` bytes. Its
+:meth:`~FrameDecoder.feed_records` decodes message frames of every layout (stock, youzan's
+ext header and position prefix) into records as it goes; :func:`decode_message` runs it on
+a single frame's data.
 """
 
 from __future__ import annotations
 
 import struct
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.messages import (
+    EXT_VERSION_NONE,
     MIN_MESSAGE_SIZE,
     POSITION_SIZE,
+    STOCK_LAYOUT,
+    MessageLayout,
     MessageRecord,
     RawMessage,
     unpack_position,
@@ -47,11 +54,14 @@ class Frame(NamedTuple):
 # Building a NamedTuple through its Python-level __new__ costs ~0.15 µs per frame on the
 # consume hot path; tuple.__new__ bound with partial constructs the same object in C.
 _new_frame = partial(tuple.__new__, Frame)
-#: the frame of an OK response (feed_messages hands out this one object for each)
+#: the frame of an OK response (feed_records hands out this one object for each)
 OK_FRAME = Frame(FRAME_RESPONSE, OK)
 #: one OK response frame as it arrives, and 1024 of them back to back (feed_oks)
 _OK_BYTES = _HEADER.pack(4 + len(OK), FRAME_RESPONSE) + OK
 _OK_RUN = _OK_BYTES * 1024
+#: their lengths, for feed_oks (a publisher's every read)
+_OK_LEN = len(_OK_BYTES)
+_OK_RUN_LEN = len(_OK_RUN)
 
 #: smallest size field of a decodable stock message frame: type + timestamp + attempts + id
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
@@ -81,7 +91,7 @@ class FrameDecoder:
         self._pending: list[bytes] = []
         self._pending_len = 0
         self._need = 8
-        #: messages returned by the last feed_records() or feed_messages() call
+        #: messages returned by the last feed_records() call
         self.records = 0
 
     @property
@@ -152,42 +162,38 @@ class FrameDecoder:
         return 0 (then feed ``data`` to another method). One comparison instead of a step
         per frame."""
         n = len(data)
-        if n % len(_OK_BYTES) or self._pending or n > len(_OK_RUN) or \
-                not _OK_RUN.startswith(data):
+        if n % _OK_LEN or self._pending or n > _OK_RUN_LEN or not _OK_RUN.startswith(data):
             return 0
-        return n // len(_OK_BYTES)
+        return n // _OK_LEN
 
     def feed_records(self, data: bytes | bytearray | memoryview,
-                     position: bool = False) -> list[Frame | MessageRecord]:
-        """:meth:`feed` for a connection whose message frames have the stock layout
-        (PROTOCOL.md §1.4), or with ``position`` youzan's position prefix (disk-queue offset
-        and raw size, SUB_ORDERED/SUB_ADVANCED) before the body: message frames come back
-        decoded, as plain :data:`MessageRecord` tuples (``type(x) is tuple``; other frames
-        are :class:`Frame`), in order with the other frames. The consumer's receive path:
-        no frame object, payload copy or call per message. A message frame too short to
-        decode comes back as a frame, for ``decode_message`` to reject.
+                     layout: MessageLayout = STOCK_LAYOUT) -> list[Frame | MessageRecord]:
+        """:meth:`feed` for a connection whose message frames have ``layout``: message
+        frames come back decoded, as plain :data:`MessageRecord` tuples (``type(x) is
+        tuple``; other frames are :class:`Frame`), in order with the other frames. The one
+        decoder of every message layout: stock (timestamp, attempts, id, body), youzan's
+        ext header (version byte; unless 0, a 2-byte length and the header) and position
+        prefix (disk-queue offset and raw size, SUB_ORDERED/SUB_ADVANCED) before the body.
+        The consumer's receive path: no frame object, payload copy or call per message of
+        the fixed layouts.
 
-        After each call :attr:`records` is the number of records returned."""
-        return self._decode(data, position, False)
-
-    def feed_messages(self, data: bytes | bytearray | memoryview,
-                      position: bool = False) -> list[Frame | RawMessage]:
-        """:meth:`feed_records` with :class:`RawMessage` objects instead of records."""
-        return self._decode(data, position, True)
-
-    def _decode(self, data: bytes | bytearray | memoryview, position: bool,
-                objects: bool) -> list[Any]:
+        Raises :class:`ProtocolError` also for a message frame too short for ``layout``
+        (the decoder is then unusable, as after a bad header). After each call
+        :attr:`records` is the number of records returned."""
         self.records = 0
         buf = self._join(data)
         if buf is None:
             return []
-        frames: list[Any] = []
+        frames: list[Frame | MessageRecord] = []
         append = frames.append
         unpack_head = _unpack_message_head
-        new_raw, raw_cls = RawMessage.__new__, RawMessage
         types = FRAME_TYPES
         message = FRAME_MESSAGE
-        min_message = _MIN_POSITION_MESSAGE_SIZE if position else _MIN_STOCK_MESSAGE_SIZE
+        ext = layout.ext
+        position = layout.position
+        # ext layouts check their own variable length (_ext_record)
+        min_message = _MIN_STOCK_MESSAGE_SIZE if ext or not position else \
+            _MIN_POSITION_MESSAGE_SIZE
         ok_type, ok_frame = FRAME_RESPONSE, OK_FRAME
         pos = 0
         end = len(buf)
@@ -212,27 +218,19 @@ class FrameDecoder:
             if stop > end:
                 need = 4 + size
                 break
-            if ftype == message and size >= min_message:
-                if position:
+            if ftype == message:
+                if size < min_message:
+                    raise _short_message(size - 4, position)
+                if ext:
+                    append(_ext_record(buf, pos + 34, stop, position, timestamp, attempts,
+                                       msg_id))
+                elif position:
                     offset, raw_size = unpack_position(buf, pos + 34)
-                    body = buf[pos + 46:stop]
+                    append((timestamp, attempts, msg_id, buf[pos + 46:stop], None, None,
+                            offset, raw_size))
                 else:
-                    offset = raw_size = None
-                    body = buf[pos + 34:stop]
-                if objects:
-                    # RawMessage's fields stored here rather than through its __init__
-                    # (~40% of its cost); every field is set
-                    msg = new_raw(raw_cls)
-                    msg.timestamp = timestamp
-                    msg.attempts = attempts
-                    msg.id = msg_id
-                    msg.body = body
-                    msg.ext_version = msg.ext = None
-                    msg.offset = offset
-                    msg.raw_size = raw_size
-                    append(msg)
-                else:
-                    append((timestamp, attempts, msg_id, body, None, None, offset, raw_size))
+                    append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None, None,
+                            None))
                 records += 1
             elif size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
                 # a publisher's connection gets nothing else: one shared frame, no copy
@@ -267,3 +265,49 @@ class FrameDecoder:
             )
         if ftype not in FRAME_TYPES:
             raise ProtocolError(f"unknown frame type {ftype}")
+
+
+def _short_message(n: int, position: bool) -> ProtocolError:
+    """The error for message frame data of ``n`` bytes, too short for its fixed layout."""
+    if n < MIN_MESSAGE_SIZE:
+        return ProtocolError(f"message frame of {n} bytes is shorter than {MIN_MESSAGE_SIZE}")
+    return ProtocolError("message frame truncated inside the 12-byte position prefix")
+
+
+def _ext_record(buf: bytes, pos: int, stop: int, position: bool, timestamp: int,
+                attempts: int, msg_id: bytes) -> MessageRecord:
+    """The record of an ext layout message frame whose data ends at ``stop``; ``pos``: the
+    byte after its id (the ext version)."""
+    if pos >= stop:
+        raise ProtocolError("message frame truncated before the ext version byte")
+    ext_version = buf[pos]
+    pos += 1
+    ext: bytes | None = None
+    if ext_version != EXT_VERSION_NONE:
+        if stop - pos < 2:
+            raise ProtocolError("message frame truncated before the ext header length")
+        ext_len = (buf[pos] << 8) | buf[pos + 1]
+        pos += 2
+        if stop - pos < ext_len:
+            raise ProtocolError(
+                f"ext header of {ext_len} bytes runs past the end of the message frame")
+        ext = buf[pos:pos + ext_len]
+        pos += ext_len
+    offset: int | None = None
+    raw_size: int | None = None
+    if position:
+        if stop - pos < POSITION_SIZE:
+            raise ProtocolError("message frame truncated inside the 12-byte position prefix")
+        offset, raw_size = unpack_position(buf, pos)
+        pos += POSITION_SIZE
+    return (timestamp, attempts, msg_id, buf[pos:stop], ext_version, ext, offset, raw_size)
+
+
+def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMessage:
+    """The data of one message frame (without its frame header) decoded by
+    :meth:`FrameDecoder.feed_records`, as a :class:`RawMessage`; raises
+    :class:`ProtocolError` if it is too short for ``layout``. For tools and tests that hold
+    a single frame: a connection decodes its stream with the decoder itself."""
+    frame = encode_frame(FRAME_MESSAGE, data)
+    (record,) = FrameDecoder(len(frame)).feed_records(frame, layout)
+    return RawMessage(*record)

@@ -1,4 +1,8 @@
-"""Message frame layouts (PROTOCOL.md §1.4 stock, §4.7 youzan).
+"""Message frame layouts (PROTOCOL.md §1.4 stock, §4.7 youzan): what a decoded message
+is (:data:`MessageRecord`, :class:`RawMessage`), how a frame is written
+(:func:`encode_message`), and youzan's binary ids. Frames are decoded in one place,
+:meth:`smartnsq.protocol.frames.FrameDecoder.feed_records` (``decode_message`` there for a
+single frame).
 
 Which optional parts a message frame carries is connection state the client knows, not
 something the frame says: the ext header appears when the topic is an ext topic and the
@@ -12,10 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from smartnsq.errors import ProtocolError
-
 _HEAD = struct.Struct(">qH")  # timestamp ns, attempts
-_unpack_head = _HEAD.unpack_from
 _POS = struct.Struct(">QI")  # disk-queue offset, raw size
 #: youzan's 12-byte position prefix (SUB_ORDERED/SUB_ADVANCED): (offset, raw size) at a position
 unpack_position = _POS.unpack_from
@@ -89,42 +90,6 @@ def record_of(raw: RawMessage) -> MessageRecord:
     """The :data:`MessageRecord` of ``raw``."""
     return (raw.timestamp, raw.attempts, raw.id, raw.body, raw.ext_version, raw.ext,
             raw.offset, raw.raw_size)
-
-
-def decode_message(data: bytes, layout: MessageLayout = STOCK_LAYOUT) -> RawMessage:
-    """Decode the data of a message frame; raises :class:`ProtocolError` if it is short."""
-    n = len(data)
-    if n < MIN_MESSAGE_SIZE:
-        raise ProtocolError(f"message frame of {n} bytes is shorter than {MIN_MESSAGE_SIZE}")
-    timestamp, attempts = _unpack_head(data, 0)
-    pos = MIN_MESSAGE_SIZE
-    ext_version: int | None = None
-    ext: bytes | None = None
-    if layout.ext:
-        if n < pos + 1:
-            raise ProtocolError("message frame truncated before the ext version byte")
-        ext_version = data[pos]
-        pos += 1
-        if ext_version != EXT_VERSION_NONE:
-            if n < pos + 2:
-                raise ProtocolError("message frame truncated before the ext header length")
-            (ext_len,) = _U16.unpack_from(data, pos)
-            pos += 2
-            if n < pos + ext_len:
-                raise ProtocolError(
-                    f"ext header of {ext_len} bytes runs past the end of the message frame"
-                )
-            ext = data[pos:pos + ext_len]
-            pos += ext_len
-    offset: int | None = None
-    raw_size: int | None = None
-    if layout.position:
-        if n < pos + 12:
-            raise ProtocolError("message frame truncated inside the 12-byte position prefix")
-        offset, raw_size = unpack_position(data, pos)
-        pos += 12
-    return RawMessage(timestamp, attempts, data[10:26], data[pos:], ext_version, ext,
-                      offset, raw_size)
 
 
 def youzan_id(internal_id: int, trace_id: int = 0) -> bytes:

@@ -182,7 +182,7 @@ async def test_connection_cuts_lose_nothing(youzan: Any,
         async for chunk in f.chunks():
             bodies.extend(m.body for m in chunk)
             if done < cuts and len(bodies) >= (done + 1) * n // (cuts + 1):
-                opened[-1]._wire.abort()  # the connection drops as a crashed peer's would
+                opened[-1]._core.wire.abort()  # the connection drops as a crashed peer's would
                 done += 1
     assert done == cuts and f.repositions >= cuts
     assert bodies == [b"%010d" % j + pad for j in range(n)], (
