@@ -9,7 +9,7 @@ import pytest
 
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import PublishError, ServerError
-from smartnsq.producer import HttpProducer, Producer, PublishTimeoutError
+from smartnsq.producer import HttpProducer, Producer, PublishTimeoutError, encode_batch
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -40,6 +40,19 @@ async def test_an_nsqd_addressed_directly_that_does_not_lead_the_partition_costs
             cause = info.value.__cause__
             assert isinstance(cause, ServerError) and cause.refresh_lookup
             assert loop.time() - start < 10  # the attempts, not the 20 s timeout
+
+
+@pytest.mark.real_youzan
+async def test_a_fresh_producer_reaches_every_partition_round_robin(
+        youzan: YouzanCluster) -> None:  # noqa: F811
+    # the first attempt of a routed publish skips the plan only when its leader is already
+    # connected; a leader not dialled yet must still get its turns
+    topic = await youzan.create_topic("engine_rr", partition_num=2)
+    topic.other_leader(0)  # the two partitions have different leaders
+    async with Producer(lookupd=youzan.lookupd) as p:
+        sent = [await p.publish_encoded(topic.name, encode_batch([b"m%d" % i]))
+                for i in range(10)]
+    assert [s.partition for s in sent] == [1, 0] * 5
 
 
 @pytest.mark.real_nsqd

@@ -162,7 +162,8 @@ class EncodedMPub(Op):
                    timeout: float) -> PublishReceipt | None:
         if self.traced:
             partition = self._youzan_partition(conn, partition)
-        elif partition is not None and conn.flavour is Flavour.STOCK:
+        elif self.partition is not None and conn.flavour is Flavour.STOCK:
+            assert partition is not None
             raise self._on_stock(conn, partition)
         self.sent_to = partition
         command = mpub_encoded(self.topic, self.body, partition, traced=self.traced)

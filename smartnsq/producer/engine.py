@@ -32,10 +32,10 @@ from typing import Any, Generic, TypeVar
 from smartnsq.conn import Connection
 from smartnsq.producer.failures import failure, late_connection, sleep_before
 from smartnsq.producer.ops import Op, Pub, Publish
-from smartnsq.producer.plans import DirectPlan, Plan, RoutedPlan
+from smartnsq.producer.plans import DirectPlan, Leaders, Plan, RoutedPlan
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.retry import Action, RetryPolicy, classify
-from smartnsq.producer.routing import Router
+from smartnsq.producer.routing import Router, check_features, choose_target
 from smartnsq.producer.targets import DirectTargets, Endpoints, Target
 from smartnsq.producer.types import PublishReceipt
 
@@ -61,8 +61,9 @@ class RetryEngine(Generic[C]):
         #: the longest one attempt waits for an answer
         self.request_timeout = policy.request_timeout
         self._direct = direct
-        self._router = router
-        self._endpoints = endpoints
+        #: lookupd mode's targets
+        self._leaders = Leaders(policy, router, endpoints) \
+            if router is not None and endpoints is not None else None
         #: publishes in flight (the loops, and the fast first attempts)
         self.active = 0
         self._idle: asyncio.Future[None] | None = None
@@ -81,8 +82,8 @@ class RetryEngine(Generic[C]):
         """A fresh plan for ``op`` (``start``: direct mode's first pick, made already)."""
         if self._direct is not None:
             return DirectPlan(op, self.policy, self._direct, start)
-        assert self._router is not None and self._endpoints is not None
-        return RoutedPlan(op, self.policy, self._router, self._endpoints, self._time())
+        assert self._leaders is not None
+        return RoutedPlan(op, self._leaders, self._time())
 
     def retry(self, op: Publish[C], deadline: float) -> Result:
         """``op`` from its first attempt to its answer or final error."""
@@ -182,7 +183,10 @@ class TcpEngine(RetryEngine[Connection]):
 
     def run(self, op: Op, deadline: float) -> Result:
         """``op`` with retries (no coroutine of its own: one frame less per publish)."""
-        if self._pools is not None and op.partition is None:
+        leaders = self._leaders
+        if leaders is not None:
+            return self._routed(op, deadline, leaders)
+        if op.partition is None:
             parts = op.plain_command()
             if parts is not None:
                 return self._plain(op, parts, deadline)
@@ -220,6 +224,42 @@ class TcpEngine(RetryEngine[Connection]):
             await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
         finally:
             self.leave()
+
+    async def _routed(self, op: Op, deadline: float,
+                      leaders: Leaders[Connection]) -> PublishReceipt | None:
+        """lookupd mode: the first attempt goes to the leader the cached route names when a
+        connection to it is up, without a plan (every publish in lookupd mode comes here);
+        anything else, and a failure, is the plan's."""
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        route = leaders.router.routes.cached(op.topic, now)
+        if route is not None and deadline > now:
+            check_features(route, op)
+            address, partition = choose_target(route, op, None, None)
+            if address is not None:
+                target = leaders.endpoints.target(route, address)
+                conn = target.pick() if target is not None else None
+                if conn is None or target is None:
+                    # not connected (yet): the plan takes this choice, and waits or dials
+                    plan = RoutedPlan(op, leaders, now)
+                    plan.first = (address, partition)
+                    return await self.attempts(op, deadline, plan)
+                self.active += 1
+                wait = deadline - now
+                if wait > self.request_timeout:
+                    wait = self.request_timeout
+                try:
+                    return await op.send(conn, partition, wait)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    plan = RoutedPlan(op, leaders, now)
+                    plan.address, plan.partition = address, partition
+                    return await self.attempts(op, deadline, plan, (target, exc))
+                finally:
+                    self.leave()
+        return await self.attempts(op, deadline, RoutedPlan(op, leaders, now))
 
     async def _plain(self, op: Op, parts: tuple[bytes, bytes | None], deadline: float) -> None:
         """``op``, a plain publish encoded as ``parts``: the first attempt goes straight to a

@@ -143,7 +143,8 @@ class Pub(Op):
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
         if partition is not None:
-            if conn.flavour is _STOCK:
+            # a partition asked of a directly addressed nsqd (routed ones lead partitions)
+            if self.partition is not None and conn.flavour is _STOCK:
                 raise self._on_stock(conn, partition)
             if self.traced and conn.flavour is Flavour.YOUZAN:
                 return self._send_traced(conn, partition, timeout)
@@ -204,7 +205,7 @@ class MPub(Op):
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
         if partition is not None:
-            if conn.flavour is _STOCK:
+            if self.partition is not None and conn.flavour is _STOCK:
                 raise self._on_stock(conn, partition)
             if self.traced and conn.flavour is Flavour.YOUZAN:
                 return self._send_traced(conn, partition, timeout)

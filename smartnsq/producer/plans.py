@@ -31,24 +31,17 @@ from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.routing import Router, check_features, choose_target
 from smartnsq.producer.targets import DirectTargets, Endpoints, Target
 
-__all__ = ["DirectPlan", "Plan", "RoutedPlan"]
+__all__ = ["DirectPlan", "Leaders", "Plan", "RoutedPlan"]
 
 C = TypeVar("C")
-
-# why a routed plan has no target now
-_NO_ROUTE = 1
-_NO_LEADER = 2
-_RECOVERING = 3
-
 
 class Plan(Generic[C]):
     """The tallies of one publish and its choice of targets (see the module docstring)."""
 
-    __slots__ = ("attempt", "counted", "last_exc", "op", "partition", "policy", "waits")
+    __slots__ = ("attempt", "counted", "last_exc", "op", "partition", "waits")
 
-    def __init__(self, op: Publish[C], policy: RetryPolicy) -> None:
+    def __init__(self, op: Publish[C]) -> None:
         self.op = op
-        self.policy = policy
         self.attempt = 0
         self.counted = 0
         self.waits = 0
@@ -75,24 +68,26 @@ class Plan(Generic[C]):
         """The send to ``target`` failed with :attr:`last_exc` and may be retried."""
         raise NotImplementedError
 
-    def _count_dial(self, cause: BaseException | None, deadline: float) -> None:
+    def _count_dial(self, cause: BaseException | None, max_attempts: int,
+                    deadline: float) -> None:
         """A dial failed while the publish waited: an attempt that counts."""
         self.attempt += 1
         self.counted += 1
         if cause is not None:
             self.last_exc = cause
-        if self.counted >= self.policy.max_attempts and self.last_exc is not None:
+        if self.counted >= max_attempts and self.last_exc is not None:
             raise failure(self.op, self.attempt, self.last_exc, deadline) from self.last_exc
 
 
 class DirectPlan(Plan[C]):
     """nsqd addresses given directly: round-robin, avoiding the nsqd that failed."""
 
-    __slots__ = ("avoid", "seen", "start", "targets")
+    __slots__ = ("avoid", "policy", "seen", "start", "targets")
 
     def __init__(self, op: Publish[C], policy: RetryPolicy,
                  targets: DirectTargets[Target[C]], start: Target[C] | None = None) -> None:
-        super().__init__(op, policy)
+        super().__init__(op)
+        self.policy = policy
         self.targets = targets
         #: the first pick, made by the caller's fast path
         self.start = start
@@ -131,24 +126,41 @@ class DirectPlan(Plan[C]):
         self.avoid.add(target.address)
 
 
+class Leaders(Generic[C]):
+    """lookupd mode's targets, shared by the plans of one engine: the nsqd that ``router``'s
+    routes name, reached through ``endpoints``, under ``policy``."""
+
+    __slots__ = ("endpoints", "policy", "router")
+
+    def __init__(self, policy: RetryPolicy, router: Router, endpoints: Endpoints[C]) -> None:
+        self.policy = policy
+        self.router = router
+        self.endpoints = endpoints
+
+
 class RoutedPlan(Plan[C]):
     """lookupd mode: the leader of the partition (see :mod:`smartnsq.producer.routing`)."""
 
-    __slots__ = ("address", "avoid_nodes", "avoid_parts", "endpoints", "recovering", "route",
-                 "router", "why")
+    __slots__ = ("address", "avoid_nodes", "avoid_parts", "first", "leaders", "recovering",
+                 "route")
 
-    def __init__(self, op: Publish[C], policy: RetryPolicy, router: Router,
-                 endpoints: Endpoints[C], now: float) -> None:
-        super().__init__(op, policy)
-        self.router = router
-        self.endpoints = endpoints
-        self.route: TopicRoute | None = router.routes.cached(op.topic, now)
+    #: the nsqd the route names for the picked target (what its slot holds; set by pick())
+    address: str
+
+    def __init__(self, op: Publish[C], leaders: Leaders[C], now: float) -> None:
+        # every publish in lookupd mode makes one: no super().__init__ call
+        self.op = op
+        self.attempt = self.counted = self.waits = 0
+        self.last_exc: BaseException | None = None
+        self.partition: int | None = op.partition
+        self.leaders = leaders
+        self.route: TopicRoute | None = leaders.router.routes.cached(op.topic, now)
         self.avoid_parts: set[int] | None = None
         self.avoid_nodes: set[str] | None = None
-        #: the nsqd the route names for the picked target (what its slot holds)
-        self.address = ""
-        self.why = 0
+        #: a target in our own backoff, which wait() waits for
         self.recovering: Target[C] | None = None
+        #: the first choice (nsqd address, partition), made by the engine's fast path
+        self.first: tuple[str, int | None] | None = None
 
     def counts(self, action: Action) -> bool:
         # a leader-type refusal stored nothing: retrying is safe, and waiting for the new
@@ -158,17 +170,23 @@ class RoutedPlan(Plan[C]):
     def pick(self, now: float) -> Target[C] | None:
         route = self.route
         if route is None:
-            self.why = _NO_ROUTE
-            return None
+            return None  # wait() looks the topic up
         op = self.op
         check_features(route, op)
         while True:
-            address, partition = choose_target(route, op, self.avoid_parts, self.avoid_nodes)
+            address: str | None
+            if self.first is not None:
+                # made already: choosing again would move the round-robin on once more
+                address, partition = self.first
+                self.first = None
+            else:
+                address, partition = choose_target(route, op, self.avoid_parts,
+                                                   self.avoid_nodes)
             self.partition = partition
-            target = self.endpoints.target(route, address) if address is not None else None
+            target = self.leaders.endpoints.target(route, address) \
+                if address is not None else None
             if address is None or target is None:
-                self.why = _NO_LEADER
-                return None
+                return None  # wait() waits for a leader
             self.address = address
             if op.partition is None and partition is not None and not target.is_up and \
                     target.failures and route.writable > 1 and \
@@ -183,17 +201,15 @@ class RoutedPlan(Plan[C]):
             if not target.available(now):
                 # our own backoff with the leader the lookup names (its connection dropped,
                 # a dial failed): wait for it instead of spending an attempt
-                self.why = _RECOVERING
                 self.recovering = target
                 return None
             return target
 
     async def wait(self, deadline: float) -> None:
-        why = self.why
-        if why == _RECOVERING:
+        if self.recovering is not None:
             await self._recover(deadline)
-        elif why == _NO_ROUTE:
-            router = self.router
+        elif self.route is None:
+            router = self.leaders.router
             self.route = await router.get(self.op.topic, deadline)
             if self.route is None:
                 self.waits += 1
@@ -214,7 +230,7 @@ class RoutedPlan(Plan[C]):
             cause = target.last_error or self.last_exc
             raise reconnect_timeout(self.op, target.address, self.partition, cause) from cause
         if failed_again and not target.is_up:
-            self._count_dial(target.last_error, deadline)
+            self._count_dial(target.last_error, self.leaders.policy.max_attempts, deadline)
 
     async def _no_leader(self, deadline: float) -> None:
         route = self.route
@@ -223,8 +239,8 @@ class RoutedPlan(Plan[C]):
         self.waits += 1
         if self.attempt == 0 and op.partition is None:
             # nothing to try yet (fresh topic): wait, bounded by the deadline
-            self.route = await self.router.wait_for_topic(op.topic, route, self.waits, deadline,
-                                                          self.last_exc)
+            self.route = await self.leaders.router.wait_for_topic(
+                op.topic, route, self.waits, deadline, self.last_exc)
             return
         # A pinned partition without leader, or every partition failed: a leader move
         # (seconds on real clusters) or writes switched off. Waiting for a leader burns no
@@ -238,8 +254,8 @@ class RoutedPlan(Plan[C]):
         missing.__cause__ = last
         if asyncio.get_running_loop().time() >= deadline:
             raise failure(op, self.attempt, missing, deadline) from missing
-        await sleep_before(self.policy.backoff.compute(self.waits), deadline)
-        self.route = await self.router.refreshed(op.topic, route, deadline)
+        await sleep_before(self.leaders.policy.backoff.compute(self.waits), deadline)
+        self.route = await self.leaders.router.refreshed(op.topic, route, deadline)
 
     async def failed(self, target: Target[C], action: Action, deadline: float) -> None:
         op = self.op
@@ -251,7 +267,8 @@ class RoutedPlan(Plan[C]):
         # REFRESH / FAILOVER: the mapping (or the node) is bad
         route = self.route
         assert route is not None
-        routes = self.router.routes
+        router = self.leaders.router
+        routes = router.routes
         if partition is not None:
             route.drop(partition, self.address)
         else:
@@ -266,5 +283,5 @@ class RoutedPlan(Plan[C]):
                 action is Action.FAILOVER and len(route.legacy) > 1:
             routes.refresh_soon(op.topic, route)
             return
-        self.route = await self.router.refreshed(op.topic, route, deadline)
+        self.route = await router.refreshed(op.topic, route, deadline)
 
