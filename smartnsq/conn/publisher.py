@@ -36,6 +36,8 @@ __all__ = ["ExtHeader", "PublishHost", "Publisher"]
 ExtHeader = Mapping[str, Any] | bytes
 
 _PUBLISH = CommandKind.PUBLISH
+#: bound once: the producer's hot path encodes a PUB per call
+_pub = commands.pub
 
 
 class PublishHost(Protocol):
@@ -87,8 +89,7 @@ class Publisher:
         and hands it to :meth:`check_publish_answer`."""
         # every parameter passed: a bound method called with exactly its arguments takes
         # the interpreter's fast call path
-        return self._send(commands.pub(topic, body), _PUBLISH, timeout, topic, None, False,
-                          None)
+        return self._send(_pub(topic, body), _PUBLISH, timeout, topic, None, False, None)
 
     def send_publish(self, command: bytes, timeout: float, topic: str,
                      body: bytes | None = None) -> asyncio.Future[bytes]:
