@@ -32,6 +32,7 @@ MAGIC_V2 = b"  V2"
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
 FRAME_MESSAGE = 2
+#: every frame type: 0 to FRAME_MESSAGE (feed_records checks the range, not the tuple)
 FRAME_TYPES = (FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE)
 
 OK = b"OK"
@@ -70,6 +71,7 @@ _MIN_POSITION_MESSAGE_SIZE = _MIN_STOCK_MESSAGE_SIZE + POSITION_SIZE
 #: frame header + a message's timestamp, attempts and id (PROTOCOL.md §1.4), read in one call
 _MESSAGE_HEAD = struct.Struct(">iiqH16s")
 _unpack_message_head = _MESSAGE_HEAD.unpack_from
+_MESSAGE_HEAD_SIZE = _MESSAGE_HEAD.size
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
@@ -187,7 +189,6 @@ class FrameDecoder:
         frames: list[Frame | MessageRecord] = []
         append = frames.append
         unpack_head = _unpack_message_head
-        types = FRAME_TYPES
         message = FRAME_MESSAGE
         ext = layout.ext
         position = layout.position
@@ -199,20 +200,22 @@ class FrameDecoder:
         end = len(buf)
         max_size = self._max_size
         need = 8
-        records = 0
+        # frames that are not messages: rare on a consumer's connection, so they are the
+        # ones counted (records = the rest)
+        others = 0
         timestamp = attempts = 0
         msg_id = b""
         while True:
             left = end - pos
             if left < 8:
                 break
-            if left >= _MESSAGE_HEAD.size:
+            if left >= _MESSAGE_HEAD_SIZE:
                 # header, timestamp, attempts and id in one call; meaningless unless it is
                 # a message
                 size, ftype, timestamp, attempts, msg_id = unpack_head(buf, pos)
             else:
                 size, ftype = _unpack_header(buf, pos)
-            if size < 4 or size > max_size or ftype not in types:
+            if size < 4 or size > max_size or not 0 <= ftype <= message:
                 self._check_header(buf[pos:pos + 8])
             stop = pos + 4 + size
             if stop > end:
@@ -231,15 +234,16 @@ class FrameDecoder:
                 else:
                     append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None, None,
                             None))
-                records += 1
             elif size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
                 # a publisher's connection gets nothing else: one shared frame, no copy
                 append(ok_frame)
+                others += 1
             else:
                 append(_new_frame((ftype, buf[pos + 8:stop])))
+                others += 1
             pos = stop
         self._keep(buf, pos, need)
-        self.records = records
+        self.records = len(frames) - others
         return frames
 
     def _keep(self, buf: bytes, pos: int, need: int) -> None:
