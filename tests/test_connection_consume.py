@@ -13,6 +13,7 @@ from smartnsq.config import ConnectionConfig
 from smartnsq.conn import Connection, ConnectionCallbacks
 from smartnsq.errors import (
     ConfigError,
+    ConnectionClosedError,
     FinFailedError,
     InvalidError,
     NSQTimeoutError,
@@ -372,6 +373,23 @@ async def test_rdy_before_subscribe_is_refused_and_sub_timeout_closes() -> None:
         async with asyncio.timeout(2):
             await conn.wait_closed()
         assert isinstance(conn.error, NSQTimeoutError)
+
+
+async def test_after_a_sub_timeout_the_connection_is_gone_for_a_new_subscribe_too() -> None:
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        await p.expect(b"SUB")
+        await p.expect_eof()  # never answers the SUB
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg(), on_records=lambda c, rs: None)
+        await conn.connect()
+        with pytest.raises(NSQTimeoutError):
+            await conn.subscribe("t", "c", timeout=0.1)
+        assert conn.subscriber is None and not conn.subscribed
+        with pytest.raises(ConnectionClosedError, match="is closed"):
+            await conn.subscribe("t", "c", timeout=0.1)
+        await conn.close()
 
 
 async def test_cls_timeout() -> None:

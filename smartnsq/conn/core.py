@@ -285,12 +285,11 @@ class ConnectionCore(Generic[C]):
             msg_timeout=self.msg_timeout)
         try:
             await fut
-        except NSQTimeoutError as exc:
-            # the server may still subscribe us: the connection's state is unknown now
-            self._fail(exc)
-            raise
-        except BaseException:
+        except BaseException as exc:
             self.receiver.sub = None
+            if isinstance(exc, NSQTimeoutError):
+                # the server may still subscribe us: the connection's state is unknown now
+                self._fail(exc)
             raise
         sub.subscribed = True
         return sub
