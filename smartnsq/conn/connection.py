@@ -73,17 +73,14 @@ class Connection:
         on_close: Callable[[Connection, BaseException | None], None] | None = None,
         answer_timeout: float | None = None,
     ) -> None:
-        self.host = host
-        self.port = port
-        self.address = f"{host}:{port}"
-        self.config = config if config is not None else ConnectionConfig()
         if on_records is not None or on_error is not None or on_close is not None:
             if delegate is not None:
                 raise ConfigError("give a delegate or callbacks (on_records, on_error, "
                                   "on_close), not both")
             delegate = ConnectionCallbacks(on_records, on_error, on_close)
-        core = self._core = ConnectionCore(self, host, port, self.config, delegate,
-                                           answer_timeout)
+        core = self._core = ConnectionCore(
+            self, host, port, config if config is not None else ConnectionConfig(), delegate,
+            answer_timeout)
         self.request = core.request
         self.drain = core.drain
         pub = Publisher(core)
@@ -103,6 +100,23 @@ class Connection:
     def __repr__(self) -> str:
         return (f"<Connection {self.address} {self.state.value} flavour={self.flavour.value}"
                 f" rdy={self.rdy} in_flight={self.in_flight} pending={self.pending}>")
+
+    @property
+    def host(self) -> str:
+        return self._core.host
+
+    @property
+    def port(self) -> int:
+        return self._core.port
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the nsqd."""
+        return self._core.address
+
+    @property
+    def config(self) -> ConnectionConfig:
+        return self._core.config
 
     @property
     def delegate(self) -> ConnectionDelegate[Connection] | None:
