@@ -5,12 +5,13 @@ Who calls what:
 * :class:`~smartnsq.producer.Producer` holds a :class:`TcpEngine`. A plain PUB in direct mode
   goes to :meth:`TcpEngine.pub`, every other publish (PUB to a partition, traced or with an
   ext header, MPUB, DPUB, encoded and ext batches, auto-batched MPUBs, ordered lanes' sends) is
-  an op (:mod:`smartnsq.producer.ops`) for :meth:`TcpEngine.run`. In direct mode a plain
-  command's first attempt goes straight to a connection that can write at once (no plan, no
-  loop frame); when it fails, or no connection is ready, :meth:`RetryEngine.attempts` takes
-  over with that attempt counted.
+  an op (:mod:`smartnsq.producer.ops`) for :meth:`TcpEngine.run`. The first attempt is a
+  fast path: in direct mode a plain command goes straight to a connection that can write at
+  once, in lookupd mode any op to the connected leader the cached route names (no plan, no
+  loop frame); when it fails, or nothing is ready, :meth:`RetryEngine.attempts` takes over,
+  that attempt counted (or its choice of leader kept).
 * :class:`~smartnsq.producer.HttpProducer` holds a ``RetryEngine[HttpNode]`` and calls
-  :meth:`RetryEngine.retry` with its requests (:mod:`smartnsq.producer.http_nsqd`).
+  :meth:`RetryEngine.retry` with its requests (:mod:`smartnsq.producer.http_targets`).
 
 :meth:`RetryEngine.attempts` is the loop: the publish's plan (:mod:`smartnsq.producer.plans`:
 the listed nsqd, or the partition leaders a lookup names) picks each target
