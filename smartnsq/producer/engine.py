@@ -170,8 +170,8 @@ class RetryEngine(Generic[C]):
 
 
 class TcpEngine(RetryEngine[Connection]):
-    """The TCP producer's engine, with the fast first attempt of a plain publish in direct
-    mode (``direct``: the listed nsqd's connection pools)."""
+    """The TCP producer's engine, with the fast first attempts (see the module docstring;
+    ``direct``: the listed nsqd's connection pools)."""
 
     def __init__(self, policy: RetryPolicy, *, direct: DirectTargets[NodePool] | None = None,
                  router: Router | None = None, endpoints: Endpoints[Connection] | None = None
