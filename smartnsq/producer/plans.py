@@ -21,6 +21,7 @@ node) as :mod:`smartnsq.producer.routing` finds it.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
 from smartnsq.errors import NoLeaderError
@@ -35,7 +36,7 @@ __all__ = ["DirectPlan", "Leaders", "Plan", "RoutedPlan"]
 
 C = TypeVar("C")
 
-class Plan(Generic[C]):
+class Plan(ABC, Generic[C]):
     """The tallies of one publish and its choice of targets (see the module docstring)."""
 
     __slots__ = ("attempt", "counted", "last_exc", "op", "partition", "waits")
@@ -49,24 +50,24 @@ class Plan(Generic[C]):
         #: the partition the picked target is sent to (None: none named)
         self.partition: int | None = op.partition
 
+    @abstractmethod
     def pick(self, now: float) -> Target[C] | None:
         """The next target (:attr:`partition` says which partition), or None: call
         :meth:`wait`."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def wait(self, deadline: float) -> None:
         """No target now: wait for one (not an attempt, save failed dials seen meanwhile),
         or raise the error that ends the publish."""
-        raise NotImplementedError
 
     def counts(self, action: Action) -> bool:
         """Whether a failed send classified ``action`` is an attempt ``max_attempts``
         bounds."""
         return True
 
+    @abstractmethod
     async def failed(self, target: Target[C], action: Action, deadline: float) -> None:
         """The send to ``target`` failed with :attr:`last_exc` and may be retried."""
-        raise NotImplementedError
 
     def _count_dial(self, cause: BaseException | None, max_attempts: int,
                     deadline: float) -> None:
