@@ -10,7 +10,7 @@ from smartnsq.errors import ConfigError
 from smartnsq.message import Message
 from smartnsq.ordered.offsets import CheckKind, OffsetValidator, Position
 from smartnsq.ordered.policy import BlockedAction, ViolationAction, decide, skip_after
-from smartnsq.protocol.messages import RawMessage, youzan_id
+from smartnsq.protocol.messages import RawMessage, record_of, youzan_id
 
 
 def run(v: OffsetValidator, pos: Position) -> CheckKind:
@@ -110,7 +110,8 @@ class Owner:
 
 
 def message(attempts: int) -> Message:
-    return Message(RawMessage(0, attempts, youzan_id(5), b"x", offset=0, raw_size=31), Owner())
+    raw = RawMessage(0, attempts, youzan_id(5), b"x", offset=0, raw_size=31)
+    return Message(record_of(raw), Owner())
 
 
 async def test_decide_accepts_enums_strings_and_awaitables() -> None:
