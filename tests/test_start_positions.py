@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from smartnsq.conn import Connection
 from smartnsq.consumer import Consumer
 from smartnsq.consumer import positions as positions_module
 from smartnsq.consumer.positions import Positioner, QueuePosition, StartGuard
@@ -373,6 +374,33 @@ async def test_a_position_the_server_refuses_is_a_clear_error(
         with pytest.raises(InvalidError, match="E_INVALID search failed"):
             await c.start()
     assert c.is_closed
+
+
+async def test_a_failed_sub_after_reading_the_position_closes_its_http_session(
+        cluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # prepare() opened the positioner's keep-alive session; SUB then fails: the session
+    # is closed with the connection (settle(), which closes it otherwise, never runs)
+    topic_with_backlog(cluster, "subfails", False)
+    closes: list[int] = []
+    real_close = Positioner.close
+
+    async def counting_close(self: Positioner) -> None:
+        closes.append(1)
+        await real_close(self)
+
+    async def failing_subscribe(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidError("E_INVALID injected SUB failure")
+
+    monkeypatch.setattr(Positioner, "close", counting_close)
+    monkeypatch.setattr(Connection, "subscribe", failing_subscribe)
+    start = cluster.store.partition("subfails", 0).records[4].offset
+    c = Consumer("subfails", CHANNEL, Collector(),
+                 lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config(),
+                 start_at={0: OffsetSpec.virtual_queue(start)})
+    with pytest.raises(InvalidError, match="injected SUB failure"):
+        await c.start()
+    assert c.is_closed
+    assert closes, "the positioner's HTTP session was left open"
 
 
 # --- the guard alone ----------------------------------------------------------------------

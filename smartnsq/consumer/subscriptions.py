@@ -172,6 +172,7 @@ class SubscriptionSet:
         sub = self.new_sub(ep)
         conn = Connection(ep.host, ep.port, self._connection_config(ext), delegate=sub)
         sub.conn = conn
+        positioner: Positioner | None = None
         try:
             await conn.connect()
             sub.youzan = conn.flavour is Flavour.YOUZAN
@@ -181,7 +182,6 @@ class SubscriptionSet:
                     + ("ordered consumption (SUB_ORDERED)" if ordered
                        else "start positions (SUB_ADVANCED)") + " needs youzan nsqd")
             mode, offset, seek = self._subscription(ep, topology, conn)
-            positioner = None
             start = offset if offset is not None else seek
             if sub.partition is not None and start is not None:
                 # read the queue end and the channel's position first: "end" becomes an
@@ -211,6 +211,8 @@ class SubscriptionSet:
             sub.local_address = conn.local_address
         except BaseException:
             sub.closed = True
+            if positioner is not None:
+                await positioner.close()  # settle() never ran: its HTTP session is still open
             await conn.close()
             raise
         if self.closing:
