@@ -20,6 +20,15 @@ class Flavour(StrEnum):
     YOUZAN = "youzan"
     UNKNOWN = "unknown"
 
+    @classmethod
+    def of_version(cls, version: str) -> Flavour:
+        """The flavour a version string names (IDENTIFY's ``version``, ``/info``'s, a
+        lookupd's producer entry): youzan's carry ``HA`` (``0.3.7-HA.1.13.0``); an empty one
+        is UNKNOWN."""
+        if not version:
+            return cls.UNKNOWN
+        return cls.YOUZAN if "HA" in version else cls.STOCK
+
 
 class CommandKind(StrEnum):
     """What an error frame answers; youzan's fatality depends on it (PROTOCOL.md §5)."""

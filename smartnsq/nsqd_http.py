@@ -54,13 +54,15 @@ from smartnsq.protocol.validation import (
     parse_http_address,
 )
 
-__all__ = ["CHANNEL_ACTIONS", "TOPIC_ACTIONS", "NsqdHttpClient", "NsqdHttpError",
-           "NsqdUnavailableError", "PartitionStats", "ask_again", "error_from_answer"]
+__all__ = ["CHANNEL_ACTIONS", "HEADERS", "TOPIC_ACTIONS", "NsqdHttpClient", "NsqdHttpError",
+           "NsqdUnavailableError", "PartitionStats", "ask_again", "error_from_answer",
+           "known_error"]
 
 #: ``POST /channel/<action>``: nsqd answers them with an empty body
 CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 #: ``POST /topic/<action>`` (stock nsqd; youzan creates and deletes topics on lookupd)
 TOPIC_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
+#: every request to nsqd, the publishes of ``producer.http_nsqd`` too: the V1 envelope
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 
 
@@ -82,14 +84,24 @@ class NsqdUnavailableError(NsqdHttpError, NSQConnectionError):
     payload that does not parse."""
 
 
-def error_from_answer(status: int, message: str, *, address: str, path: str,
-                      topic: str | None = None, partition: int | None = None) -> NSQError:
-    """The error of an nsqd error answer: the class of its code (the first word of
-    ``message``) from :mod:`smartnsq.errors`, else :class:`NsqdHttpError`."""
+def known_error(message: str, *, address: str, topic: str | None = None,
+                partition: int | None = None) -> ServerError | None:
+    """The error of an nsqd answer ``message`` whose code (its first word) smartnsq knows:
+    that code's class from :mod:`smartnsq.errors`, not fatal (HTTP closes nothing); None
+    for any other text."""
     code, _, desc = message.partition(" ")
     cls = SERVER_ERRORS.get(code)
-    if cls is not None:
-        return cls(desc, fatal=False, address=address, topic=topic, partition=partition)
+    if cls is None:
+        return None
+    return cls(desc, fatal=False, address=address, topic=topic, partition=partition)
+
+
+def error_from_answer(status: int, message: str, *, address: str, path: str,
+                      topic: str | None = None, partition: int | None = None) -> NSQError:
+    """The error of an nsqd error answer: :func:`known_error`, else :class:`NsqdHttpError`."""
+    known = known_error(message, address=address, topic=topic, partition=partition)
+    if known is not None:
+        return known
     return NsqdHttpError(address, path, message or "(empty body)", status)
 
 

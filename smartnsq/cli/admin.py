@@ -72,7 +72,8 @@ async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
     if view is not None and view.flavour is not Flavour.UNKNOWN:
         return view.flavour
     nodes = await lk.admin.nodes()
-    if lk.leader is not None or any("HA" in n.version or n.partitions for n in nodes):
+    if lk.leader is not None or any(
+            Flavour.of_version(n.version) is Flavour.YOUZAN or n.partitions for n in nodes):
         return Flavour.YOUZAN
     return Flavour.STOCK
 

@@ -65,7 +65,7 @@ class Node:
     @property
     def is_youzan_ha(self) -> bool:
         """True for a youzan HA nsqd (PROTOCOL.md §10)."""
-        return bool(self.distributed_id) or "HA" in self.version
+        return bool(self.distributed_id) or Flavour.of_version(self.version) is Flavour.YOUZAN
 
 
 @dataclass(frozen=True, slots=True)

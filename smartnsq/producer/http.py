@@ -38,7 +38,7 @@ from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.engine import RetryEngine
-from smartnsq.producer.http_nsqd import V1
+from smartnsq.producer.http_nsqd import HEADERS
 from smartnsq.producer.http_targets import HttpNode, HttpNodes, HttpPublish, node_backoff
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.retry import RetryPolicy
@@ -123,7 +123,7 @@ class HttpProducer:
         if self._closed:
             raise ClientClosedError("the producer is closed")
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers=V1)
+            self._session = aiohttp.ClientSession(headers=HEADERS)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
 

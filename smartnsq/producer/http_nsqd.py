@@ -6,7 +6,10 @@ flavour from ``/info``, a traced publish's receipt).
 Every failure comes out as the error the retry rule (:mod:`smartnsq.producer.retry`) knows:
 no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`,
 an answer larger than any nsqd sends :class:`ProtocolError` (garbage, not an answer; fails
-over), an error status the :class:`ServerError` its code names.
+over), an error status the :class:`ServerError` its code names. The headers, the reading of
+an error answer's text and of a known code are :mod:`smartnsq.nsqd_http`'s, the flavour rule
+:meth:`Flavour.of_version`; what differs is the publish retry rule's view of the rest (an
+unknown code is a ``ServerError``, a 5xx without one retryable).
 """
 
 from __future__ import annotations
@@ -17,19 +20,18 @@ from typing import ClassVar
 import aiohttp
 
 from smartnsq.errors import (
-    SERVER_ERRORS,
+    Flavour,
     NSQConnectionError,
     NSQTimeoutError,
     ProtocolError,
     ServerError,
 )
 from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
+from smartnsq.lookup.envelope import error_message
+from smartnsq.nsqd_http import HEADERS, known_error
 from smartnsq.producer.types import PublishReceipt
 
-__all__ = ["V1", "HttpServerError", "flavour", "post", "receipt"]
-
-#: ask nsqd for the V1 envelope
-V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+__all__ = ["HEADERS", "HttpServerError", "flavour", "post", "receipt"]
 
 
 class HttpServerError(ServerError):
@@ -41,21 +43,16 @@ class HttpServerError(ServerError):
 
 def error_from_http(status: int, body: bytes, address: str, topic: str,
                     partition: int | None) -> ServerError:
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict):
-        text = str(doc.get("message") or doc.get("status_txt") or text)
-    code, _, desc = text.partition(" ")
-    cls = SERVER_ERRORS.get(code)
-    where = {"address": address, "topic": topic, "partition": partition, "fatal": False}
-    if cls is not None:
-        return cls(desc, **where)  # type: ignore[arg-type]
+    text = error_message(body)
+    known = known_error(text, address=address, topic=topic, partition=partition)
+    if known is not None:
+        return known
     if status >= 500:
-        return HttpServerError(f"HTTP {status}: {text}", **where)  # type: ignore[arg-type]
-    return ServerError(desc, code=code or f"HTTP_{status}", **where)  # type: ignore[arg-type]
+        return HttpServerError(f"HTTP {status}: {text}", fatal=False, address=address,
+                               topic=topic, partition=partition)
+    code, _, desc = text.partition(" ")
+    return ServerError(desc, code=code or f"HTTP_{status}", fatal=False, address=address,
+                       topic=topic, partition=partition)
 
 
 async def post(session: aiohttp.ClientSession, base: str, path: str, params: dict[str, str],
@@ -63,7 +60,7 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
     """POST ``body`` to nsqd ``base`` ``path``, waiting ``wait`` seconds at most; the
     answer's body (status 200)."""
     try:
-        async with session.post(base + path, params=params, data=body, headers=V1,
+        async with session.post(base + path, params=params, data=body, headers=HEADERS,
                                 timeout=aiohttp.ClientTimeout(total=wait)) as resp:
             status = resp.status
             data = await read_body(resp, server=f"nsqd {base}", path=path,
@@ -82,7 +79,7 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
 async def flavour(session: aiohttp.ClientSession, base: str, wait: float) -> str:
     """stock or youzan, from nsqd ``base``'s ``/info``, waiting ``wait`` seconds at most."""
     try:
-        async with session.get(base + "/info", headers=V1,
+        async with session.get(base + "/info", headers=HEADERS,
                                timeout=aiohttp.ClientTimeout(total=max(0.001, wait))) as resp:
             body = await read_body(resp, server=f"nsqd {base}", path="/info",
                                    limit=nsqd_limit("/info"))
@@ -93,7 +90,7 @@ async def flavour(session: aiohttp.ClientSession, base: str, wait: float) -> str
     if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
         doc = doc["data"]
     version = str(doc.get("version", "")) if isinstance(doc, dict) else ""
-    return "youzan" if "HA" in version else "stock"
+    return "youzan" if Flavour.of_version(version) is Flavour.YOUZAN else "stock"
 
 
 def receipt(data: bytes, topic: str, partition: int, base: str) -> PublishReceipt:

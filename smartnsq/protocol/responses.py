@@ -68,9 +68,7 @@ class IdentifyResponse(BaseModel):
     @property
     def flavour(self) -> Flavour:
         """youzan nsqd reports versions such as ``0.3.7-HA.1.13.0``."""
-        if not self.version:
-            return Flavour.UNKNOWN
-        return Flavour.YOUZAN if "HA" in self.version else Flavour.STOCK
+        return Flavour.of_version(self.version)
 
 
 def _json_object(data: bytes, what: str) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-V1_ACCEPT = "application/vnd.nsq; version=1.0"
+from smartnsq.protocol.http import ACCEPT_V1, V1_CONTENT_TYPE
+
 V1_HEADER = "X-NSQ-Content-Type"
-V1_HEADER_VALUE = "nsq; version=1.0"
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 
@@ -53,7 +53,7 @@ def go_atoi(text: str) -> int:
 
 def wants_v1(request: web.Request) -> bool:
     # Go compares the first Accept header value exactly
-    return request.headers.get("Accept") == V1_ACCEPT
+    return request.headers.get("Accept") == ACCEPT_V1
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Answer:
     def response(self) -> web.Response:
         headers = {"Content-Type": self.content_type}
         if self.v1:
-            headers[V1_HEADER] = V1_HEADER_VALUE
+            headers[V1_HEADER] = V1_CONTENT_TYPE
         return web.Response(status=self.status, body=self.body, headers=headers)
 
 

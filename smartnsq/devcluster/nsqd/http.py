@@ -35,14 +35,14 @@ from smartnsq.devcluster.nsqd.parse import (
     parse_consume_offset,
 )
 from smartnsq.devcluster.nsqd.view import NodeView
+from smartnsq.protocol.http import ACCEPT_V1, V1_CONTENT_TYPE
 from smartnsq.protocol.messages import EXT_VERSION_JSON
 
 if TYPE_CHECKING:
     from smartnsq.devcluster.meta import TopicMeta
     from smartnsq.devcluster.nsqd.store import PartitionLog
 
-V1_ACCEPT = "application/vnd.nsq; version=1.0"
-_V1_HEADER = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+_V1_HEADER = {"X-NSQ-Content-Type": V1_CONTENT_TYPE}
 _TRACE_KEY = "##trace_id"
 _TAG_KEY = "##client_dispatch_tag"
 
@@ -101,7 +101,7 @@ def make_app(node: NodeView) -> web.Application:
             return v1(fn)
 
         async def handler(request: web.Request) -> web.StreamResponse:
-            use_v1 = V1_ACCEPT in request.headers.getall("Accept", [])
+            use_v1 = ACCEPT_V1 in request.headers.getall("Accept", [])
             try:
                 payload = await fn(request)
             except HTTPError as err:
