@@ -258,7 +258,7 @@ class RealTarget:
         return self.base + 100 + 10 * node
 
     def distributed_id(self, node: int) -> str:
-        # ip:rpc_port:tcp_port:worker_id, as lookupd names producers (PROTOCOL.md §13.1)
+        # ip:rpc_port:tcp_port:worker_id, as lookupd names producers (docs/protocol.md §13.2.9)
         return f"127.0.0.1:{self.tcp_port(node) + 2}:{self.tcp_port(node)}:{node + 1}"
 
     def _pidfile(self, name: str) -> Path:

@@ -1,6 +1,6 @@
 """Configuration models, validated once at construction.
 
-Defaults follow go-nsq (PROTOCOL.md §9.2) unless a comment says why not. Durations are in
+Defaults follow go-nsq (docs/protocol.md §10.2) unless a comment says why not. Durations are in
 seconds (floats) on the Python side and converted to the wire's milliseconds where needed.
 A bad value raises :class:`smartnsq.errors.ConfigError` naming the field.
 """
@@ -82,10 +82,10 @@ class ConnectionConfig(_Model):
     deflate: bool = False
     deflate_level: int = Field(default=6, ge=1, le=9)
     auth_secret: SecretStr | None = None
-    #: stock nsqd 1.3+ locality hints (§2.1); sent only when set
+    #: stock nsqd 1.3+ locality hints (docs/protocol.md §3.1); sent only when set
     topology_region: str | None = None
     topology_zone: str | None = None
-    # youzan IDENTIFY extras (§4.3); ignored by stock nsqd
+    # youzan IDENTIFY extras (docs/protocol.md §5.3); ignored by stock nsqd
     extend_support: bool = False
     desired_tag: str | None = Field(default=None, max_length=100)
     ext_filter: dict[str, Any] | None = None
@@ -114,7 +114,7 @@ class ConnectionConfig(_Model):
         if obs not in (-1, 0) and not 64 <= obs <= 65536:
             raise ValueError("output_buffer_size must be -1, 0 or within 64..65536")
         obt = self.output_buffer_timeout
-        # stock rejects 1..24 ms (PROTOCOL.md §11.11)
+        # stock rejects 1..24 ms (docs/protocol.md §12.11)
         if obt not in (-1, 0) and not 0.025 <= obt <= 30.0:
             raise ValueError("output_buffer_timeout must be -1, 0 or within 0.025..30 seconds")
         if self.msg_timeout and not 1.0 <= self.msg_timeout <= 900.0:
@@ -218,7 +218,7 @@ class ConsumerConfig(_Model):
     #: answered before the rest is requeued (go-nsq waits up to 30 s too)
     drain_timeout: float = Field(default=30.0, ge=0)
     #: ordered consumer: client-side pause before a failed message is retried with
-    #: ``REQ <id> 0`` (youzan ignores delayed REQs on ordered channels, PROTOCOL.md §11.5)
+    #: ``REQ <id> 0`` (youzan ignores delayed REQs on ordered channels, docs/protocol.md §12.5)
     ordered_retry_pause: float = Field(default=1.0, ge=0)
     #: ordered consumer: from this many attempts on, a failing message is handed to the
     #: ``on_blocked`` policy (retry / skip / stop)
@@ -262,7 +262,7 @@ class ProducerConfig(_Model):
     reconnect_min: float = Field(default=0.1, gt=0)
     reconnect_max: float = Field(default=10.0, gt=0)
     #: shard key → partition rule of publish_ordered: youzan go-nsq's murmur3 (default) or
-    #: the youzan Java SDK's String.hashCode rule (PROTOCOL.md §7.2)
+    #: the youzan Java SDK's String.hashCode rule (docs/protocol.md §8.2)
     shard_hash: Literal["murmur3", "java"] = "murmur3"
     #: dials (connect + handshake) in progress at once across all nsqd (see ConsumerConfig)
     max_concurrent_connects: int = Field(default=32, ge=1, le=1024)

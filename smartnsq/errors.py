@@ -31,7 +31,7 @@ class Flavour(StrEnum):
 
 
 class CommandKind(StrEnum):
-    """What an error frame answers; youzan's fatality depends on it (PROTOCOL.md §5)."""
+    """What an error frame answers; youzan's fatality depends on it (docs/protocol.md §6.2)."""
 
     PUBLISH = "publish"  # PUB/MPUB/DPUB and the youzan PUB_*/MPUB_* variants
     SUBSCRIBE = "subscribe"  # SUB, SUB_ORDERED, SUB_ADVANCED
@@ -175,7 +175,7 @@ class ServerError(NSQError):
         return msg
 
 
-# Stock codes (PROTOCOL.md §2.13)
+# Stock codes (docs/protocol.md §3.13)
 class InvalidError(ServerError):
     """E_INVALID: bad command or state."""
 
@@ -293,7 +293,7 @@ class AuthErrorError(ServerError):
     code = "E_AUTH_ERROR"
 
 
-# youzan codes (PROTOCOL.md §5)
+# youzan codes (docs/protocol.md §6.2)
 class NotLeaderError(ServerError):
     """The nsqd is not (or no longer) the partition's leader."""
 
@@ -424,10 +424,10 @@ AUTH_ERRORS: tuple[type[ServerError], ...] = (
     AuthFirstError, AuthFailedError, AuthDisabledError, UnauthorizedError, AuthErrorError,
 )
 
-# Codes after which the server keeps the connection open (PROTOCOL.md §2.13, §5).
+# Codes after which the server keeps the connection open (docs/protocol.md §3.13, §6.2).
 _STOCK_NON_FATAL = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 # E_MPUB_FAILED stays fatal on youzan: its nsqd raises it as a fatal client error (read in
-# youzan/nsq nsqdserver/protocol_v2.go), although PROTOCOL.md §5 lists it as non-fatal.
+# youzan/nsq nsqdserver/protocol_v2.go; docs/protocol.md §12.19).
 _YOUZAN_NON_FATAL = _STOCK_NON_FATAL | frozenset({
     "E_PUB_FAILED", "E_EXT_NOT_SUPPORT", "E_INVALID_JSON_HEADER",
     "INVALID_TRACE_ID", "E_CREATE_TOPIC_FAILED",

@@ -1,6 +1,6 @@
 """Scripted nsqlookupd fakes on 127.0.0.1 for the lookup tests.
 
-A :class:`FakeLookupd` serves stock or youzan shapes (PROTOCOL.md §3.3, §6.1) in the V1 or
+A :class:`FakeLookupd` serves stock or youzan shapes (docs/protocol.md §4.3, §7.2) in the V1 or
 the legacy envelope from a small topic table, counts every request, and can be switched into
 a failure mode: ``hang``, ``error500``, ``malformed``, ``wrong_types``. ``closed_port_url()``
 gives an address that refuses connections.

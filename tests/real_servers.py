@@ -28,7 +28,7 @@ them up. Reuse in another test module::
 :class:`YouzanCluster` does what an operator does over HTTP, identically on both targets:
 create a topic on the lookupd leader, create a channel on every partition leader (retried
 while nsqd still answers ``E_FAILED_ON_NOT_LEADER`` — a new topic is usable only after
-lookupd's next topic check, PROTOCOL.md §13.1), wait until writers' lookups list every
+lookupd's next topic check, docs/protocol.md §13.2.4), wait until writers' lookups list every
 partition, move a partition leader with ``/topic/partition/move`` and wait until
 ``consistent=true`` lookups name the new leader, and delete its topics at the end.
 The double is a 3-node :class:`~smartnsq.devcluster.DevCluster` whose moves leave the partition

@@ -3,7 +3,7 @@
 The script gets a :class:`Peer` with helpers to read commands and write frames, upgrade to TLS
 (``StreamWriter.start_tls``) and switch to snappy/deflate with the same compression classes
 the client uses. :meth:`Peer.handshake` does magic + IDENTIFY + upgrades + AUTH the way nsqd
-does (PROTOCOL.md §2.1.1). Exceptions raised by a script are re-raised when the server's
+does (docs/protocol.md §3.1.1). Exceptions raised by a script are re-raised when the server's
 ``async with`` block ends, so server-side assertions fail the test.
 """
 
@@ -95,7 +95,8 @@ class Peer:
         return await self.read_exactly(4)
 
     async def read_command(self) -> Command:
-        # FIN/REQ/TOUCH carry a binary id at a fixed position (§4.2): parse by position
+        # FIN/REQ/TOUCH carry a binary id at a fixed position (docs/protocol.md §5.2): parse by
+        # position
         while not (b" " in self._buf or b"\n" in self._buf):
             await self._fill()
         head = bytes(self._buf[:8])
@@ -222,7 +223,8 @@ class Peer:
         compressed = bool(resp["snappy"] or resp["deflate"])
         json_frame = encode_frame(FRAME_RESPONSE, json.dumps(resp).encode())
         if coalesce and compressed and not resp["tls_v1"]:
-            # the JSON frame (plain) and the compressed OK leave in one write (§2.1.1 leftovers)
+            # the JSON frame (plain) and the compressed OK leave in one write
+            # (docs/protocol.md §3.1.1 leftovers)
             self._enable(resp)
             assert self._encoder is not None
             self.writer.write(json_frame + self._encoder.encode(encode_frame(FRAME_RESPONSE, OK)))

@@ -55,7 +55,7 @@ def test_real_youzan_round_trip() -> None:
         assert [x["partition"] for x in receipts] == [
             mmh3.hash(f"key{i % 8}", 0, signed=False) % 2 for i in range(40)]
         # from the start: a position inside a backlog can make real nsqd hand out one message
-        # below it (PROTOCOL.md §13.1), which the consumer's exact start positions handle
+        # below it (docs/protocol.md §13.2.1), which the consumer's exact start positions handle
         r = invoke(["tail", topic, *base, "--ordered", "--from", "earliest", "-n", "43",
                     "--format", "json"])
         docs = [json.loads(x) for x in lines(r.stdout)]

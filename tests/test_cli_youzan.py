@@ -223,7 +223,7 @@ def test_channel_admin_calls(yz: ClusterThread) -> None:
                                f"{_leader_http(yz, 'adm', 0)}: OK"]
     assert depth(0) == 1
     # nsqd may first hand out the one message it had read ahead before the move
-    # (PROTOCOL.md §13.1), so read two: a3 is among them either way
+    # (docs/protocol.md §13.2.1), so read two: a3 is among them either way
     publish(yz, "adm", ["a4"], "--partition", "0")
     assert "a3" in tail(yz, "adm", "--channel", CHANNEL, "--partition", "0", "-n", "2")
     r = invoke(["channel", "set-offset", "adm", CHANNEL, "--to", "earliest", "--partition", "0",

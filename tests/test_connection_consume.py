@@ -26,7 +26,8 @@ from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, encode_frame
 from smartnsq.protocol.messages import MessageRecord, RawMessage, encode_message, youzan_id
 from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks
 
-# ids whose binary form contains the bytes nsqd's line parser would trip over (§4.2)
+# ids whose binary form contains the bytes nsqd's line parser would trip over
+# (docs/protocol.md §5.2)
 ID1 = youzan_id(0x0A20_0A20_0000_0001, 0x2020_0A0A_2020_0A0A)
 ID2 = youzan_id(0x0A20_0A20_0000_0002, 0)
 ID3 = youzan_id(0x0A20_0A20_0000_0003, 7)

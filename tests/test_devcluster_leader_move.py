@@ -1,6 +1,6 @@
 """The double's lookupd follows the real one: ``/topic/partition/move`` (texts and validation
 order probed on youzan 0.3.7-HA.1.13.0), ``consistent=true`` lookups, and new topics that
-accept channels and writes only after the modelled topic check (PROTOCOL.md §13.1)."""
+accept channels and writes only after the modelled topic check (docs/protocol.md §13.2.4)."""
 
 from __future__ import annotations
 

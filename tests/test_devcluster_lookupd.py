@@ -279,7 +279,7 @@ async def test_lookup_shape_matches_capture_both_envelopes(yz: Env) -> None:
         assert peer["id"] == peer["remote_address"]
         assert peer["distributed_id"] == yz.meta.nodes["n0"].distributed_id
         assert peer["version"] == YOUZAN_VERSION
-    # without metainfo there is no meta; metainfo=false still asks for it (§11.15)
+    # without metainfo there is no meta; metainfo=false still asks for it (docs/protocol.md §12.15)
     doc = await yz.json("/lookup?topic=t")
     assert list(doc) == ["channels", "partitions", "producers"]
     ref = json.loads(capture("youzan/lookup_noaccess.v1.raw.txt"))

@@ -699,7 +699,7 @@ async def test_youzan_identify_quirks() -> None:
         f = await c.identify(feature_negotiation=True, output_buffer_size=1_000_000,
                              output_buffer_timeout=5, deflate=True, deflate_level=0)
         doc = json.loads(f.data)
-        # clamped buffer, 1-9 ms becomes 10, and deflate level 0 stays 0 (§4.3)
+        # clamped buffer, 1-9 ms becomes 10, and deflate level 0 stays 0 (docs/protocol.md §5.3)
         assert (doc["output_buffer_size"], doc["output_buffer_timeout"]) == (65536, 10)
         assert (doc["deflate"], doc["deflate_level"]) == (True, 0)
         assert "topology_zone" not in doc

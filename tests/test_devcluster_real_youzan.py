@@ -11,7 +11,7 @@ bug cannot hide a bug in the double. Answers are compared with the recordings un
 ``captures/youzan`` with ephemeral values (ports, ids, timestamps) masked.
 
 The double must answer at once; only the real cluster gets a bounded wait for a new topic to
-show up in lookups (1–8 s observed, PROTOCOL.md §13). Topics are uniquely named and deleted
+show up in lookups (1–8 s observed, docs/protocol.md §13.1). Topics are uniquely named and deleted
 with ``/topic/delete?partition=**`` at the end of each test. The real cluster needs at least
 two nsqd nodes (a plain two-partition topic with one replica puts its partitions on two nodes).
 """
@@ -44,7 +44,7 @@ REAL_YOUZAN_LOOKUPD = os.environ.get("SMARTNSQ_REAL_YOUZAN_LOOKUPD", "")
 V1_ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 V1_CONTENT_TYPE = "nsq; version=1.0"
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=5)
-#: how long a real cluster may take to list a new topic (observed 1–8 s, PROTOCOL.md §13)
+#: how long a real cluster may take to list a new topic (observed 1–8 s, docs/protocol.md §13.1)
 REAL_SETTLE_SECONDS = 20.0
 POLL_INTERVAL = 0.25
 CHANNEL = "ch"
@@ -101,7 +101,7 @@ def masked(frame: bytes, *spans: tuple[int, int]) -> bytes:
     return bytes(out)
 
 
-# frame offsets: 8-byte header, then the message (PROTOCOL.md §4.7)
+# frame offsets: 8-byte header, then the message (docs/protocol.md §5.8)
 TS_SPAN = (8, 16)
 INTERNAL_ID_SPAN = (18, 26)
 
@@ -197,7 +197,7 @@ class YouzanTarget:
 
         async def channels() -> bool | None:
             # until lookupd's next topic check the leader itself answers 400
-            # E_FAILED_ON_NOT_LEADER (PROTOCOL.md §13.1): retried like the other settles
+            # E_FAILED_ON_NOT_LEADER (docs/protocol.md §13.2.4): retried like the other settles
             for p, peer in (await self.settle(f"{name} in access=r lookups", readers)).items():
                 if p not in pending:
                     continue
@@ -365,7 +365,8 @@ async def test_lookup_w_metainfo_of_two_partition_topic(
     wrapped = legacy.json()
     assert list(wrapped) == ["status_code", "status_txt", "data"]
     assert (wrapped["status_code"], wrapped["status_txt"]) == (200, "OK")
-    # the real lookupd lists ``producers`` in no stable order between requests (§13.1)
+    # the real lookupd lists ``producers`` in no stable order between requests
+    # (docs/protocol.md §13.2.6)
     data = dict(wrapped["data"])
     assert sorted(data.pop("producers"), key=json.dumps) == sorted(
         body["producers"], key=json.dumps)

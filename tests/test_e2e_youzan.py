@@ -549,7 +549,7 @@ async def test_producer_pools_keep_unaffected_connections(change: str) -> None:
         else:
             # the old leader no longer holds the partition at all: it answers
             # E_TOPIC_NOT_EXIST, a fatal error that closes the connection (the server's
-            # doing, PROTOCOL.md §5). The node itself is fine: the same pool dialled one
+            # doing, docs/protocol.md §6.2). The node itself is fine: the same pool dialled one
             # fresh connection for the node's other partition.
             assert not any(conn.is_connected for conn in conns[old_leader])
             assert after[old_leader] is pools[old_leader]

@@ -263,7 +263,7 @@ async def test_more_in_flight_than_rdy_in_one_read_delivers_only_the_allowed_bat
 
 async def test_a_run_answered_at_once_is_counted_as_if_one_by_one() -> None:
     """RDY 1 and two messages in one read (youzan's read-ahead copy then the tracked one,
-    PROTOCOL.md §13.1): a callback that FINs at once keeps the connection, exactly as if
+    docs/protocol.md §13.2): a callback that FINs at once keeps the connection, exactly as if
     each came alone, because the run before the excess is handed on before counting again."""
     async def script(p: Peer) -> None:
         await p.handshake()

@@ -1,4 +1,4 @@
-"""Envelope decoding and payload parsing: PROTOCOL.md §3.1/§3.3/§6.1 shapes, real captures."""
+"""Envelope decoding and payload parsing: docs/protocol.md §4.1/§4.3/§7.2 shapes, real captures."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def addr(ans: LookupAnswer) -> dict[int, str]:
     return {p: n.address for p, n in ans.partitions.items()}
 
 
-# -- envelopes (§3.1) ----------------------------------------------------------------------
+# -- envelopes (docs/protocol.md §4.1) -------------------------------------------------------------
 
 def test_v1_payload_is_the_body() -> None:
     assert decode(200, V1, b'{"topics":["a"]}') == {"topics": ["a"]}
@@ -112,7 +112,7 @@ def test_error_text_is_shortened() -> None:
     assert len(error_message(b"x" * 5000)) < 300
 
 
-# -- /lookup shapes of PROTOCOL.md ---------------------------------------------------------
+# -- /lookup shapes of docs/protocol.md §7.2.2 -----------------------------------------------------
 
 STOCK_PEER = {"remote_address": "10.0.0.5:51234", "hostname": "nsqd-1",
               "broadcast_address": "10.0.0.5", "tcp_port": 4150, "http_port": 4151,
@@ -266,7 +266,7 @@ def test_unknown_keys_are_ignored() -> None:
     assert len(lookup_of(200, json.dumps(doc).encode(), V1).legacy) == 1
 
 
-# -- /listlookup (§6.1.1) ------------------------------------------------------------------
+# -- /listlookup (docs/protocol.md §7.2.1) ---------------------------------------------------------
 
 LISTLOOKUP_DOC = {
     "lookupdnodes": [
@@ -319,7 +319,7 @@ def test_listlookup_leader_missing_from_list_is_added() -> None:
     assert cl is not None and cl.lookupds == ("http://10.0.0.1:4161",)
 
 
-# -- other read endpoints (§3.3, §6.1.3) ---------------------------------------------------
+# -- other read endpoints (docs/protocol.md §4.3, §7.2.3) ------------------------------------------
 
 def test_topics_with_youzan_meta_info() -> None:
     doc = {"topics": ["a", "b"], "meta_info": [
@@ -343,7 +343,7 @@ def test_youzan_nodes_with_partitions_and_info_with_ha_support() -> None:
         is None
 
 
-# -- real captures (PROTOCOL.md §13) -------------------------------------------------------
+# -- real captures (docs/protocol.md §13.1) -------------------------------------------------------
 
 def capture(flavour: str, name: str) -> tuple[int, bytes, dict[str, str]]:
     """(status, raw body bytes, headers) of a recorded response.

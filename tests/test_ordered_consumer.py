@@ -116,7 +116,7 @@ async def test_failures_are_retried_in_place(cluster: DevCluster) -> None:
 
 async def rewind(cluster: DevCluster, partition: int, spec: str) -> None:
     """An operator moves the channel back while the consumer is connected (the one way the
-    server sends a lower offset on a connection, PROTOCOL.md §4.4)."""
+    server sends a lower offset on a connection, docs/protocol.md §5.4)."""
     index = cluster.leader(TOPIC, partition)
     assert index is not None
     url = f"http://{cluster.nsqd_http_addresses[index]}/channel/setoffset"
@@ -145,7 +145,7 @@ async def test_decreasing_offset_stops_the_consumer(cluster: DevCluster) -> None
             await c.wait_closed()
     assert "went backwards" in str(info.value)
     # v-6, which the channel had read ahead, still comes before the rewound position (as on
-    # real nsqd, PROTOCOL.md §13.1); the out-of-order message never reached the handler
+    # real nsqd, docs/protocol.md §13.2.1); the out-of-order message never reached the handler
     assert got.handled == bodies("v", 10)[:7]
     assert c.validator(0).violations >= 1
     # and it was not finished: the channel still holds it
@@ -174,7 +174,7 @@ async def test_violation_callback_decides(cluster: DevCluster) -> None:
         await rewind(cluster, 1, "msgcount:0")
         gate.set()
         # accepted: the partition continues from the rewound position, in order again,
-        # after w-4, which the channel had read ahead (as real nsqd, PROTOCOL.md §13.1)
+        # after w-4, which the channel had read ahead (as real nsqd, docs/protocol.md §13.2.1)
         await got.wait_for(lambda: len(got.handled) == 5 + 6)
         assert [b for b, _ in seen] == [b"w-0"]
         assert "offset" in seen[0][1]

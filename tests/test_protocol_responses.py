@@ -134,7 +134,7 @@ def test_captured_error_frames_map_to_typed_errors(name: str, cls: type[e.Server
     assert cls.code in str(err) and "127.0.0.1:4150" in str(err)
 
 
-# PROTOCOL.md §2.13 and §5, code by code.
+# docs/protocol.md §3.13 and §6.2, code by code.
 _STOCK_CODES = ["E_INVALID", "E_BAD_PROTOCOL", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL",
                 "E_BAD_MESSAGE", "E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED",
                 "E_SUB_FAILED", "E_IDENTIFY_FAILED", "E_AUTH_FIRST", "E_AUTH_FAILED",

@@ -1,7 +1,7 @@
 """Exact start positions (``start_at``) on a channel that already holds a backlog.
 
 Repositioning such a channel makes youzan nsqd deliver the one message its channel had read
-ahead before continuing from the position (PROTOCOL.md §13.1). The plain and the ordered
+ahead before continuing from the position (docs/protocol.md §13.2.1). The plain and the ordered
 consumer must never hand the handler a message below the position they asked for, must
 count what they finished quietly, and the ordered one must report no gap or violation.
 
@@ -46,7 +46,7 @@ from tests.devcluster_helpers import RawClient
 REAL_YOUZAN_LOOKUPD = os.environ.get("SMARTNSQ_REAL_YOUZAN_LOOKUPD", "")
 CHANNEL = "ch"
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
-#: a new topic takes seconds to become usable on a real cluster (PROTOCOL.md §13.1)
+#: a new topic takes seconds to become usable on a real cluster (docs/protocol.md §13.2.4)
 REAL_SETTLE = 30.0
 WAIT = 15.0
 BACKLOG = 8
@@ -178,7 +178,8 @@ async def publish(tcp: str, topic: str, prefix: str, n: int) -> list[Sent]:
 
 async def consume_raw(tcp: str, topic: str, n: int, *, ordered: bool) -> list[RawMessage]:
     """Consume and finish ``n`` distinct messages one at a time (moves the channel's
-    cursor). A channel's first ordered reader gets its first message twice (§13.1)."""
+    cursor). A channel's first ordered reader gets its first message twice
+    (docs/protocol.md §13.2.2)."""
     c = await RawClient.connect(tcp)
     got: list[RawMessage] = []
     try:
@@ -303,7 +304,7 @@ def topic_with_backlog(cluster: DevCluster, name: str, ordered: bool) -> None:
 async def test_a_refused_position_is_retried_until_it_takes(
         cluster: DevCluster, ordered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # real nsqd refuses a move to a position it has not seen yet while answering OK
-    # (PROTOCOL.md §13.1): the first two moves do nothing here
+    # (docs/protocol.md §13.2.3): the first two moves do nothing here
     topic_with_backlog(cluster, "lazy", ordered)
     real_seek = NsqdNode.seek_channel
     calls: list[tuple[str, int]] = []
@@ -546,7 +547,8 @@ async def test_server_delivers_the_read_ahead_before_the_new_position(
         if how == "setoffset":
             await set_offset(target, http, topic, pos)
             await c.send(C.sub_advanced(topic, CHANNEL, 0))
-        else:  # as the channel's first client (the partition token is ignored, §4.4)
+        # as the channel's first client (the partition token is ignored, docs/protocol.md §5.4)
+        else:
             await c.send(C.sub_advanced(topic, CHANNEL, 0, OffsetSpec.virtual_queue(pos)))
         await c.expect_ok()
         await c.send(C.rdy(10))

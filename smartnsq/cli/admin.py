@@ -79,7 +79,7 @@ async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
 
 
 # A youzan topic created moments ago refuses channels with E_FAILED_ON_NOT_LEADER, even on its
-# leader, until lookupd's next topic check hands the leader its session (PROTOCOL.md §13.1).
+# leader, until lookupd's next topic check hands the leader its session (docs/protocol.md §13.2.4).
 NEW_TOPIC_WAIT = 90.0
 
 

@@ -1,5 +1,5 @@
 """The connection handshake: magic, IDENTIFY negotiation, TLS / snappy / deflate upgrades in
-the order of PROTOCOL.md §2.1.1, and AUTH.
+the order of docs/protocol.md §3.1.1, and AUTH.
 
 :class:`Handshake` holds the rules and never touches a socket or a clock: bytes go in with
 :meth:`Handshake.feed`, and :meth:`Handshake.next_step` says what to do next (:class:`Send`
@@ -286,7 +286,8 @@ async def negotiate(hs: Handshake, wire: Wire, more: Callable[[], Awaitable[None
                 wire.set_compression(SnappyEncoder(), SnappyDecoder())
             else:
                 wire.set_compression(DeflateEncoder(step.level), DeflateDecoder())
-            # bytes that arrived after the IDENTIFY frame are already compressed (§2.1.1)
+            # bytes that arrived after the IDENTIFY frame are already compressed
+            # (docs/protocol.md §3.1.1)
             rest = hs.take_buffer()
             decoder = wire.decoder
             if rest and decoder is not None:

@@ -1,7 +1,7 @@
 """Exact start positions for youzan partitions (``start_at``): positioning, verification,
 and the guard that keeps deliveries from before the position away from the handler.
 
-Real youzan nsqd (PROTOCOL.md §13.1) has two habits a client must cover itself:
+Real youzan nsqd (docs/protocol.md §13.2.1) has two habits a client must cover itself:
 
 * **read-ahead**: a channel that holds a backlog has already read its next message when it is
   repositioned (``/channel/setoffset`` or ``SUB_ADVANCED … <offset>``); that one message is

@@ -48,5 +48,5 @@ class ConsumerStats:
     subscriptions: tuple[SubscriptionStats, ...]
     #: deliveries finished without reaching the handler: below the requested start position
     #: (``start_at``; nsqd's read-ahead on repositioning), or the second copy of a message
-    #: nsqd had read ahead and then read again (PROTOCOL.md §13.1)
+    #: nsqd had read ahead and then read again (docs/protocol.md §13.2.1)
     dropped_before_start: int = 0

@@ -197,7 +197,8 @@ class SubscriptionSet:
                 timeout=self._config.connection.handshake_timeout)
             if positioner is not None or ordered:
                 # youzan delivers a repositioned channel's read-ahead, and the first
-                # message of a channel's first ordered reader twice, outside RDY (§13.1)
+                # message of a channel's first ordered reader twice, outside RDY
+                # (docs/protocol.md §13.2.2)
                 conn.allow_read_ahead()
             if positioner is not None and sub.partition is not None:
                 guard = await positioner.settle(already_sent=offset is not None)
@@ -243,7 +244,7 @@ class SubscriptionSet:
         """SUB command, SUB_ADVANCED offset, and an offset to set over HTTP instead.
 
         The server only reads the partition of a 4-token SUB line; ``SUB_ADVANCED t c p
-        offset`` lands on the node's default partition (PROTOCOL.md §11.2). That is exact
+        offset`` lands on the node's default partition (docs/protocol.md §12.2). That is exact
         only when the node leads one partition of the topic; otherwise the channel is
         positioned with ``POST /channel/setoffset`` on the leader before the first RDY.
         """

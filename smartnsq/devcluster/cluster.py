@@ -45,7 +45,7 @@ class DevCluster:
     dependency; clients use :attr:`tls_ca_file`), or pass ``(cert_file, key_file)``.
     ``auth`` is an auth callback or the URL of an nsq auth server.
 
-    youzan timing, as on the real servers (PROTOCOL.md §13.1): a topic created through
+    youzan timing, as on the real servers (docs/protocol.md §13.2.4): a topic created through
     lookupd's HTTP API accepts channels and writes only ``topic_check_delay`` seconds later
     (lookupd's next topic check; its leaders answer ``E_FAILED_ON_NOT_LEADER`` until then);
     ``POST /topic/partition/move`` leaves the partition leaderless for ``leader_move_seconds``

@@ -21,7 +21,7 @@ YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 
 @dataclass
 class NodeInfo:
-    """One nsqd as lookupd advertises it (PROTOCOL.md §3.3 peer object, §6.1.2)."""
+    """One nsqd as lookupd advertises it (docs/protocol.md §4.3 peer object, §7.2.2)."""
 
     node_id: str
     hostname: str
@@ -58,7 +58,7 @@ class PartitionMeta:
 
 @dataclass
 class TopicMeta:
-    """A youzan topic as created on nsqlookupd (§6.1.4)."""
+    """A youzan topic as created on nsqlookupd (docs/protocol.md §7.2.4)."""
 
     name: str
     partition_num: int
@@ -71,7 +71,7 @@ class TopicMeta:
     registered_channels: set[str] = field(default_factory=set)
     partitions: dict[int, PartitionMeta] = field(default_factory=dict)
     #: time.monotonic() from which the partition leaders accept channels and writes: a topic
-    #: created through lookupd HTTP waits for lookupd's next topic check (PROTOCOL.md §13.1)
+    #: created through lookupd HTTP waits for lookupd's next topic check (docs/protocol.md §13.2.4)
     ready_at: float = 0.0
 
 

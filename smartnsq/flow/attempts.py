@@ -1,4 +1,4 @@
-"""Attempt limits and requeue delays (go-nsq rules, PROTOCOL.md §8.1).
+"""Attempt limits and requeue delays (go-nsq rules, docs/protocol.md §9.1).
 
 nsqd counts delivery attempts per message (the ``attempts`` field, 1 on first delivery).
 A consumer gives up on a message that has been tried more often than ``max_attempts`` and

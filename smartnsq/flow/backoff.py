@@ -1,4 +1,4 @@
-"""Consumer backoff: strategies and the level/window state machine (PROTOCOL.md §8.1).
+"""Consumer backoff: strategies and the level/window state machine (docs/protocol.md §9.1).
 
 Pure: no clocks, no timers. :class:`BackoffState` is fed the outcome of each handled message
 and answers what should happen to message flow; the RDY controller

@@ -1,4 +1,4 @@
-"""RDY distribution across a consumer's connections (PROTOCOL.md §8.1, "Building Client
+"""RDY distribution across a consumer's connections (docs/protocol.md §9.1, "Building Client
 Libraries" — RDY State and Backoff).
 
 :class:`RdyController` is a plain object: the consumer feeds it events (connection added or

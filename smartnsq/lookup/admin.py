@@ -30,7 +30,7 @@ log = logging.getLogger("smartnsq.lookup")
 
 M = TypeVar("M", bound=BaseModel)
 
-#: limits youzan nsqlookupd enforces on /topic/create (PROTOCOL.md §6.1.4)
+#: limits youzan nsqlookupd enforces on /topic/create (docs/protocol.md §7.2.4)
 MAX_PARTITION_NUM = 255
 MAX_REPLICATOR = 5
 MAX_SUGGEST_LOAD = 10000

@@ -1,4 +1,4 @@
-"""HTTP response envelopes of nsqlookupd (PROTOCOL.md §3.1) and the per-lookupd error; nsqd
+"""HTTP response envelopes of nsqlookupd (docs/protocol.md §4.1) and the per-lookupd error; nsqd
 answers in the same envelopes (:mod:`smartnsq.nsqd_http` decodes them here too).
 
 Decoding, in this order:

@@ -1,4 +1,4 @@
-"""Pydantic models of the JSON payloads nsqlookupd returns (PROTOCOL.md §3.3, §6.1).
+"""Pydantic models of the JSON payloads nsqlookupd returns (docs/protocol.md §4.3, §7.2).
 
 Strict about types (a port sent as a string, or a hostname sent as a number, is wrong),
 lenient about unknown keys (both servers add keys over time). Lists and maps that a server

@@ -36,8 +36,8 @@ M = TypeVar("M", bound=BaseModel)
 
 _PARTITION_ID = re.compile(r"^[0-9]{1,4}$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
-#: texts with which lookupds say "this topic is unknown (to writers)" (PROTOCOL.md §3.3,
-#: §6.1.2); the legacy envelope reports them all as HTTP 500
+#: texts with which lookupds say "this topic is unknown (to writers)" (docs/protocol.md §4.3,
+#: §7.2.2); the legacy envelope reports them all as HTTP 500
 _NOT_FOUND_TEXTS = ("topic_not_found", "key not found", "has no channel")
 
 
@@ -124,7 +124,8 @@ def _check_partition_num(model: LookupModel, *, lookupd: str, topic: str) -> Non
 
 def parse_lookup(payload: object, *, lookupd: str, received_at: float, topic: str = "",
                  reported: Collection[str] = ()) -> LookupAnswer:
-    """A ``/lookup`` payload (stock or youzan, any §3.3/§6.1.2 shape) for ``topic`` as an
+    """A ``/lookup`` payload (stock or youzan, any docs/protocol.md §4.3/§7.2.2 shape) for ``topic``
+    as an
     answer. ``reported``: the entries the lookupd's previous answer skipped (logged then)."""
     model = validate(LookupModel, payload, lookupd=lookupd, path="/lookup")
     _check_partition_num(model, lookupd=lookupd, topic=topic)

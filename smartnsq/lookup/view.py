@@ -64,7 +64,7 @@ class Node:
 
     @property
     def is_youzan_ha(self) -> bool:
-        """True for a youzan HA nsqd (PROTOCOL.md §10)."""
+        """True for a youzan HA nsqd (docs/protocol.md §11.2)."""
         return bool(self.distributed_id) or Flavour.of_version(self.version) is Flavour.YOUZAN
 
 

@@ -2,7 +2,7 @@
 policy, per-partition positions (youzan nsqd only).
 
 youzan delivers an ordered partition one message at a time: the next one only after the
-current one is finished (PROTOCOL.md §4.4). Partitions are consumed concurrently, each in
+current one is finished (docs/protocol.md §5.4). Partitions are consumed concurrently, each in
 order. On top of :class:`smartnsq.consumer.Consumer` this class
 
 * validates every delivery (:mod:`smartnsq.ordered.offsets`) before the handler sees it:
@@ -226,7 +226,7 @@ class OrderedPolicy:
     def _twin(self, sub: Sub, msg: Message) -> bool:
         """``msg`` repeats the last delivery with the same attempts: not a redelivery but
         nsqd's read-ahead copy followed by the tracked one (a channel's first ordered
-        reader, or a repositioned channel; PROTOCOL.md §13.1). Both carry the same id, so
+        reader, or a repositioned channel; docs/protocol.md §13.2.1). Both carry the same id, so
         one answer is all the server needs; the copy never reaches the handler. True when
         taken in charge."""
         assert sub.partition is not None

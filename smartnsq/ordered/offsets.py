@@ -1,7 +1,7 @@
 """Position checks for ordered (SUB_ORDERED) partitions: pure, no I/O.
 
 youzan nsqd delivers an ordered partition one message at a time, and on one connection the
-internal id and the disk-queue offset never decrease (PROTOCOL.md §4.4, §7.4). For a
+internal id and the disk-queue offset never decrease (docs/protocol.md §5.4, §8.4). For a
 partition, :class:`OffsetValidator` classifies each delivery against the previous one on
 the same connection:
 

@@ -1,4 +1,4 @@
-"""Shard key → partition, the rules youzan's clients use (PROTOCOL.md §7.2, §11.6).
+"""Shard key → partition, the rules youzan's clients use (docs/protocol.md §8.2, §12.6).
 
 * ``"murmur3"`` (default, youzan go-nsq and every youzan example):
   ``murmur3_32(key bytes, seed 0) as unsigned % partition_num``. ``str`` keys are UTF-8

@@ -153,7 +153,7 @@ class Batcher:
 
 
 def _max_count(max_body_size: int) -> int:
-    """The most messages nsqd takes in one MPUB of ``max_body_size`` (PROTOCOL.md §2.11)."""
+    """The most messages nsqd takes in one MPUB of ``max_body_size`` (docs/protocol.md §3.11)."""
     return max(1, (max_body_size - _BODY_OVERHEAD) // 5)
 
 
@@ -161,7 +161,7 @@ def split_batches(bodies: list[bytes], max_body_size: int,
                   extra_per_message: int = 0) -> list[list[bytes]]:
     """Split ``bodies`` into MPUB-sized chunks, in order: each chunk's body (count field plus
     every ``[size][extra][message]``) stays within ``max_body_size`` and its count within
-    the server's ``(max_body_size - 4) // 5`` (PROTOCOL.md §2.11). ``extra_per_message`` is
+    the server's ``(max_body_size - 4) // 5`` (docs/protocol.md §3.11). ``extra_per_message`` is
     what each element carries besides the body (8 for MPUB_TRACE, 2 + header for
     MPUB_EXT)."""
     max_count = _max_count(max_body_size)

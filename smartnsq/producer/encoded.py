@@ -135,7 +135,7 @@ def check_ext_items(items: object, max_msg_size: int,
         if not isinstance(header, Mapping | bytes):
             raise ConfigError(f"items[{i}]: the header must be a dict or JSON bytes, got "
                               f"{type(header).__name__}")
-        h = encode_ext_header(header) or b"{}"  # an empty header is refused (§4.6)
+        h = encode_ext_header(header) or b"{}"  # an empty header is refused (docs/protocol.md §5.7)
         b = check_body(body, max_msg_size)
         size += 6 + len(h) + len(b)
         out.append((h, b))

@@ -8,7 +8,7 @@ old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`)
 answers are read up to :mod:`smartnsq.http_limits`' cap: a larger one is garbage, not an
 answer (fails over).
 
-Endpoints (PROTOCOL.md §3.2, §6.2): ``POST /pub`` (``defer`` for deferred publishing on stock),
+Endpoints (docs/protocol.md §4.2, §7.3): ``POST /pub`` (``defer`` for deferred publishing on stock),
 ``POST /mpub?binary=true`` (length-prefixed bodies; split at ``max_body_size``), and on youzan
 ``partition=`` on each, ``POST /pubtrace`` (``trace_id=``; returns the receipt) and
 ``POST /pub_ext`` (``ext=`` JSON header). Requests ask for the V1 envelope.

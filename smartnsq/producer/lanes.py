@@ -9,7 +9,7 @@ sent in call order, one at a time: the next is not sent before the previous one 
 acknowledged or has definitively failed (retries included), so neither retries nor several
 connections can reorder a key. Different keys proceed in parallel. The partition is computed
 once per message, from the partition count of the topic's current lookup view, and the
-message is only ever sent to that partition's leader (PROTOCOL.md §7.2): if the partition has
+message is only ever sent to that partition's leader (docs/protocol.md §8.2): if the partition has
 no leader after the bounded retries the publish raises instead of falling back to another
 partition. (If operators expand the topic, later messages of a key may map to a new
 partition; per-key order *across* that change then depends on the consumers.)

@@ -69,7 +69,7 @@ def check_trace_id(trace_id: int) -> int:
 
 def ext_header_bytes(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
     """The JSON header of PUB_EXT/MPUB_EXT (validated now, before any I/O); a ``trace_id``
-    travels as the reserved ``##trace_id`` key (a decimal string, PROTOCOL.md §4.6)."""
+    travels as the reserved ``##trace_id`` key (a decimal string, docs/protocol.md §5.7)."""
     if not isinstance(ext, Mapping):
         raise ConfigError(f"ext must be a dict of header fields, got {type(ext).__name__}")
     if trace_id is not None:

@@ -245,7 +245,7 @@ class RoutedPlan(Plan[C]):
             return
         # A pinned partition without leader, or every partition failed: a leader move
         # (seconds on real clusters) or writes switched off. Waiting for a leader burns no
-        # attempts: only the deadline bounds it (PROTOCOL.md §13.1).
+        # attempts: only the deadline bounds it (docs/protocol.md §13.2.5).
         partition, last = self.partition, self.last_exc
         missing = NoLeaderError(
             (f"partition {partition} of topic {op.topic!r} has no writable leader"

@@ -6,10 +6,10 @@ Every failed publish attempt is classified into one :class:`Action`:
   (E_BAD_MESSAGE, E_BAD_BODY, E_BAD_TOPIC, E_BAD_PARTITION, E_EXT_NOT_SUPPORT,
   E_INVALID_JSON_HEADER, INVALID_TRACE_ID, E_INVALID, auth errors, any unknown code) or the
   caller's time is up. Raised at once, unlike youzan go-nsq which retries everything
-  (PROTOCOL.md §11.7).
+  (docs/protocol.md §12.7).
 * ``REFRESH`` — the partition → leader mapping is stale (E_FAILED_ON_NOT_LEADER,
   E_FAILED_ON_NOT_WRITABLE, E_TOPIC_NOT_EXIST): drop the mapping, run one coalesced lookup
-  refresh, retry on the new leader (§5, §7.3).
+  refresh, retry on the new leader (docs/protocol.md §6.2, §8.3).
 * ``FAILOVER`` — the connection or node failed (refused, reset, closed, protocol garbage, no
   answer within ``ProducerConfig.request_timeout``): the publish was not acknowledged, so it
   is retried on another healthy nsqd (stock) or on the partition's leader after a refresh
@@ -20,7 +20,7 @@ Every failed publish attempt is classified into one :class:`Action`:
 ``FAILOVER`` and ``RETRY`` attempts are bounded by ``ProducerConfig.max_attempts`` (default 3,
 as youzan go-nsq) and by the call's deadline. ``REFRESH`` is not an attempt that counts, and
 neither is finding no leader for the partition in the lookup: both mean a leader move or a
-write switch is under way (a move takes 4–7 s on a real cluster, PROTOCOL.md §13.1) and the
+write switch is under way (a move takes 4–7 s on a real cluster, docs/protocol.md §13.2.5) and the
 refusal stored nothing, so the publish waits for a leader — refreshing the lookup with the
 backoff below, one refresh shared by every waiting publish — bounded only by its deadline.
 Nor is finding our own connection pool to a live node in its reconnect backoff (after a
@@ -33,7 +33,7 @@ Before retrying the *same* target (or looking again for a leader) the engine sle
 policy's backoff says, go-nsq's ``8 ms + 10 ms × (2 << attempt)``: 48, 88, 168, 328 ms …,
 capped at 1 s (:class:`~smartnsq.backoff.GoNsqRetryBackoff`); a retry on a *different* target
 (another nsqd, another partition) goes at once. Waiting for a fresh topic to get a writable
-partition is bounded by the deadline, not by attempts (PROTOCOL.md §13).
+partition is bounded by the deadline, not by attempts (docs/protocol.md §13.1).
 
 With nsqd addresses given directly there is no lookup to refresh: a leader-type refusal from
 such an nsqd is spent like a failover (it counts, and the next attempt goes to another listed

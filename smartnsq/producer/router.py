@@ -5,7 +5,7 @@
 (empty when the partition has no leader, is not writable, or its mapping was dropped after a
 leader-type error), plus the old non-partitioned nodes, which take the stock commands.
 
-Round-robin (PROTOCOL.md §7.2, youzan go-nsq): a per-topic counter is incremented *before*
+Round-robin (docs/protocol.md §8.2, youzan go-nsq): a per-topic counter is incremented *before*
 each pick, so the first message goes to partition ``1 % n``; empty slots are skipped, at most
 ``n`` tries. A topic with a single partition always uses partition 0.
 

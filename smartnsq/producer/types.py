@@ -13,7 +13,7 @@ class PublishReceipt:
     """Where a traced publish (PUB_TRACE, MPUB_TRACE, traced PUB_EXT) was stored.
 
     For a batch (MPUB_TRACE) ``internal_id`` and ``offset`` are the first message's,
-    ``trace_id`` is 0 and ``raw_size`` covers the whole batch (PROTOCOL.md §4.6); the next
+    ``trace_id`` is 0 and ``raw_size`` covers the whole batch (docs/protocol.md §5.7); the next
     message of the partition starts at ``offset + raw_size``.
     """
 

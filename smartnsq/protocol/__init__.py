@@ -1,6 +1,6 @@
 """Sans-IO NSQ wire codec: bytes in → frames and messages out; commands → bytes.
 
-Nothing here touches a socket or a clock (see ARCHITECTURE.md).
+Nothing here touches a socket or a clock (see docs/architecture.md).
 """
 
 from smartnsq.protocol import commands

@@ -1,8 +1,9 @@
-"""Client → server command encoders (PROTOCOL.md §1.2, §2, §4).
+"""Client → server command encoders (docs/protocol.md §2.2, §3, §5).
 
 Every function validates its arguments and returns the exact bytes to write, raising
 :class:`smartnsq.errors.ConfigError` (or :class:`InvalidNameError`) before anything is sent.
-FIN/REQ/TOUCH use the fixed byte layout youzan nsqd parses by position (§4.2), which stock
+FIN/REQ/TOUCH use the fixed byte layout youzan nsqd parses by position (docs/protocol.md §5.2),
+which stock
 nsqd accepts too.
 """
 
@@ -89,14 +90,15 @@ def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
 
 
 def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
-    # The wire command is SUB_ORDERED; the design article's "SUB_ORDER" is refused (§4.4).
+    # The wire command is SUB_ORDERED; the design article's "SUB_ORDER" is refused
+    # (docs/protocol.md §5.4).
     return (b"SUB_ORDERED " + _topic(topic) + b" " + _channel(channel) + b" "
             + _partition(partition) + b"\n")
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetSpec:
-    """Where a SUB_ADVANCED subscription (or /channel/setoffset) starts (§4.4)."""
+    """Where a SUB_ADVANCED subscription (or /channel/setoffset) starts (docs/protocol.md §5.4)."""
 
     kind: str
     value: int
@@ -140,7 +142,8 @@ class OffsetSpec:
 
 def sub_advanced(topic: str, channel: str, partition: int | None = None,
                  offset: OffsetSpec | None = None) -> bytes:
-    """SUB_ADVANCED; note the server ignores ``partition`` in the 5-token form (§11.2)."""
+    """SUB_ADVANCED; note the server ignores ``partition`` in the 5-token form
+    (docs/protocol.md §12.2)."""
     line = b"SUB_ADVANCED " + _topic(topic) + b" " + _channel(channel)
     if offset is not None and partition is None:
         raise ConfigError("SUB_ADVANCED with an offset needs a partition token")
@@ -323,7 +326,7 @@ def pub_ext(topic: str, partition: int, header: Mapping[str, Any] | bytes, body:
     _check_body(body)
     h = encode_ext_header(header)
     if not h:
-        h = b"{}"  # an empty header is rejected by the server (§4.6)
+        h = b"{}"  # an empty header is rejected by the server (docs/protocol.md §5.7)
     return (_line(b"PUB_EXT", topic, partition) + _pack_u32(2 + len(h) + len(body))
             + _U16.pack(len(h)) + h + body)
 

@@ -1,4 +1,4 @@
-"""Stream compression layers negotiated by IDENTIFY (PROTOCOL.md §2.1.1), sans-IO.
+"""Stream compression layers negotiated by IDENTIFY (docs/protocol.md §3.1.1), sans-IO.
 
 snappy uses the *framing* format (stream identifier ``ff 06 00 00 sNaPpY``, then chunks of at
 most 64 KiB of data, each with a masked CRC-32C); deflate is raw RFC 1951 with a sync flush

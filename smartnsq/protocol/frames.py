@@ -1,4 +1,4 @@
-"""Server → client framing (PROTOCOL.md §1.3): ``[int32 size][int32 type][data]``, and
+"""Server → client framing (docs/protocol.md §2.3): ``[int32 size][int32 type][data]``, and
 the one decoder of message frames.
 
 :class:`FrameDecoder` is incremental: feed it any chunking of the byte stream and it returns
@@ -68,7 +68,7 @@ _OK_RUN_LEN = len(_OK_RUN)
 _MIN_STOCK_MESSAGE_SIZE = 4 + MIN_MESSAGE_SIZE
 #: the same with youzan's 12-byte position prefix (offset, raw size) before the body
 _MIN_POSITION_MESSAGE_SIZE = _MIN_STOCK_MESSAGE_SIZE + POSITION_SIZE
-#: frame header + a message's timestamp, attempts and id (PROTOCOL.md §1.4), read in one call
+#: frame header + a message's timestamp, attempts and id (docs/protocol.md §2.4), read in one call
 _MESSAGE_HEAD = struct.Struct(">iiqH16s")
 _unpack_message_head = _MESSAGE_HEAD.unpack_from
 _MESSAGE_HEAD_SIZE = _MESSAGE_HEAD.size
@@ -107,7 +107,7 @@ class FrameDecoder:
 
     def take_buffer(self) -> bytes:
         """Remove and return the unparsed bytes (for a transport upgrade: they belong to the
-        new layer, PROTOCOL.md §2.1.1)."""
+        new layer, docs/protocol.md §3.1.1)."""
         rest = b"".join(self._pending)
         self._pending = []
         self._pending_len = 0

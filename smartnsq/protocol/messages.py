@@ -1,4 +1,4 @@
-"""Message frame layouts (PROTOCOL.md §1.4 stock, §4.7 youzan): what a decoded message
+"""Message frame layouts (docs/protocol.md §2.4 stock, §5.8 youzan): what a decoded message
 is (:data:`MessageRecord`, :class:`RawMessage`), how a frame is written
 (:func:`encode_message`), and youzan's binary ids. Frames are decoded in one place,
 :meth:`smartnsq.protocol.frames.FrameDecoder.feed_records` (``decode_message`` there for a

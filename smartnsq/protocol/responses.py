@@ -18,7 +18,7 @@ TRACE_RESPONSE_SIZE = _TRACE.size  # 30
 
 @dataclass(frozen=True, slots=True)
 class TraceResponse:
-    """The 30-byte PUB_TRACE / MPUB_TRACE / traced PUB_EXT reply (PROTOCOL.md §4.6).
+    """The 30-byte PUB_TRACE / MPUB_TRACE / traced PUB_EXT reply (docs/protocol.md §5.7).
 
     For MPUB_TRACE the id and offset are the first message's, trace id is 0 and raw_size
     covers the whole batch.

@@ -9,7 +9,7 @@ from smartnsq.errors import ConfigError, InvalidNameError
 
 _NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
-#: highest partition id youzan nsqd accepts (PROTOCOL.md §11.14)
+#: highest partition id youzan nsqd accepts (docs/protocol.md §12.14)
 MAX_PARTITION = 1023
 #: the partition id of what is not partitioned: a stock nsqd, an old youzan nsqd, a topic
 #: subscribed by direct address (never sent: such commands have no partition token)

@@ -7,11 +7,12 @@ a leader move by resuming at the next expected offset. The Consumer is built for
 connection to the partition leader does it:
 
 1. ``/channel/create`` then ``/channel/setoffset virtual_queue:<next>`` on the leader (SUB's
-   own offset argument lands on the wrong partition, PROTOCOL.md §11.2);
+   own offset argument lands on the wrong partition, docs/protocol.md §12.2);
 2. ``SUB_ADVANCED`` (``SUB_ORDERED`` on ordered topics), whose frames carry each message's
    offset and raw size;
 3. take messages strictly in order: ``offset == next`` is the next row; an offset below is the
-   read-ahead message real nsqd still sends after a reposition (§13.1) and is FINed and dropped;
+   read-ahead message real nsqd still sends after a reposition (docs/protocol.md §13.2.1) and is
+   FINed and dropped;
    an offset above is kept unanswered until its turn (see below). A lost connection (leader
    moved) means: look the leader up again and resume at ``next``.
 
@@ -76,8 +77,8 @@ async def channel_position(http: NsqdHttpClient, leader_http: str, topic: str, p
 
 
 def _answer_refused(conn: Connection, exc: ServerError) -> None:
-    # A FIN/REQ of a read-ahead copy (sent outside the channel's in-flight set: PROTOCOL.md
-    # §13.1) is refused with E_FIN_FAILED / E_REQ_FAILED; that is expected here, not news.
+    # A FIN/REQ of a read-ahead copy (sent outside the channel's in-flight set: docs/protocol.md
+    # §13.2.1) is refused with E_FIN_FAILED / E_REQ_FAILED; that is expected here, not news.
     if exc.server_code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
         log.debug("nsqd %s: %s", conn.address, exc)
     else:

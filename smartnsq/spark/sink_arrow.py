@@ -415,7 +415,8 @@ class BatchPlan:
             hdr: dict[str, Any] = dict(pairs) if pairs else {}
             if tids is not None:
                 hdr["##trace_id"] = str(tids[i])
-            h = encode_ext_header(hdr) or b"{}"  # an empty header is refused (§4.6)
+            # an empty header is refused (docs/protocol.md §5.7)
+            h = encode_ext_header(hdr) or b"{}"
             item = 6 + len(h) + len(body)
             if cur.items and size + item > self.opts.maxBatchBytes:
                 units.append(cur)

@@ -1,5 +1,5 @@
 """The sink without Spark: option parsing, column checks, and Arrow batches → MPUB bodies
-(decoded here with an independent reader of the wire layout, PROTOCOL.md §4)."""
+(decoded here with an independent reader of the wire layout, docs/protocol.md §5)."""
 
 from __future__ import annotations
 

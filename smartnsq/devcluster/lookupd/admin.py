@@ -2,7 +2,7 @@
 
 Both the lookupd HTTP admin endpoints and :class:`~smartnsq.devcluster.DevCluster`'s Python
 calls go through these functions, so a topic made either way looks the same. Errors carry the
-real coordinator's texts (PROTOCOL.md §6.1.4, captures ``youzan/topic_create_*``).
+real coordinator's texts (docs/protocol.md §7.2.4, captures ``youzan/topic_create_*``).
 """
 
 from __future__ import annotations

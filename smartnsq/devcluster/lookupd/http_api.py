@@ -1,6 +1,7 @@
 """Response envelopes of nsqd/nsqlookupd HTTP APIs, byte-compatible with the Go servers.
 
-PROTOCOL.md §3.1: "V1" bodies are the bare payload with ``X-NSQ-Content-Type: nsq; version=1.0``
+docs/protocol.md §4.1: "V1" bodies are the bare payload with
+``X-NSQ-Content-Type: nsq; version=1.0``
 and errors ``{"message":"<text>"}`` at the real status; the legacy wrapper is
 ``{"status_code","status_txt","data"}`` and always HTTP 500 on error; "negotiate" endpoints
 answer V1 only to ``Accept: application/vnd.nsq; version=1.0``.
@@ -94,7 +95,7 @@ def render_error(envelope: Envelope, v1: bool, code: int, text: str) -> Answer:
     if envelope == "plain":
         return Answer(code, text.encode(), TEXT_CONTENT_TYPE, False, False)
     if v1:
-        # the Go servers format this without JSON escaping (PROTOCOL.md §11.9)
+        # the Go servers format this without JSON escaping (docs/protocol.md §12.9)
         return Answer(code, f'{{"message":"{text}"}}'.encode(), JSON_CONTENT_TYPE, True, True)
     body = go_json({"status_code": 500, "status_txt": text, "data": None})
     return Answer(500, body, JSON_CONTENT_TYPE, False, True)

@@ -676,7 +676,7 @@ class NsqLookupd:
 
     def _yz_partition_move(self, request: web.Request) -> Any:
         """``/topic/partition/move?move_leader=true``: the partition goes leaderless for
-        :attr:`leader_move_seconds`, then ``move_to`` leads it (PROTOCOL.md §13.1)."""
+        :attr:`leader_move_seconds`, then ``move_to`` leads it (docs/protocol.md §13.2.5)."""
         q = request.query
         topic = q.get("topic", "")
         if not topic:

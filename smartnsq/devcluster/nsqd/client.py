@@ -449,7 +449,7 @@ class ClientBase(asyncio.Protocol):
         self._arm_deadline()
 
     def _read_deadline(self) -> float:
-        # stock closes after 2 silent heartbeat intervals, youzan after 3 (§1.5)
+        # stock closes after 2 silent heartbeat intervals, youzan after 3 (docs/protocol.md §2.5)
         return self.heartbeat_interval * (3 if self.youzan else 2)
 
     def _arm_deadline(self) -> None:
@@ -530,7 +530,7 @@ class ClientBase(asyncio.Protocol):
 
     async def _params(self, line: bytes) -> list[bytes]:
         """Split a command line; youzan reads FIN/REQ/TOUCH by byte position because its
-        binary ids may contain spaces and newlines (§4.2)."""
+        binary ids may contain spaces and newlines (docs/protocol.md §5.2)."""
         if not self.youzan or len(line) < 3:
             return split_line(line)
         head = line[:3]

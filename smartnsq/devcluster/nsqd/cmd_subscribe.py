@@ -179,7 +179,7 @@ class SubscribeCommands(ClientBase):
             raise ClientError("E_INVALID", f"{cmd} insufficient number of params")
         raw = params[1]
         if len(raw) != 16:
-            # stock nsqd 1.3 lower-cases it (PROTOCOL.md §13.1); youzan keeps the capitals
+            # stock nsqd 1.3 lower-cases it (docs/protocol.md §13.2.8); youzan keeps the capitals
             raise ClientError("E_INVALID",
                               "Invalid Message ID" if self.youzan else "invalid message ID")
         if not self.youzan:
@@ -233,7 +233,7 @@ class SubscribeCommands(ClientBase):
             raise ClientError("E_INVALID", "No channel")
         if ch.ordered and delay > 0:
             # youzan ignores delayed requeues on ordered channels: the message stays in
-            # flight until its timeout (§4.4, §11.5)
+            # flight until its timeout (docs/protocol.md §5.4, §12.5)
             return None
         try:
             ch.requeue(self, key, delay)

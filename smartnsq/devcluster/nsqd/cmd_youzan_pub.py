@@ -211,7 +211,7 @@ class YouzanPublishCommands(ClientBase):
                 if hlen > 0:
                     header = data[2:2 + hlen]
                     # a non-fatal error here leaves the rest of the batch unread, as on the
-                    # real server (§11.3)
+                    # real server (docs/protocol.md §12.3)
                     doc, trace_id, _ = self._parse_ext_header(header)
                     if self._ext_allowed(topic, tmeta, doc):
                         version = EXT_VERSION_JSON

@@ -22,7 +22,7 @@ from typing import Protocol
 #: what FIN/REQ/TOUCH name a message by: stock the 16 ASCII-hex bytes, youzan the internal id
 MessageKey = bytes | int
 
-#: youzan caps the attempts counter sent to clients (§4.7)
+#: youzan caps the attempts counter sent to clients (docs/protocol.md §5.8)
 YOUZAN_MAX_ATTEMPTS = 4000
 _STOCK_MAX_ATTEMPTS = 0xFFFF
 
@@ -38,7 +38,7 @@ class Record:
     #: publish time, nanoseconds since the epoch
     timestamp: int
     trace_id: int = 0
-    #: youzan disk-queue position and record size (§4.6)
+    #: youzan disk-queue position and record size (docs/protocol.md §5.7)
     offset: int = 0
     raw_size: int = 0
     #: youzan ext header: None on non-ext topics, else 0 (none), 2 (tag) or 4 (JSON)
@@ -125,7 +125,7 @@ class Channel:
         self.name = name
         self.ephemeral = name.endswith("#ephemeral")
         self.youzan = youzan
-        #: youzan: the channel stays ordered once a SUB_ORDERED touched it (§4.4)
+        #: youzan: the channel stays ordered once a SUB_ORDERED touched it (docs/protocol.md §5.4)
         self.ordered = ordered
         self.paused = False
         self.consumers: list[Consumer] = []
@@ -138,7 +138,7 @@ class Channel:
         #: they go before anything unread in the log
         self._ready: deque[ChannelMessage] = deque()
         #: youzan: the record the channel pump had already read when the channel was
-        #: repositioned; it is still delivered first (PROTOCOL.md §13.1)
+        #: repositioned; it is still delivered first (docs/protocol.md §13.2.1)
         self.read_ahead: Record | None = None
         #: youzan: an ordered client has subscribed (see first_ordered_reader)
         self.ordered_reader = False
@@ -246,7 +246,7 @@ class Channel:
         """youzan: continue reading the partition log at ``index`` (0 … len).
 
         As real nsqd: a channel with a backlog has already read its next record, and
-        delivers it before continuing from ``index`` (PROTOCOL.md §13.1)."""
+        delivers it before continuing from ``index`` (docs/protocol.md §13.2.1)."""
         log = self._log
         if log is not None and self.read_ahead is None and self.read_pos < len(log):
             self.read_ahead = log[self.read_pos]
@@ -259,7 +259,7 @@ class Channel:
     def first_ordered_reader(self) -> None:
         """youzan: the channel's first SUB_ORDERED client. Real nsqd restarts the channel's
         reader at its position; the record it had read ahead goes out untracked and is
-        then read again, so the client sees it twice (PROTOCOL.md §13.1)."""
+        then read again, so the client sees it twice (docs/protocol.md §13.2.2)."""
         if self.ordered_reader:
             return
         self.ordered_reader = True
@@ -423,7 +423,7 @@ class Channel:
 
     def _group(self, tag: str) -> str:
         """Tagged messages go to consumers with that tag, or to untagged ones if none is
-        connected (§4.3)."""
+        connected (docs/protocol.md §5.3)."""
         if tag and any(c.desired_tag == tag for c in self.consumers):
             return tag
         return ""

@@ -1,4 +1,4 @@
-"""nsqd's HTTP API (PROTOCOL.md §3.1/§3.2 stock, §6/§6.2 youzan) on aiohttp.
+"""nsqd's HTTP API (docs/protocol.md §4.1/§4.2 stock, §7.1/§7.3 youzan) on aiohttp.
 
 Envelopes: stock answers V1 (payload as is, errors ``{"message": …}`` with the real status,
 ``X-NSQ-Content-Type: nsq; version=1.0``). youzan's "negotiate" endpoints answer V1 only when
@@ -64,7 +64,8 @@ def _v1(payload: Any, status: int = 200) -> web.Response:
 
 
 def _v1_error(err: HTTPError, *, youzan: bool) -> web.Response:
-    # youzan builds the error body by string formatting, without JSON escaping (§6)
+    # youzan builds the error body by string formatting, without JSON escaping
+    # (docs/protocol.md §7.1)
     text = '{"message":"' + err.text + '"}' if youzan else _dumps({"message": err.text})
     return web.Response(status=err.status, text=text, content_type="application/json",
                         headers=_V1_HEADER)

@@ -1,4 +1,4 @@
-"""Options of the embedded nsqd (PROTOCOL.md §9.1 defaults).
+"""Options of the embedded nsqd (docs/protocol.md §10.1 defaults).
 
 Durations are seconds (floats), so tests can use short ones (``msg_timeout=1.0``). Options whose
 default differs between stock and youzan nsqd are ``None`` here and resolved per flavour by
@@ -58,7 +58,7 @@ class NsqdOptions:
     #: youzan: True = cluster mode (topics come from lookupd; INTERNAL_CREATE_TOPIC refused,
     #: offset searches allowed); False = a standalone nsqd
     cluster_mode: bool = True
-    #: youzan ``allow_ext_compatible`` / ``allow_sub_ext_compatible`` (§4.6, §4.4)
+    #: youzan ``allow_ext_compatible`` / ``allow_sub_ext_compatible`` (docs/protocol.md §5.7, §5.4)
     allow_ext_compatible: bool = False
     allow_sub_ext_compatible: bool = False
     #: hostname reported in /info, stats and lookupd; empty = the machine's name

@@ -145,7 +145,7 @@ def go_query_unescape(text: str) -> str:
 
 def split_line(line: bytes) -> list[bytes]:
     """A command line (with its ``\\n``) → space-separated params, after trimming the
-    newline and an optional ``\\r`` (§1.2)."""
+    newline and an optional ``\\r`` (docs/protocol.md §2.2)."""
     line = line[:-1] if line.endswith(b"\n") else line
     if line.endswith(b"\r"):
         line = line[:-1]
@@ -275,7 +275,8 @@ HeaderPredicate = Callable[[Any], bool]
 
 
 def compile_ext_filter(spec: dict[str, Any]) -> HeaderPredicate | None:
-    """youzan's IDENTIFY ``ext_filter`` (§4.3) as a predicate over a message's parsed JSON
+    """youzan's IDENTIFY ``ext_filter`` (docs/protocol.md §5.3) as a predicate over a message's
+    parsed JSON
     header (None when the message has none). None = no filter, or an invalid one (youzan
     ignores those)."""
     kind = spec.get("type", 0)

@@ -3,7 +3,8 @@
 It lives outside the nsqd nodes so data survives node restarts and leadership moves:
 
 * youzan data is keyed by ``(topic, partition)``: whichever node leads the partition serves
-  the same :class:`PartitionLog` (an append-only log with disk-queue offsets, §4.6/§13) and its
+  the same :class:`PartitionLog` (an append-only log with disk-queue offsets,
+  docs/protocol.md §5.7/§13.1) and its
   channels, which are cursors over the log;
 * stock data is keyed by ``(node_id, topic)``: a :class:`StockTopic` copies each message into
   every channel (multicast), and holds messages published before any channel existed.
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from smartnsq.devcluster.nsqd.delivery import Channel, Record
 from smartnsq.protocol.messages import youzan_id
 
-#: timestamp + attempts + 16-byte id (the on-disk record of youzan nsqd, §4.7)
+#: timestamp + attempts + 16-byte id (the on-disk record of youzan nsqd, docs/protocol.md §5.8)
 _RECORD_HEAD = 26
 #: the disk queue prefixes every record with its 4-byte length
 _DISK_LENGTH_PREFIX = 4
@@ -104,7 +105,7 @@ class PartitionLog:
             ch.log_grew()
 
     def channel(self, name: str, *, create: bool = True) -> Channel | None:
-        """The named channel; a new one starts at the end of the log (§13)."""
+        """The named channel; a new one starts at the end of the log (docs/protocol.md §13.1)."""
         ch = self.channels.get(name)
         if ch is None and create:
             n = len(self.records)
