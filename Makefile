@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,speed,spark]'
+	$(BIN)/pip install -q -e '.[cli,dev,speed,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,7 +29,7 @@ test-real: $(STAMP)
 	PYTHON=$(BIN)/python tests/run_real_servers.sh $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,speed,bench]'
+	$(BIN)/pip install -q -e '.[cli,dev,speed,bench]'
 	$(BIN)/python benchmarks/codec.py
 	$(BIN)/python benchmarks/throughput.py
 

@@ -1,8 +1,15 @@
 """smartnsq: a smart asyncio client for youzan's partitioned NSQ and for stock nsqd.
 
-The public API is small: :class:`Producer`, :class:`Consumer`, :class:`Message`, the ordered
-classes, the lookup component, the config models and the errors. Blocking facades live in
-:mod:`smartnsq.sync`; the embedded test cluster in :mod:`smartnsq.devcluster`.
+The public API: :class:`Producer` and :class:`HttpProducer` (publishing), :class:`Consumer`
+and :class:`OrderedConsumer` (consuming), :class:`Message`, the receipts, the lookup
+component (:class:`Lookup`), the config models, :class:`OffsetSpec` (start positions) and
+every error (:mod:`smartnsq.errors`). Blocking facades of the clients live in
+:mod:`smartnsq.sync`, the Spark source and sink in :mod:`smartnsq.spark`, the embedded test
+cluster in :mod:`smartnsq.devcluster`.
+
+``import smartnsq`` loads the config models and the errors only; each client class is
+imported when first used (``from smartnsq import Producer`` loads the producer and its
+lookup, not the consumer).
 """
 
 from __future__ import annotations
@@ -18,46 +25,102 @@ from smartnsq.config import (
     TLSConfig,
 )
 from smartnsq.errors import (
+    AuthDisabledError,
+    AuthErrorError,
+    AuthFailedError,
+    AuthFirstError,
+    BadBodyError,
+    BadChannelError,
+    BadExtError,
+    BadMessageError,
+    BadPartitionError,
+    BadProtocolError,
+    BadTagError,
+    BadTopicError,
+    BlockedMessageError,
+    BodyTooLargeError,
     ClientClosedError,
+    CompressionError,
     ConfigError,
+    ConnectionClosedError,
+    CreateTopicFailedError,
+    DataLossError,
+    DPubFailedError,
     EventLoopError,
+    ExtNotSupportError,
+    FinFailedError,
+    HttpServerError,
+    IdentifyFailedError,
+    InvalidError,
+    InvalidJsonHeaderError,
     InvalidNameError,
+    InvalidTraceIdError,
+    LookupdError,
     LookupFailedError,
     LookupRefusedError,
-    NoLeaderError,
+    MPubFailedError,
+    NoLeaderKnownError,
+    NotStartedError,
+    NotWritableError,
     NSQConnectionError,
+    NsqdHttpError,
+    NsqdUnavailableError,
     NSQError,
     NSQTimeoutError,
     OrderViolationError,
     ProtocolError,
+    PubFailedError,
     PublishError,
+    PublishTimeoutError,
+    PubTooMuchWaitingError,
+    ReqFailedError,
     ServerError,
+    ServerNotLeaderError,
+    SourceOptionError,
+    StartPositionError,
+    SubChannelNotRegisteredError,
+    SubExtendForbiddenError,
+    SubExtendNeedError,
+    SubFailedError,
+    SubOrderIsMustError,
+    TagNotSupportError,
+    TLSError,
+    TooManyConnectionsError,
+    TopicNotExistError,
     TopicNotFoundError,
+    TouchFailedError,
+    UnauthorizedError,
     UnsupportedFeatureError,
+    WorkerPythonError,
 )
 from smartnsq.protocol.commands import OffsetSpec
 
 if TYPE_CHECKING:
-    from smartnsq.consumer import Consumer
-    from smartnsq.lookup import Lookup, TopicView
+    from smartnsq.consumer.consumer import Consumer
+    from smartnsq.lookup.lookup import Lookup
+    from smartnsq.lookup.view import TopicView
     from smartnsq.message import Message
-    from smartnsq.ordered import OrderedConsumer, OrderedProducer
-    from smartnsq.producer import HttpProducer, Producer, PublishReceipt
+    from smartnsq.ordered.consumer import OrderedConsumer
+    from smartnsq.producer.http import HttpProducer
+    from smartnsq.producer.producer import Producer
+    from smartnsq.producer.types import BatchReceipt, PublishReceipt
+    from smartnsq.trace import TraceSwitch
 
-__version__ = "0.1.0"
+__version__ = "1.0.0rc1"
 
-# The client classes are imported on first use: ``import smartnsq`` stays cheap (config and
-# errors only), and the producer/ordered packages, which import each other, load in order.
+# the clients are imported on first use, so that ``import smartnsq`` stays cheap and a
+# producer-only process never loads the consumer
 _LAZY = {
-    "Consumer": "smartnsq.consumer",
-    "HttpProducer": "smartnsq.producer",
-    "Lookup": "smartnsq.lookup",
+    "BatchReceipt": "smartnsq.producer.types",
+    "Consumer": "smartnsq.consumer.consumer",
+    "HttpProducer": "smartnsq.producer.http",
+    "Lookup": "smartnsq.lookup.lookup",
     "Message": "smartnsq.message",
-    "OrderedConsumer": "smartnsq.ordered",
-    "OrderedProducer": "smartnsq.ordered",
-    "Producer": "smartnsq.producer",
-    "PublishReceipt": "smartnsq.producer",
-    "TopicView": "smartnsq.lookup",
+    "OrderedConsumer": "smartnsq.ordered.consumer",
+    "Producer": "smartnsq.producer.producer",
+    "PublishReceipt": "smartnsq.producer.types",
+    "TopicView": "smartnsq.lookup.view",
+    "TraceSwitch": "smartnsq.trace",
 }
 
 
@@ -70,37 +133,93 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "AuthDisabledError",
+    "AuthErrorError",
+    "AuthFailedError",
+    "AuthFirstError",
+    "BadBodyError",
+    "BadChannelError",
+    "BadExtError",
+    "BadMessageError",
+    "BadPartitionError",
+    "BadProtocolError",
+    "BadTagError",
+    "BadTopicError",
+    "BatchReceipt",
+    "BlockedMessageError",
+    "BodyTooLargeError",
     "ClientClosedError",
+    "CompressionError",
     "ConfigError",
+    "ConnectionClosedError",
     "ConnectionConfig",
     "Consumer",
     "ConsumerConfig",
+    "CreateTopicFailedError",
+    "DPubFailedError",
+    "DataLossError",
     "EventLoopError",
+    "ExtNotSupportError",
+    "FinFailedError",
     "HttpProducer",
+    "HttpServerError",
+    "IdentifyFailedError",
+    "InvalidError",
+    "InvalidJsonHeaderError",
     "InvalidNameError",
+    "InvalidTraceIdError",
     "Lookup",
     "LookupConfig",
     "LookupFailedError",
     "LookupRefusedError",
+    "LookupdError",
+    "MPubFailedError",
     "Message",
     "NSQConnectionError",
     "NSQError",
     "NSQTimeoutError",
-    "NoLeaderError",
+    "NoLeaderKnownError",
+    "NotStartedError",
+    "NotWritableError",
+    "NsqdHttpError",
+    "NsqdUnavailableError",
     "OffsetSpec",
     "OrderViolationError",
     "OrderedConsumer",
-    "OrderedProducer",
     "Producer",
     "ProducerConfig",
     "ProtocolError",
+    "PubFailedError",
+    "PubTooMuchWaitingError",
     "PublishError",
     "PublishReceipt",
+    "PublishTimeoutError",
+    "ReqFailedError",
     "ServerError",
+    "ServerNotLeaderError",
+    "SourceOptionError",
+    "StartPositionError",
+    "SubChannelNotRegisteredError",
+    "SubExtendForbiddenError",
+    "SubExtendNeedError",
+    "SubFailedError",
+    "SubOrderIsMustError",
     "TLSConfig",
+    "TLSError",
+    "TagNotSupportError",
+    "TooManyConnectionsError",
+    "TopicNotExistError",
     "TopicNotFoundError",
     "TopicView",
+    "TouchFailedError",
+    "TraceSwitch",
+    "UnauthorizedError",
     "UnsupportedFeatureError",
+    "WorkerPythonError",
     "__version__",
 ]

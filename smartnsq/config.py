@@ -266,6 +266,10 @@ class ProducerConfig(_Model):
     shard_hash: Literal["murmur3", "java"] = "murmur3"
     #: dials (connect + handshake) in progress at once across all nsqd (see ConsumerConfig)
     max_concurrent_connects: int = Field(default=32, ge=1, le=1024)
+    #: with lookupd= addresses: how often the producer's own Lookup polls (± jitter); a
+    #: leader-type error refreshes at once anyway
+    lookupd_poll_interval: float = Field(default=60.0, gt=0)
+    lookupd_poll_jitter: float = Field(default=0.3, ge=0, le=1)
     connection: ConnectionConfig = Field(
         default_factory=lambda: ConnectionConfig(heartbeat_interval=30.0)
     )

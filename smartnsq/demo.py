@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.message import Message
-from smartnsq.ordered import OrderedConsumer, shard_partition
+from smartnsq.ordered import OrderedConsumer
 from smartnsq.producer import Producer
+from smartnsq.sharding import shard_partition
 
 __all__ = ["DemoSummary", "LeaderMove", "PartitionSummary", "main", "render", "run_demo"]
 
@@ -311,7 +312,7 @@ async def run_demo(messages: int = DEFAULT_MESSAGES, keys: int = DEFAULT_KEYS,
                         for p in range(PARTITIONS)))
 
         consumer = OrderedConsumer(TOPIC, CHANNEL, tally.handler,
-                                   lookupd_http_addresses=cluster.lookupd_http_addresses,
+                                   lookupd=cluster.lookupd_http_addresses,
                                    config=_consumer_config())
         moved_parts = sorted(rng.sample(range(PARTITIONS), MOVES))
         halfway = asyncio.Event()

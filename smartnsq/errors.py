@@ -12,6 +12,83 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
+#: the error classes (every one is exported from ``smartnsq`` too) and the frame helpers
+__all__ = [
+    "AUTH_ERRORS",
+    "SERVER_ERRORS",
+    "AuthDisabledError",
+    "AuthErrorError",
+    "AuthFailedError",
+    "AuthFirstError",
+    "BadBodyError",
+    "BadChannelError",
+    "BadExtError",
+    "BadMessageError",
+    "BadPartitionError",
+    "BadProtocolError",
+    "BadTagError",
+    "BadTopicError",
+    "BlockedMessageError",
+    "BodyTooLargeError",
+    "ClientClosedError",
+    "CommandKind",
+    "CompressionError",
+    "ConfigError",
+    "ConnectionClosedError",
+    "CreateTopicFailedError",
+    "DPubFailedError",
+    "DataLossError",
+    "EventLoopError",
+    "ExtNotSupportError",
+    "FinFailedError",
+    "Flavour",
+    "HttpServerError",
+    "IdentifyFailedError",
+    "InvalidError",
+    "InvalidJsonHeaderError",
+    "InvalidNameError",
+    "InvalidTraceIdError",
+    "LookupFailedError",
+    "LookupRefusedError",
+    "LookupdError",
+    "MPubFailedError",
+    "NSQConnectionError",
+    "NSQError",
+    "NSQTimeoutError",
+    "NoLeaderKnownError",
+    "NotStartedError",
+    "NotWritableError",
+    "NsqdHttpError",
+    "NsqdUnavailableError",
+    "OrderViolationError",
+    "ProtocolError",
+    "PubFailedError",
+    "PubTooMuchWaitingError",
+    "PublishError",
+    "PublishTimeoutError",
+    "ReqFailedError",
+    "ServerError",
+    "ServerNotLeaderError",
+    "SourceOptionError",
+    "StartPositionError",
+    "SubChannelNotRegisteredError",
+    "SubExtendForbiddenError",
+    "SubExtendNeedError",
+    "SubFailedError",
+    "SubOrderIsMustError",
+    "TLSError",
+    "TagNotSupportError",
+    "TooManyConnectionsError",
+    "TopicNotExistError",
+    "TopicNotFoundError",
+    "TouchFailedError",
+    "UnauthorizedError",
+    "UnsupportedFeatureError",
+    "WorkerPythonError",
+    "error_from_frame",
+    "is_fatal",
+]
+
 
 class Flavour(StrEnum):
     """Which nsqd implementation a connection talks to."""
@@ -81,7 +158,12 @@ class NSQTimeoutError(NSQError, TimeoutError):
 
 
 class ClientClosedError(NSQError):
-    """The producer, consumer or connection was used after ``close()``."""
+    """The producer, consumer or connection was used after ``stop()`` (a connection after
+    ``close()``)."""
+
+
+class NotStartedError(NSQError, RuntimeError):
+    """A client was used before ``start()`` (or ``async with`` / ``with``)."""
 
 
 class EventLoopError(NSQError, RuntimeError):
@@ -90,6 +172,28 @@ class EventLoopError(NSQError, RuntimeError):
 
 class LookupFailedError(NSQError):
     """No nsqlookupd answered usefully for a topic."""
+
+
+class LookupdError(LookupFailedError):
+    """One nsqlookupd request failed: no answer, an HTTP error, or an unusable payload.
+
+    ``status`` is the HTTP status when there was a response (None for connect errors and
+    timeouts); ``reason`` is the server's message or our description of the problem.
+    """
+
+    def __init__(self, reason: str, *, lookupd: str = "", path: str = "",
+                 status: int | None = None) -> None:
+        self.reason = reason
+        self.lookupd = lookupd
+        self.path = path
+        self.status = status
+        where = f"lookupd {lookupd}{path}" if lookupd else f"lookupd{' ' + path if path else ''}"
+        super().__init__(f"{where}: {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """The reason with the HTTP status, without the lookupd's address."""
+        return f"HTTP {self.status}: {self.reason}" if self.status is not None else self.reason
 
 
 class LookupRefusedError(LookupFailedError):
@@ -107,16 +211,87 @@ class TopicNotFoundError(LookupFailedError):
     """The lookupds know no writable partition or node for the topic."""
 
 
-class NoLeaderError(NSQError):
-    """A partition has no known leader after the bounded retries."""
+class NoLeaderKnownError(NSQError):
+    """The client knows no leader for a partition after the bounded retries (the lookupds
+    name none). The server-side refusal is :class:`ServerNotLeaderError`."""
 
 
 class PublishError(NSQError):
-    """A publish failed definitively; ``__cause__`` holds the last underlying error."""
+    """A publish failed definitively; ``__cause__`` holds the last underlying error.
+
+    ``sent``: how many leading messages of the call were acknowledged before it failed (a
+    batch split into several MPUBs; 0 for a single publish)."""
+
+    #: messages of the call acknowledged before the failure
+    sent: int
+
+    def __init__(self, *args: object, sent: int = 0) -> None:
+        super().__init__(*args)
+        self.sent = sent
+
+
+class PublishTimeoutError(PublishError, NSQTimeoutError):
+    """The publish was not acknowledged within the call's timeout. It may still have been
+    stored (the answer was late); ``__cause__`` holds the last attempt's error."""
 
 
 class OrderViolationError(NSQError):
     """An ordered partition delivered a message whose position went backwards."""
+
+
+class BlockedMessageError(NSQError):
+    """The ordered consumer's ``on_blocked`` policy stopped it on a message that keeps
+    failing."""
+
+
+class NsqdHttpError(NSQError):
+    """An nsqd HTTP call failed: ``status`` (None: no answer) and ``reason``, the server's
+    text or what was wrong with its answer."""
+
+    def __init__(self, address: str, path: str, reason: str, status: int | None) -> None:
+        self.address = address
+        self.path = path
+        self.reason = reason
+        self.status = status
+        code = f"HTTP {status}: " if status is not None else ""
+        super().__init__(f"nsqd {address}{path}: {code}{reason}")
+
+
+class NsqdUnavailableError(NsqdHttpError, NSQConnectionError):
+    """nsqd gave no usable answer: refused, reset, timed out, a body over the cap, or a
+    payload that does not parse."""
+
+
+class BodyTooLargeError(NSQError):
+    """An HTTP body was larger than the client reads from that endpoint
+    (:mod:`smartnsq.http_limits`)."""
+
+    def __init__(self, server: str, path: str, limit: int) -> None:
+        self.server = server
+        self.path = path
+        self.limit = limit
+        super().__init__(f"{server}{path}: {self.reason}")
+
+    @property
+    def reason(self) -> str:
+        """The problem without the server's address."""
+        mib = 1024 * 1024
+        size = f"{self.limit // mib} MiB" if self.limit % mib == 0 else f"{self.limit} bytes"
+        return (f"response body larger than {size}, the most read from "
+                f"{self.path}; not what an nsqd or nsqlookupd sends")
+
+
+class WorkerPythonError(ConfigError):
+    """Spark's Python workers run an interpreter that cannot run the nsq source and sink."""
+
+
+class SourceOptionError(ConfigError):
+    """An option of the Spark ``nsq`` source is unknown, missing or has a bad value."""
+
+
+class DataLossError(NSQError):
+    """Spark source: data between the checkpointed position and what the server still holds
+    is gone (``failOnDataLoss=true``)."""
 
 
 class UnsupportedFeatureError(NSQError):
@@ -294,8 +469,9 @@ class AuthErrorError(ServerError):
 
 
 # youzan codes (docs/protocol.md §6.2)
-class NotLeaderError(ServerError):
-    """The nsqd is not (or no longer) the partition's leader."""
+class ServerNotLeaderError(ServerError):
+    """The nsqd refused: it is not (or no longer) the partition's leader. That the client
+    knows no leader at all is :class:`NoLeaderKnownError`."""
 
     code = "E_FAILED_ON_NOT_LEADER"
     refresh_lookup = True
@@ -404,6 +580,14 @@ class TooManyConnectionsError(ServerError):
     retryable = True
 
 
+class HttpServerError(ServerError):
+    """nsqd answered an HTTP publish with a 5xx without a known error code (overload,
+    restart): retryable."""
+
+    code: ClassVar[str] = "E_HTTP_SERVER_ERROR"
+    retryable: ClassVar[bool] = True
+
+
 #: every known code, for prefix matching
 SERVER_ERRORS: dict[str, type[ServerError]] = {
     cls.code: cls
@@ -411,7 +595,7 @@ SERVER_ERRORS: dict[str, type[ServerError]] = {
         InvalidError, BadProtocolError, BadBodyError, BadTopicError, BadChannelError,
         BadMessageError, PubFailedError, MPubFailedError, DPubFailedError, FinFailedError,
         ReqFailedError, TouchFailedError, SubFailedError, IdentifyFailedError, AuthFirstError,
-        AuthFailedError, AuthDisabledError, UnauthorizedError, AuthErrorError, NotLeaderError,
+        AuthFailedError, AuthDisabledError, UnauthorizedError, AuthErrorError, ServerNotLeaderError,
         NotWritableError, TopicNotExistError, SubOrderIsMustError, SubExtendNeedError,
         SubExtendForbiddenError, SubChannelNotRegisteredError, BadPartitionError,
         PubTooMuchWaitingError, ExtNotSupportError, InvalidJsonHeaderError, InvalidTraceIdError,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from smartnsq.errors import NSQError
+from smartnsq.errors import BodyTooLargeError
 
 MIB = 1024 * 1024
 #: nsqd ``/stats``: every topic, partition and channel of a node (and clients when asked)
@@ -23,22 +23,6 @@ LOOKUPD_LIMIT = 8 * MIB
 #: the rest of nsqd's answers: ``/info``, ``/ping``, the short answers of POST calls, errors
 SMALL_LIMIT = 1 * MIB
 _CHUNK = 64 * 1024
-
-
-class BodyTooLargeError(NSQError):
-    """An HTTP body was larger than the client reads from that endpoint."""
-
-    def __init__(self, server: str, path: str, limit: int) -> None:
-        self.server = server
-        self.path = path
-        self.limit = limit
-        super().__init__(f"{server}{path}: {self.reason}")
-
-    @property
-    def reason(self) -> str:
-        """The problem without the server's address."""
-        return (f"response body larger than {_size(self.limit)}, the most read from "
-                f"{self.path}; not what an nsqd or nsqlookupd sends")
 
 
 def _size(n: int) -> str:

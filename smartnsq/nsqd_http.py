@@ -13,13 +13,13 @@ here, once:
 * no usable answer (refused, reset, nothing within the timeout, a body over the cap, a payload
   that does not parse): :class:`NsqdUnavailableError`, an ``NSQConnectionError``;
 * an error answer whose code smartnsq knows: that code's class from :mod:`smartnsq.errors`,
-  not fatal (``E_FAILED_ON_NOT_LEADER`` is :class:`~smartnsq.errors.NotLeaderError`,
+  not fatal (``E_FAILED_ON_NOT_LEADER`` is :class:`~smartnsq.errors.ServerNotLeaderError`,
   ``E_TOPIC_NOT_EXIST`` :class:`~smartnsq.errors.TopicNotExistError`,
   ``E_FAILED_ON_NOT_WRITABLE`` :class:`~smartnsq.errors.NotWritableError`, as on TCP);
 * any other error answer: :class:`NsqdHttpError` with the status and the server's text
   (stock's ``TOPIC_NOT_FOUND``, youzan's ``commit log end of file``).
 
-A partition's ``/stats`` saying another node leads it is ``NotLeaderError`` too, and one that
+A partition's ``/stats`` saying another node leads it is ``ServerNotLeaderError`` too, and one that
 does not list it ``TopicNotExistError`` (:meth:`NsqdHttpClient.partition_stats`).
 :func:`ask_again` is the one rule by which callers retry.
 """
@@ -35,16 +35,20 @@ import aiohttp
 from smartnsq.config import USER_AGENT
 from smartnsq.errors import (
     SERVER_ERRORS,
+    BodyTooLargeError,
     ClientClosedError,
     ConfigError,
-    NotLeaderError,
+    LookupdError,
     NSQConnectionError,
+    NsqdHttpError,
+    NsqdUnavailableError,
     NSQError,
     ServerError,
+    ServerNotLeaderError,
     TopicNotExistError,
 )
-from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
-from smartnsq.lookup.envelope import LookupdError, decode, error_message
+from smartnsq.http_limits import nsqd_limit, read_body
+from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.http import ACCEPT_V1
 from smartnsq.protocol.validation import (
@@ -54,9 +58,8 @@ from smartnsq.protocol.validation import (
     parse_http_address,
 )
 
-__all__ = ["CHANNEL_ACTIONS", "HEADERS", "TOPIC_ACTIONS", "NsqdHttpClient", "NsqdHttpError",
-           "NsqdUnavailableError", "PartitionStats", "ask_again", "error_from_answer",
-           "known_error"]
+__all__ = ["CHANNEL_ACTIONS", "HEADERS", "TOPIC_ACTIONS", "NsqdHttpClient", "PartitionStats",
+           "ask_again", "error_from_answer", "known_error"]
 
 #: ``POST /channel/<action>``: nsqd answers them with an empty body
 CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
@@ -64,24 +67,6 @@ CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 TOPIC_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 #: every request to nsqd, the publishes of ``producer.http_nsqd`` too: the V1 envelope
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
-
-
-class NsqdHttpError(NSQError):
-    """An nsqd HTTP call failed: ``status`` (None: no answer) and ``reason``, the server's
-    text or what was wrong with its answer."""
-
-    def __init__(self, address: str, path: str, reason: str, status: int | None) -> None:
-        self.address = address
-        self.path = path
-        self.reason = reason
-        self.status = status
-        code = f"HTTP {status}: " if status is not None else ""
-        super().__init__(f"nsqd {address}{path}: {code}{reason}")
-
-
-class NsqdUnavailableError(NsqdHttpError, NSQConnectionError):
-    """nsqd gave no usable answer: refused, reset, timed out, a body over the cap, or a
-    payload that does not parse."""
 
 
 def known_error(message: str, *, address: str, topic: str | None = None,
@@ -221,7 +206,7 @@ class NsqdHttpClient:
     async def partition_stats(self, address: str, topic: str, partition: int,
                               channel: str | None = None) -> PartitionStats:
         """``topic``'s ``partition`` (and ``channel`` in it) from the ``/stats`` of its leader
-        at ``address``: :class:`~smartnsq.errors.NotLeaderError` when that nsqd lists the
+        at ``address``: :class:`~smartnsq.errors.ServerNotLeaderError` when that nsqd lists the
         partition as led elsewhere, :class:`~smartnsq.errors.TopicNotExistError` when it does
         not list it."""
         doc = await self.stats(address, topic, channel, partition=partition)
@@ -231,7 +216,7 @@ class NsqdHttpClient:
                     str(t.get("topic_partition")) != str(partition):
                 continue
             if t.get("is_leader") is False:
-                raise NotLeaderError("/stats lists the partition as led by another nsqd",
+                raise ServerNotLeaderError("/stats lists the partition as led by another nsqd",
                                      fatal=False, address=where, topic=topic,
                                      partition=partition)
             end = _count(t, "backend_depth", where)

@@ -23,8 +23,8 @@ from typing import Protocol
 
 from smartnsq.protocol.validation import check_topic
 
-__all__ = ["TraceSwitch", "TraceToggle", "disable", "enable", "is_on", "reset", "switch",
-           "trace_logger"]
+__all__ = ["TraceSwitch", "TraceToggle", "Tracing", "disable", "enable", "is_on", "reset",
+           "switch", "trace_logger"]
 
 trace_logger = logging.getLogger("smartnsq.trace")
 
@@ -94,6 +94,22 @@ class TraceSwitch:
 
 #: the process-wide switch used by default
 switch = TraceSwitch()
+
+
+class Tracing:
+    """A consumer's tracing: ``positions`` (its ``trace=True`` option: subscribe so that each
+    message carries its queue position, and log every delivery) and the switch that turns
+    the logging on for consumers without it. :meth:`is_on` says whether a delivery of
+    ``topic`` is logged."""
+
+    __slots__ = ("positions", "switch")
+
+    def __init__(self, positions: bool, switch: TraceToggle) -> None:
+        self.positions = positions
+        self.switch = switch
+
+    def is_on(self, topic: str) -> bool:
+        return self.positions or self.switch.is_on(topic)
 
 
 def enable(topic: str | None = None) -> None:

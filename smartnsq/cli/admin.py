@@ -26,9 +26,16 @@ from smartnsq.cli.common import (
     pick_cluster,
     topic_argument,
 )
-from smartnsq.errors import Flavour, NotLeaderError, NSQError, ServerError
-from smartnsq.lookup import Lookup, LookupdError, TopicView
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
+from smartnsq.errors import (
+    Flavour,
+    LookupdError,
+    NsqdHttpError,
+    NSQError,
+    ServerError,
+    ServerNotLeaderError,
+)
+from smartnsq.lookup import Lookup, TopicView
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import check_channel
 
@@ -109,7 +116,7 @@ async def _call_all(targets: list[Target], call: Call, what: str, *,
             try:
                 return t, await call(nsqd, t), True
             except (NsqdHttpError, ServerError) as exc:
-                retry = isinstance(exc, NotLeaderError) and loop.time() + pause < deadline
+                retry = isinstance(exc, ServerNotLeaderError) and loop.time() + pause < deadline
                 if not retry:
                     return t, failure(exc), False
             await asyncio.sleep(pause)

@@ -291,7 +291,7 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
     stop = stop_event()
     consumer: Consumer
     if cluster.nsqd:
-        consumer = Consumer(topic, channel, archiver, nsqd_tcp_addresses=list(cluster.nsqd),
+        consumer = Consumer(topic, channel, archiver, nsqd=list(cluster.nsqd),
                             config=_config(max_in_flight))
         await _run(consumer, archiver, stop, sync_interval, connect_timeout)
     else:
@@ -305,10 +305,10 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
             if ordered:
                 # every partition read needs a RDY of its own
                 config = _config(max(max_in_flight, len(partitions) or view.partition_num))
-                consumer = OrderedConsumer(topic, channel, archiver, lookup=lk, config=config,
+                consumer = OrderedConsumer(topic, channel, archiver, lookupd=lk, config=config,
                                            start_at=start, partitions=only)
             else:
-                consumer = Consumer(topic, channel, archiver, lookup=lk,
+                consumer = Consumer(topic, channel, archiver, lookupd=lk,
                                     config=_config(max_in_flight), start_at=start,
                                     partitions=only)
             await _run(consumer, archiver, stop, sync_interval, connect_timeout)

@@ -154,9 +154,9 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         if dest.nsqd:
             raise click.UsageError("--shard-key-field needs --to-lookupd (the partition count "
                                    "comes from the destination topic's lookup)")
-    pconfig = ProducerConfig(publish_timeout=30.0)
-    producer = (Producer(list(dest.nsqd), config=pconfig) if dest.nsqd
-                else Producer(lookupd=dest.lookup_config(poll_interval=15.0), config=pconfig))
+    pconfig = ProducerConfig(publish_timeout=30.0, lookupd_poll_interval=15.0)
+    producer = (Producer(nsqd=dest.nsqd, config=pconfig) if dest.nsqd
+                else Producer(lookupd=dest.lookupd, config=pconfig))
     stop = stop_event()
     async with producer:
         dest_parts = None
@@ -168,7 +168,7 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         events = (stop, forwarder.failed, forwarder.done)
         if source.nsqd:
             consumer = Consumer(topic, channel, forwarder,
-                                nsqd_tcp_addresses=list(source.nsqd),
+                                nsqd=list(source.nsqd),
                                 config=_config(max_in_flight if field is None else 1))
             await consume_watched(consumer, *events, connect_timeout=connect_timeout,
                                   lookupd_flag="--from-lookupd")
@@ -178,11 +178,11 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
                 refuse_unordered(src, ordered)
                 if ordered:
                     # one message at a time per partition already: each needs a RDY
-                    consumer = OrderedConsumer(topic, channel, forwarder, lookup=lk,
+                    consumer = OrderedConsumer(topic, channel, forwarder, lookupd=lk,
                                                config=_config(max(max_in_flight,
                                                                   src.partition_num)))
                 else:
-                    consumer = Consumer(topic, channel, forwarder, lookup=lk,
+                    consumer = Consumer(topic, channel, forwarder, lookupd=lk,
                                         config=_config(max_in_flight if field is None else 1))
                 await consume_watched(consumer, *events, connect_timeout=connect_timeout,
                                       lookupd_flag="--from-lookupd")

@@ -277,10 +277,11 @@ def _open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], i
 
 def _producer(cluster: Cluster, max_msg_size: int) -> Producer:
     config = ProducerConfig(publish_timeout=10.0, max_msg_size=max_msg_size,
-                            max_body_size=max(MAX_BODY_SIZE, max_msg_size))
+                            max_body_size=max(MAX_BODY_SIZE, max_msg_size),
+                            lookupd_poll_interval=15.0)
     if cluster.nsqd:
-        return Producer(list(cluster.nsqd), config=config)
-    return Producer(lookupd=cluster.lookup_config(poll_interval=15.0), config=config)
+        return Producer(nsqd=cluster.nsqd, config=config)
+    return Producer(lookupd=cluster.lookupd, config=config)
 
 
 async def _check_topic(lookup: Lookup, topic: str) -> TopicView:
@@ -367,9 +368,9 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         async def flush() -> int:
             await pacer.wait(len(chunk))
             bodies = [r.body for r in chunk]
-            for r in await producer.publish_many(
-                    topic, bodies, partition=partition,
-                    trace_id=chunk[0].number if trace else None):
+            sent = await producer.publish_many(
+                topic, bodies, partition=partition, trace_id=chunk[0].number if trace else None)
+            for r in sent.receipts:
                 receipt(r)
             totals.messages += len(chunk)
             totals.bytes += sum(len(b) for b in bodies)

@@ -31,8 +31,8 @@ from smartnsq.cli.common import (
     stop_event,
     topic_argument,
 )
-from smartnsq.errors import ServerError
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
+from smartnsq.errors import NsqdHttpError, ServerError
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.validation import NO_PARTITION
 
 EPILOG = """\b

@@ -206,7 +206,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     consumer: Consumer
     if cluster.nsqd:
         config = _config(max_in_flight, count, len(cluster.nsqd))
-        consumer = Consumer(topic, chan, printer, nsqd_tcp_addresses=list(cluster.nsqd),
+        consumer = Consumer(topic, chan, printer, nsqd=list(cluster.nsqd),
                             config=config)
         await _run(consumer, stop, printer, connect_timeout)
         _output_note(printer, channel)
@@ -222,10 +222,10 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
                                       else len(view.nodes))
         config = _config(max_in_flight, count, sources)
         if ordered:
-            consumer = OrderedConsumer(topic, chan, printer, lookup=lookup, config=config,
+            consumer = OrderedConsumer(topic, chan, printer, lookupd=lookup, config=config,
                                        start_at=start, partitions=only)
         else:
-            consumer = Consumer(topic, chan, printer, lookup=lookup, config=config,
+            consumer = Consumer(topic, chan, printer, lookupd=lookup, config=config,
                                 start_at=start, partitions=only)
         await _run(consumer, stop, printer, connect_timeout)
     _output_note(printer, channel)

@@ -20,11 +20,12 @@ import asyncio
 import logging
 import random
 import types
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
-from smartnsq.config import ConsumerConfig, LookupConfig
+from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, lookup_of, resolve_source
+from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import (
     StartAt,
     check_partitions,
@@ -53,6 +54,7 @@ from smartnsq.errors import (
     ClientClosedError,
     ConfigError,
     InvalidError,
+    NotStartedError,
     NSQError,
     SubChannelNotRegisteredError,
     SubExtendForbiddenError,
@@ -62,7 +64,6 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 from smartnsq.flow import RdyController
-from smartnsq.lookup import Lookup
 from smartnsq.message import Message
 from smartnsq.protocol.validation import check_channel, check_topic
 
@@ -81,10 +82,11 @@ _CONFIG_ERRORS: tuple[type[BaseException], ...] = (
 class Consumer:
     """Consume ``topic`` on ``channel`` from stock or youzan nsqd.
 
-    Give exactly one source: ``nsqd_tcp_addresses`` (``host:port`` list), or
-    ``lookupd_http_addresses`` (polled every ``config.lookupd_poll_interval`` with
-    jitter), or a shared :class:`smartnsq.lookup.Lookup`. On youzan clusters (lookups) one
-    subscription is made per partition; elsewhere one per nsqd.
+    Give exactly one source (:mod:`smartnsq.addresses`): ``nsqd=`` (nsqd TCP addresses, one
+    ``"host:port"`` or several), or ``lookupd=`` (nsqlookupd HTTP addresses, polled every
+    ``config.lookupd_poll_interval`` with jitter, or a shared :class:`smartnsq.lookup.Lookup`).
+    On youzan clusters (lookupd) one subscription is made per partition; elsewhere one per
+    nsqd.
 
     Messages go to ``handler`` (an ``async`` callable taking one :class:`Message`:
     returning finishes the message, raising requeues it) or, without a handler, to
@@ -96,11 +98,15 @@ class Consumer:
     exactly: the position is checked on the leader and retried within a bound, and nothing
     below it reaches the handler (``stats().dropped_before_start`` counts what nsqd's
     read-ahead delivered from before it; :mod:`smartnsq.consumer.positions`).
-    ``partitions`` (youzan, lookups only) subscribes to those partitions only.
-    ``trace`` is the trace switch to obey (default: the process-wide
-    ``smartnsq.trace.switch``); any object with ``is_on(topic)`` will do.
+    ``partitions`` (youzan, lookupd only) subscribes to those partitions only.
+    ``trace=True`` traces this consumer's deliveries: on youzan it subscribes with
+    SUB_ADVANCED so each message carries its queue offset and raw size, and every delivery
+    is logged to ``smartnsq.trace``. ``trace_switch`` (default: the process-wide
+    ``smartnsq.trace.switch``; any object with ``is_on(topic)``) only turns that logging
+    on for other consumers too; it never changes what goes on the wire.
 
-    Use ``async with Consumer(...) as c:`` or ``await start()`` / ``await stop()``.
+    Use ``async with Consumer(...) as c:`` or ``await start()`` / ``await stop()``; iterating
+    (``async for``) needs a started consumer.
     """
 
     def __init__(
@@ -109,13 +115,13 @@ class Consumer:
         channel: str,
         handler: Handler | None = None,
         *,
-        nsqd_tcp_addresses: Sequence[str] | None = None,
-        lookupd_http_addresses: Sequence[str] | None = None,
-        lookup: Lookup | None = None,
+        nsqd: NsqdSpec | None = None,
+        lookupd: LookupdSpec | None = None,
         config: ConsumerConfig | None = None,
         giving_up: GivingUpCallback | None = None,
         start_at: StartAt | None = None,
-        trace: _trace.TraceToggle | None = None,
+        trace: bool = False,
+        trace_switch: _trace.TraceToggle | None = None,
         partitions: Collection[int] | None = None,
     ) -> None:
         def policy(config: ConsumerConfig) -> DeliveryPolicy:
@@ -123,9 +129,9 @@ class Consumer:
                 raise ConfigError("giving_up must be callable")
             return AttemptsPolicy(config, giving_up)
 
-        self._setup(topic, channel, handler, policy, nsqd_tcp_addresses=nsqd_tcp_addresses,
-                    lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
-                    config=config, start_at=start_at, trace=trace, partitions=partitions)
+        self._setup(topic, channel, handler, policy, resolve_source("Consumer", nsqd, lookupd),
+                    config=config, start_at=start_at, trace=trace, trace_switch=trace_switch,
+                    partitions=partitions)
 
     def _setup(
         self,
@@ -133,13 +139,12 @@ class Consumer:
         channel: str,
         handler: Handler | None,
         make_policy: Callable[[ConsumerConfig], DeliveryPolicy],
+        source: Source,
         *,
-        nsqd_tcp_addresses: Sequence[str] | None,
-        lookupd_http_addresses: Sequence[str] | None,
-        lookup: Lookup | None,
         config: ConsumerConfig | None,
         start_at: StartAt | None,
-        trace: _trace.TraceToggle | None,
+        trace: bool,
+        trace_switch: _trace.TraceToggle | None,
         partitions: Collection[int] | None,
     ) -> None:
         """Check the arguments and build the parts; ``make_policy`` decides what happens to
@@ -158,39 +163,36 @@ class Consumer:
         elif not isinstance(config, ConsumerConfig):
             raise ConfigError(f"config must be a ConsumerConfig, got {type(config).__name__}")
         policy = make_policy(config)
-        if trace is not None and not callable(getattr(trace, "is_on", None)):
-            raise ConfigError("trace must be a trace switch (smartnsq.trace.TraceSwitch)")
-        sources = sum(x is not None for x in (nsqd_tcp_addresses, lookupd_http_addresses,
-                                              lookup))
-        if sources != 1:
-            raise ConfigError("give exactly one of nsqd_tcp_addresses, "
-                              "lookupd_http_addresses and lookup")
+        if not isinstance(trace, bool):
+            raise ConfigError(f"trace must be True or False, got {trace!r} (a trace switch "
+                              "goes to trace_switch=)")
+        if trace_switch is not None and not callable(getattr(trace_switch, "is_on", None)):
+            raise ConfigError("trace_switch must be a trace switch (smartnsq.trace.TraceSwitch)")
         only = check_partitions(partitions)
-        if only is not None and nsqd_tcp_addresses is not None:
-            raise ConfigError("partitions= needs lookupd_http_addresses or lookup= (the "
-                              "partition leaders come from the lookup)")
+        if only is not None and source.direct:
+            raise ConfigError("partitions= needs lookupd= (the partition leaders come from "
+                              "the lookup)")
         discovery: Discovery
-        if nsqd_tcp_addresses is not None:
-            discovery = DirectDiscovery(nsqd_tcp_addresses)
-        elif lookupd_http_addresses is not None:
-            if isinstance(lookupd_http_addresses, str):
-                raise ConfigError("lookupd_http_addresses must be a list of addresses")
-            discovery = LookupDiscovery(self.topic, config=LookupConfig(
-                addresses=tuple(lookupd_http_addresses),
-                poll_interval=config.lookupd_poll_interval,
-                poll_jitter=config.lookupd_poll_jitter), partitions=only)
+        if source.direct:
+            discovery = DirectDiscovery(source.nsqd)
         else:
-            discovery = LookupDiscovery(self.topic, lookup=lookup, partitions=only)
+            lookup, own = lookup_of(source, poll_interval=config.lookupd_poll_interval,
+                                    poll_jitter=config.lookupd_poll_jitter)
+            discovery = LookupDiscovery(self.topic, lookup, own=own, partitions=only)
         self._start_at = check_start_at(start_at, discovery)
         if policy.ordered and discovery.kind != "lookupd":
             raise ConfigError("ordered consumption subscribes per partition, which needs "
-                              "lookupd_http_addresses or lookup= (partition leaders move)")
+                              "lookupd= (partition leaders move)")
 
         self._config = config
         self._handler = handler
         self._policy = policy
-        #: the trace switch this consumer obeys (default: the process-wide one)
-        self.trace: _trace.TraceToggle = trace if trace is not None else _trace.switch
+        #: the trace switch whose setting turns logging on (default: the process-wide one)
+        self.trace_switch: _trace.TraceToggle = (
+            trace_switch if trace_switch is not None else _trace.switch)
+        #: this consumer traces its deliveries (positions on youzan, a log record each)
+        self.trace = trace
+        tracing = _trace.Tracing(trace, self.trace_switch)
         self._discovery = discovery
         self._max_in_flight = config.max_in_flight
         self._rng = random.Random()
@@ -198,10 +200,10 @@ class Consumer:
         self._driver = RdyDriver(config, self._rng, f"{self.topic}/{self.channel}",
                                  one_per_connection=policy.ordered)
         self._dispatch = Dispatcher(self.topic, self.channel, handler, policy, self._driver,
-                                    self.trace, self._fatal)
+                                    tracing, self._fatal)
         self._subscriptions = SubscriptionSet(
             self.topic, self.channel, config, policy, self._dispatch, self._driver,
-            self._start_at, self.trace, discovery, is_fatal=self._is_fatal,
+            self._start_at, tracing, discovery, is_fatal=self._is_fatal,
             on_fatal=self._fatal, rng=self._rng)
 
         # lifecycle
@@ -429,8 +431,10 @@ class Consumer:
         if self._handler is not None:
             raise ConfigError("this consumer has a handler; iterate a consumer created "
                               "without one")
-        if not self._started and not self._closed:
-            await self.start()
+        if not self._started:
+            raise NotStartedError(
+                f"consumer of {self.topic}/{self.channel} is not started: use 'async with "
+                "Consumer(...) as c:' or 'await c.start()' before iterating")
         msg = await self._dispatch.next_message()
         if msg is not None:
             return msg

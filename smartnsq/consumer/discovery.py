@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from smartnsq.config import LookupConfig
 from smartnsq.errors import ConfigError, Flavour, LookupFailedError, LookupRefusedError
 from smartnsq.lookup import Lookup, Subscription, TopicChange, TopicView
 from smartnsq.protocol.validation import NO_PARTITION, parse_tcp_address
@@ -171,25 +170,22 @@ def topology_from_view(view: TopicView,
 class LookupDiscovery(Discovery):
     """Endpoints from the lookup component (``access=r``).
 
-    ``lookup`` is shared with the caller (not closed here); otherwise one is built from
-    ``config`` and closed with the discovery.
+    ``own``: the discovery started the ``lookup`` for itself and stops it on close; a shared
+    one is the caller's.
     """
 
     kind = "lookupd"
 
-    def __init__(self, topic: str, *, lookup: Lookup | None = None,
-                 config: LookupConfig | None = None,
+    def __init__(self, topic: str, lookup: Lookup, *, own: bool,
                  partitions: frozenset[int] | None = None) -> None:
-        if (lookup is None) == (config is None):
-            raise ConfigError("LookupDiscovery needs exactly one of lookup= and config=")
-        if lookup is not None and not isinstance(lookup, Lookup):
+        if not isinstance(lookup, Lookup):
             raise ConfigError(f"lookup must be a smartnsq.lookup.Lookup, got "
                               f"{type(lookup).__name__}")
         self._topic = topic
         #: subscribe only to these partitions (None: all)
         self._partitions = partitions
-        self._own = lookup is None
-        self._lookup = lookup if lookup is not None else Lookup(config)  # type: ignore[arg-type]
+        self._own = own
+        self._lookup = lookup
         self._sub: Subscription | None = None
         self._on_update: OnUpdate | None = None
         self._closed = False
@@ -252,4 +248,4 @@ class LookupDiscovery(Discovery):
         if self._sub is not None:
             self._sub.close()
         if self._own:
-            await self._lookup.close()
+            await self._lookup.stop()

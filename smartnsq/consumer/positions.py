@@ -27,9 +27,9 @@ import logging
 from dataclasses import dataclass
 
 from smartnsq.consumer.discovery import Endpoint
-from smartnsq.errors import ConfigError, ServerError, StartPositionError
+from smartnsq.errors import ConfigError, NsqdHttpError, ServerError, StartPositionError
 from smartnsq.message import Message
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError, ask_again
+from smartnsq.nsqd_http import NsqdHttpClient, ask_again
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import NO_PARTITION
 
@@ -67,7 +67,7 @@ class QueuePosition:
 async def read_position(http: NsqdHttpClient, ep: Endpoint, topic: str,
                         channel: str) -> QueuePosition:
     """The end of ``ep``'s partition and ``channel``'s position in it, from the leader's
-    ``/stats`` (:class:`~smartnsq.errors.NotLeaderError` when ``ep`` no longer leads it)."""
+    ``/stats`` (:class:`~smartnsq.errors.ServerNotLeaderError` when ``ep`` no longer leads it)."""
     assert ep.http_address is not None
     st = await http.partition_stats(ep.http_address, topic, ep.partition, channel)
     return QueuePosition(st.end, st.channel, st.start)

@@ -52,7 +52,7 @@ class SubscriptionSet:
     def __init__(self, topic: str, channel: str, config: ConsumerConfig,
                  policy: DeliveryPolicy, dispatch: Dispatcher, driver: RdyDriver,
                  start_at: Mapping[int, OffsetSpec] | OffsetSpec | None,
-                 trace: _trace.TraceToggle, discovery: Discovery, *,
+                 trace: _trace.Tracing, discovery: Discovery, *,
                  is_fatal: Callable[[BaseException], bool],
                  on_fatal: Callable[[BaseException], None], rng: random.Random) -> None:
         self.topic = topic
@@ -257,7 +257,7 @@ class SubscriptionSet:
             if topology.partitions_led.get(ep.address, 0) == 1:
                 return "advanced", start, None
             return "advanced", None, start
-        if youzan and partition is not None and self._trace.is_on(self.topic):
+        if youzan and partition is not None and self._trace.positions:
             # positions (offset, raw size) for the trace log
             return "advanced", None, None
         return "plain", None, None

@@ -6,8 +6,8 @@ unpartitioned nodes, topic meta), keeps views fresh in the background, survives 
 lookupds, and tells subscribers what changed. See ``view.py`` for the merge rule.
 """
 
+from smartnsq.errors import LookupdError
 from smartnsq.lookup.admin import LookupAdmin
-from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.events import (
     ChangeEvent,
     LeaderMoved,

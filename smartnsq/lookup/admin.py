@@ -18,9 +18,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from smartnsq.errors import ConfigError, LookupFailedError
+from smartnsq.errors import ConfigError, LookupdError, LookupFailedError
 from smartnsq.lookup.client import LookupdClient
-from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.health import HealthBook
 from smartnsq.lookup.models import ChannelsModel, LookupdInfo, NodeEntry, NodesModel, TopicsModel
 from smartnsq.lookup.parse import validate

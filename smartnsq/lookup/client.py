@@ -8,8 +8,9 @@ from collections.abc import Mapping
 import aiohttp
 
 from smartnsq.config import USER_AGENT
-from smartnsq.http_limits import LOOKUPD_LIMIT, BodyTooLargeError, read_body
-from smartnsq.lookup.envelope import LookupdError, decode
+from smartnsq.errors import BodyTooLargeError, LookupdError
+from smartnsq.http_limits import LOOKUPD_LIMIT, read_body
+from smartnsq.lookup.envelope import decode
 from smartnsq.protocol.http import ACCEPT_V1
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}

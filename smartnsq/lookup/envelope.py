@@ -18,33 +18,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from smartnsq.errors import LookupFailedError
+from smartnsq.errors import LookupdError
 from smartnsq.protocol.http import V1_CONTENT_TYPE
 
 #: cap on quoted response text in errors and logs
 _MAX_QUOTE = 200
-
-
-class LookupdError(LookupFailedError):
-    """One nsqlookupd request failed: no answer, an HTTP error, or an unusable payload.
-
-    ``status`` is the HTTP status when there was a response (None for connect errors and
-    timeouts); ``reason`` is the server's message or our description of the problem.
-    """
-
-    def __init__(self, reason: str, *, lookupd: str = "", path: str = "",
-                 status: int | None = None) -> None:
-        self.reason = reason
-        self.lookupd = lookupd
-        self.path = path
-        self.status = status
-        where = f"lookupd {lookupd}{path}" if lookupd else f"lookupd{' ' + path if path else ''}"
-        super().__init__(f"{where}: {self.detail}")
-
-    @property
-    def detail(self) -> str:
-        """The reason with the HTTP status, without the lookupd's address."""
-        return f"HTTP {self.status}: {self.reason}" if self.status is not None else self.reason
 
 
 def quote(text: str) -> str:

@@ -28,13 +28,13 @@ from smartnsq.config import LookupConfig
 from smartnsq.errors import (
     ClientClosedError,
     ConfigError,
+    LookupdError,
     LookupFailedError,
     LookupRefusedError,
 )
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
-from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
 from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
@@ -85,8 +85,10 @@ def _health_book(config: LookupConfig, seeds: tuple[str, ...],
 class Lookup:
     """Discovers lookupds, keeps merged topic views fresh and tells subscribers what changed.
 
-    Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:``. Methods start it
-    on first use too, but only ``close()`` (or leaving the ``async with``) stops its tasks.
+    Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:`` or call
+    :meth:`start` and :meth:`stop`, like the clients. Shared with clients (their
+    ``lookupd=``), it stays the caller's: they neither start nor stop it, and its methods
+    start it on first use.
     A topic nobody asked about (lookup, refresh, view, stale report) for
     ``config.idle_polls`` poll intervals, and nobody subscribes to, stops being refreshed and
     is forgotten.
@@ -127,12 +129,12 @@ class Lookup:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
+        await self.stop()
 
     async def start(self) -> None:
         """Open the HTTP session and start the periodic ``/listlookup`` pass."""
         if self._closed:
-            raise ClientClosedError("this Lookup is closed")
+            raise ClientClosedError("this Lookup is stopped")
         if self._started:
             return
         self._started = True
@@ -146,7 +148,12 @@ class Lookup:
             self._discovery_task = asyncio.create_task(run_periodically(
                 "lookupd discovery", self._discover_once, self._poll_delay, immediately=True))
 
-    async def close(self) -> None:
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._closed
+
+    async def stop(self) -> None:
         """Stop every task, end subscriptions, close the session we opened. Idempotent."""
         if self._closed:
             return
@@ -165,7 +172,7 @@ class Lookup:
 
     async def _ready(self) -> LookupdClient:
         if self._closed:
-            raise ClientClosedError("this Lookup is closed")
+            raise ClientClosedError("this Lookup is stopped")
         await self.start()
         assert self._client is not None
         return self._client

@@ -18,7 +18,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from smartnsq.lookup.envelope import LookupdError, quote
+from smartnsq.errors import LookupdError
+from smartnsq.lookup.envelope import quote
 from smartnsq.lookup.models import (
     MAX_PARTITION_NUM,
     ListLookupModel,

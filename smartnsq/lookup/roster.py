@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from smartnsq.errors import LookupdError
 from smartnsq.lookup.client import LookupdClient
-from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.health import HealthBook
 from smartnsq.lookup.parse import ClusterLookupds, parse_listlookup
 

@@ -1,9 +1,10 @@
-"""youzan ordered messaging: sharded ordered publishing (and the ordered consumer)."""
+"""youzan ordered consumption: :class:`OrderedConsumer` (SUB_ORDERED, offset validation) and
+its policies. Ordered publishing is :meth:`smartnsq.Producer.publish_ordered`; the shard rule
+is :mod:`smartnsq.sharding`."""
 
+from smartnsq.errors import BlockedMessageError
 from smartnsq.ordered.consumer import OrderedConsumer
-from smartnsq.ordered.policy import BlockedAction, BlockedMessageError, ViolationAction, skip_after
-from smartnsq.ordered.producer import OrderedProducer
-from smartnsq.ordered.sharding import ShardRule, shard_partition, shard_trace_id
+from smartnsq.ordered.policy import BlockedAction, ViolationAction, skip_after
 
-__all__ = ["BlockedAction", "BlockedMessageError", "OrderedConsumer", "OrderedProducer",
-           "ShardRule", "ViolationAction", "shard_partition", "shard_trace_id", "skip_after"]
+__all__ = ["BlockedAction", "BlockedMessageError", "OrderedConsumer", "ViolationAction",
+           "skip_after"]

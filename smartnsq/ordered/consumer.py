@@ -22,21 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
 from smartnsq import trace as _trace
+from smartnsq.addresses import LookupdSpec, NsqdSpec, resolve_source
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer, Handler, StartAt
 from smartnsq.consumer.policy import DeliveryPolicy, PolicyHost
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.unseen import unseen
-from smartnsq.errors import ConfigError, OrderViolationError
-from smartnsq.lookup import Lookup
+from smartnsq.errors import BlockedMessageError, ConfigError, OrderViolationError
 from smartnsq.message import PENDING, Message
 from smartnsq.ordered.offsets import Check, CheckKind, OffsetValidator, Position
 from smartnsq.ordered.policy import (
     BlockedAction,
-    BlockedMessageError,
     DeadLetterCallback,
     OnBlocked,
     OnViolation,
@@ -81,32 +80,35 @@ class OrderedConsumer(Consumer):
         channel: str,
         handler: Handler | None = None,
         *,
-        lookupd_http_addresses: Sequence[str] | None = None,
-        lookup: Lookup | None = None,
+        lookupd: LookupdSpec | None = None,
         config: ConsumerConfig | None = None,
         on_blocked: OnBlocked | None = None,
         dead_letter: DeadLetterCallback | None = None,
         on_violation: OnViolation | None = None,
         start_at: StartAt | None = None,
-        trace: _trace.TraceToggle | None = None,
+        trace: bool = False,
+        trace_switch: _trace.TraceToggle | None = None,
         partitions: Collection[int] | None = None,
+        nsqd: NsqdSpec | None = None,
     ) -> None:
         for name, cb in (("on_blocked", on_blocked), ("dead_letter", dead_letter),
                          ("on_violation", on_violation)):
             if cb is not None and not callable(cb):
                 raise ConfigError(f"{name} must be callable")
-        if lookupd_http_addresses is None and lookup is None:
-            raise ConfigError("OrderedConsumer needs lookupd_http_addresses or lookup= "
-                              "(it subscribes per partition, and partition leaders move)")
+        if nsqd is not None:
+            raise ConfigError("OrderedConsumer needs lookupd= (nsqlookupd HTTP addresses or a "
+                              "Lookup), not nsqd=: it subscribes per partition, and partition "
+                              "leaders move")
+        source = resolve_source("OrderedConsumer", None, lookupd)
         made: list[OrderedPolicy] = []
 
         def make_policy(config: ConsumerConfig) -> DeliveryPolicy:
             made.append(OrderedPolicy(config, on_blocked, dead_letter, on_violation))
             return made[0]
 
-        self._setup(topic, channel, handler, make_policy, nsqd_tcp_addresses=None,
-                    lookupd_http_addresses=lookupd_http_addresses, lookup=lookup,
-                    config=config, start_at=start_at, trace=trace, partitions=partitions)
+        self._setup(topic, channel, handler, make_policy, source, config=config,
+                    start_at=start_at, trace=trace, trace_switch=trace_switch,
+                    partitions=partitions)
         self._ordered_policy = made[0]
 
     @property

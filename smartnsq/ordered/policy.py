@@ -23,20 +23,11 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import TypeVar
 
-from smartnsq.errors import ConfigError, NSQError, OrderViolationError
+from smartnsq.errors import ConfigError, OrderViolationError
 from smartnsq.message import Message
 
-__all__ = [
-    "BlockedAction",
-    "BlockedMessageError",
-    "DeadLetterCallback",
-    "OnBlocked",
-    "OnViolation",
-    "ViolationAction",
-    "always_retry",
-    "decide",
-    "skip_after",
-]
+__all__ = ["BlockedAction", "DeadLetterCallback", "OnBlocked", "OnViolation", "ViolationAction",
+           "always_retry", "decide", "skip_after"]
 
 
 class BlockedAction(StrEnum):
@@ -59,10 +50,6 @@ class ViolationAction(StrEnum):
     SKIP = "skip"
     #: requeue it and stop the consumer with the :class:`OrderViolationError`
     STOP = "stop"
-
-
-class BlockedMessageError(NSQError):
-    """The ``on_blocked`` policy stopped the consumer on a message that keeps failing."""
 
 
 OnBlocked = Callable[[Message], "BlockedAction | str | Awaitable[BlockedAction | str]"]

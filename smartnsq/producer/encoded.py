@@ -13,7 +13,7 @@ copy): nsqd reads an MPUB's elements straight off the socket, trusting their siz
 whose sizes do not add up would make it read into the next command and desynchronise the
 connection; such a body raises ConfigError naming the first bad element. Each batch is
 atomic and goes through the producer's retry loop like any MPUB; the returned
-:class:`~smartnsq.producer.types.SentBatch` says which partition took it.
+:class:`~smartnsq.producer.types.BatchReceipt` says which partition took it.
 """
 
 # Per-call ``timeout`` arguments are the API (they bound the whole call, retries included).
@@ -148,7 +148,7 @@ def check_ext_items(items: object, max_msg_size: int,
 class EncodedMPub(Op):
     """MPUB of a caller-encoded body; ``sent_to`` is the partition of the last attempt."""
 
-    __slots__ = ("body", "count", "sent_to")
+    __slots__ = ("body", "count")
     what: ClassVar[str] = "MPUB"
     traced: ClassVar[bool] = False
 
@@ -156,7 +156,6 @@ class EncodedMPub(Op):
         super().__init__(topic, partition)
         self.body = body
         self.count = count
-        self.sent_to: int | None = None
 
     async def send(self, conn: Connection, partition: int | None,
                    timeout: float) -> PublishReceipt | None:
@@ -198,7 +197,7 @@ class EncodedMPubTrace(EncodedMPub):
 class ExtBatch(Op):
     """MPUB_EXT with one JSON header per message; ``sent_to`` as :class:`EncodedMPub`."""
 
-    __slots__ = ("items", "sent_to")
+    __slots__ = ("items",)
     what = "MPUB_EXT"
     youzan_only = True
 
@@ -206,7 +205,6 @@ class ExtBatch(Op):
                  items: list[tuple[bytes, bytes]]) -> None:
         super().__init__(topic, partition)
         self.items = items
-        self.sent_to: int | None = None
 
     async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
         p = self._youzan_partition(conn, partition)

@@ -13,10 +13,10 @@ from smartnsq.errors import (
     ConfigError,
     LookupRefusedError,
     PublishError,
+    PublishTimeoutError,
     UnsupportedFeatureError,
 )
 from smartnsq.producer.ops import Publish
-from smartnsq.producer.types import PublishTimeoutError
 
 __all__ = ["failure", "late_connection", "reconnect_timeout", "refused", "sleep_before"]
 

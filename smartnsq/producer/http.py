@@ -6,7 +6,10 @@ old nodes, stock lookupds), the same retry rule (:mod:`smartnsq.producer.retry`)
 (each request waits ``request_timeout`` at most, then fails over) and retry engine
 (:mod:`smartnsq.producer.engine`, with :mod:`smartnsq.producer.http_targets`). nsqd's
 answers are read up to :mod:`smartnsq.http_limits`' cap: a larger one is garbage, not an
-answer (fails over).
+answer (fails over). Its lifecycle and results are the TCP producer's: ``nsqd=`` (nsqd
+HTTP addresses) or ``lookupd=``; ``start()``/``stop()`` or ``async with``; a receipt only
+when the call passes ``trace_id``, a :class:`~smartnsq.producer.types.BatchReceipt` for a
+batch.
 
 Endpoints (docs/protocol.md §4.2, §7.3): ``POST /pub`` (``defer`` for deferred publishing on stock),
 ``POST /mpub?binary=true`` (length-prefixed bodies; split at ``max_body_size``), and on youzan
@@ -26,13 +29,14 @@ import struct
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 import aiohttp
 
 from smartnsq._checks import check_loop
+from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import ClientClosedError, ConfigError
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
@@ -42,11 +46,11 @@ from smartnsq.producer.http_nsqd import HEADERS
 from smartnsq.producer.http_targets import HttpNode, HttpNodes, HttpPublish, node_backoff
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.retry import RetryPolicy
-from smartnsq.producer.routing import LookupdSpec, Router, make_lookup
+from smartnsq.producer.routing import Router
 from smartnsq.producer.targets import DirectTargets
 from smartnsq.producer.trace import TraceSwitch, log_receipt
-from smartnsq.producer.trace import switch as trace_switch
-from smartnsq.producer.types import PublishReceipt
+from smartnsq.producer.trace import switch as default_switch
+from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
@@ -59,44 +63,43 @@ _U32 = struct.Struct(">I")
 
 
 class HttpProducer:
-    """Publishes over HTTP (see the module docstring). ``nsqd_http_addresses`` are
-    ``host:port`` of nsqd's HTTP listener; with ``lookupd`` the nodes' ``http_port`` is used.
+    """Publishes over HTTP (see the module docstring). ``nsqd`` are ``host:port`` (or
+    ``http://host:port``) of nsqd's HTTP listener; with ``lookupd`` the nodes' ``http_port``
+    is used. ``session``: an aiohttp session to share (the producer then leaves it open).
     """
 
-    def __init__(self, nsqd_http_addresses: Sequence[str] | None = None, *,
-                 lookupd: LookupdSpec | None = None, config: ProducerConfig | None = None,
+    def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
+                 config: ProducerConfig | None = None,
                  session: aiohttp.ClientSession | None = None,
-                 trace: TraceSwitch | None = None) -> None:
+                 trace_switch: TraceSwitch | None = None) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
             raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
-        if (nsqd_http_addresses is None) == (lookupd is None):
-            raise ConfigError("give either nsqd_http_addresses or lookupd (not both)")
+        source = resolve_source("HttpProducer", nsqd, lookupd, nsqd_kind="http")
         self.config = config
-        self.trace = trace if trace is not None else trace_switch
+        self.trace = trace_switch if trace_switch is not None else default_switch
         policy = RetryPolicy.from_config(config)
         self._nodes = HttpNodes(node_backoff(config))
         self._lookup: Lookup | None = None
         self._own_lookup = False
         self._router: Router | None = None
         self._engine: RetryEngine[HttpNode]
-        if nsqd_http_addresses is not None:
-            if isinstance(nsqd_http_addresses, str):
-                nsqd_http_addresses = [nsqd_http_addresses]
-            if not nsqd_http_addresses:
-                raise ConfigError("nsqd_http_addresses is empty")
+        if source.direct:
             listed: dict[str, HttpNode] = {}
-            for a in nsqd_http_addresses:
+            for a in source.nsqd:
                 base = parse_http_address(a)
                 listed.setdefault(base, self._nodes.node(base))
             self._engine = RetryEngine(policy, direct=DirectTargets(list(listed.values())))
         else:
-            self._lookup, self._own_lookup = make_lookup(lookupd)
+            self._lookup, self._own_lookup = lookup_of(
+                source, poll_interval=config.lookupd_poll_interval,
+                poll_jitter=config.lookupd_poll_jitter)
             self._router = Router(self._lookup, policy.backoff)
             self._engine = RetryEngine(policy, router=self._router, endpoints=self._nodes)
         self._session = session
         self._own_session = session is None
+        self._started = False
         self._closed = False
         #: the event loop of the first call: the HTTP session belongs to it
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,28 +119,42 @@ class HttpProducer:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
+        await self.stop()
 
     async def start(self) -> None:
+        """Bind the producer to the running loop, open its HTTP session (unless one was
+        given) and start its lookup component (lookupd mode, unless shared). Idempotent."""
         self._on_loop()
         if self._closed:
-            raise ClientClosedError("the producer is closed")
+            raise ClientClosedError("the producer is stopped")
+        if self._started:
+            return
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=HEADERS)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
+        self._started = True
 
-    async def close(self) -> None:
-        self._on_loop()
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._closed
+
+    async def stop(self) -> None:
+        """Close the HTTP session (unless shared) and the lookup component (unless shared).
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if not self._started:
+            return
+        self._on_loop()
         if self._router is not None:
             await self._router.routes.close()
         if self._own_session and self._session is not None:
             await self._session.close()
         if self._lookup is not None and self._own_lookup:
-            await self._lookup.close()
+            await self._lookup.stop()
 
     @property
     def refreshes(self) -> int:
@@ -146,9 +163,13 @@ class HttpProducer:
     # ------------------------------------------------------------------ validation
 
     def _check(self, topic: str, body: object) -> bytes:
-        self._on_loop()
         if self._closed:
-            raise ClientClosedError("the producer is closed")
+            raise ClientClosedError("the producer is stopped")
+        if not self._started:
+            raise NotStartedError(
+                "the producer is not started: use 'async with HttpProducer(...) as p:' or "
+                "'await p.start()' before publishing")
+        self._on_loop()
         check_topic(topic)
         return check_body(body, self.config.max_msg_size)
 
@@ -157,11 +178,21 @@ class HttpProducer:
 
     # ------------------------------------------------------------------ public API
 
+    @overload
+    async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                      trace_id: int, ext: Mapping[str, Any] | None = None,
+                      timeout: float | None = None) -> PublishReceipt: ...
+
+    @overload
+    async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                      trace_id: None = None, ext: Mapping[str, Any] | None = None,
+                      timeout: float | None = None) -> None: ...
+
     async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
                       trace_id: int | None = None, ext: Mapping[str, Any] | None = None,
                       timeout: float | None = None) -> PublishReceipt | None:
         """``/pub`` (``/pubtrace`` with ``trace_id``, ``/pub_ext`` with ``ext``); returns the
-        receipt of a traced publish, else None."""
+        receipt when ``trace_id`` is given, else None."""
         body = self._check(topic, body)
         if partition is not None:
             check_partition(partition)
@@ -182,21 +213,34 @@ class HttpProducer:
                                   deadline)
         if receipt is not None and self.trace.is_on(topic):
             log_receipt(receipt)
-        return receipt
+        return receipt if trace_id is not None else None
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
-                           partition: int | None = None, timeout: float | None = None) -> None:
-        """``/mpub?binary=true``, split into several requests at ``max_body_size``."""
+                           partition: int | None = None,
+                           timeout: float | None = None) -> BatchReceipt:
+        """``/mpub?binary=true``, split into several requests at ``max_body_size``. On
+        failure the :class:`PublishError`'s ``sent`` says how many leading messages were
+        acknowledged."""
         if isinstance(bodies, bytes | str) or not isinstance(bodies, Sequence) or not bodies:
             raise ConfigError("bodies must be a non-empty sequence of bytes")
         checked = [self._check(topic, b) for b in bodies]
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)
+        sent = 0
+        partitions: list[int | None] = []
         for chunk in split_batches(checked, self.config.max_body_size):
             payload = _U32.pack(len(chunk)) + b"".join(_U32.pack(len(b)) + b for b in chunk)
-            await self._run("/mpub", {"topic": topic, "binary": "true"}, payload, topic,
-                            partition, False, False, deadline)
+            try:
+                await self._run("/mpub", {"topic": topic, "binary": "true"}, payload, topic,
+                                partition, False, False, deadline)
+            except PublishError as exc:
+                exc.sent = sent
+                raise
+            sent += len(chunk)
+            # nsqd's HTTP answer does not say which partition took an MPUB sent without one
+            partitions.append(partition)
+        return BatchReceipt(topic, sent, tuple(partitions))
 
     async def publish_deferred(self, topic: str, body: bytes, delay: float, *,
                                timeout: float | None = None) -> None:

@@ -15,30 +15,24 @@ unknown code is a ``ServerError``, a 5xx without one retryable).
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 import aiohttp
 
 from smartnsq.errors import (
+    BodyTooLargeError,
     Flavour,
+    HttpServerError,
     NSQConnectionError,
     NSQTimeoutError,
     ProtocolError,
     ServerError,
 )
-from smartnsq.http_limits import BodyTooLargeError, nsqd_limit, read_body
+from smartnsq.http_limits import nsqd_limit, read_body
 from smartnsq.lookup.envelope import error_message
 from smartnsq.nsqd_http import HEADERS, known_error
 from smartnsq.producer.types import PublishReceipt
 
-__all__ = ["HEADERS", "HttpServerError", "flavour", "post", "receipt"]
-
-
-class HttpServerError(ServerError):
-    """nsqd answered a 5xx without a known error code (overload, restart): retryable."""
-
-    code: ClassVar[str] = "E_HTTP_SERVER_ERROR"
-    retryable: ClassVar[bool] = True
+__all__ = ["HEADERS", "flavour", "post", "receipt"]
 
 
 def error_from_http(status: int, body: bytes, address: str, topic: str,

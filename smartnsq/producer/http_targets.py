@@ -23,12 +23,12 @@ import aiohttp
 from smartnsq.backoff import Backoff, ExponentialBackoff
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import UnsupportedFeatureError
-from smartnsq.ordered.sharding import ShardKey, ShardRule
 from smartnsq.producer.http_nsqd import flavour, post, receipt
 from smartnsq.producer.retry import Action, classify
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.validation import parse_http_address
+from smartnsq.sharding import ShardKey, ShardRule
 
 __all__ = ["HttpNode", "HttpNodes", "HttpPublish", "node_backoff"]
 

@@ -1,7 +1,7 @@
 """Per-shard-key lanes of the producer (sharded ordered publishing): one lane per (topic,
 shard rule, shard key). The producer owns one :class:`ShardLanes` and gives it the ``send``
 callable that publishes one message with retries; the partition rules are
-:mod:`smartnsq.ordered.sharding`'s.
+:mod:`smartnsq.sharding`'s.
 
 ``publish_ordered(topic, shard_key, body)`` sends the message to partition
 ``hash(shard_key) % meta.partition_num`` (see ``sharding.py``). Messages of one shard key are
@@ -25,9 +25,9 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 
-from smartnsq.errors import ClientClosedError
-from smartnsq.ordered.sharding import ShardKey, ShardRule, key_bytes
-from smartnsq.producer.types import PublishReceipt, PublishTimeoutError
+from smartnsq.errors import ClientClosedError, PublishTimeoutError
+from smartnsq.producer.types import PublishReceipt
+from smartnsq.sharding import ShardKey, ShardRule, key_bytes
 
 __all__ = ["SendShard", "ShardLanes", "lane_key"]
 

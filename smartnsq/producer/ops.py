@@ -18,9 +18,9 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from smartnsq.conn import Connection
 from smartnsq.errors import ConfigError, Flavour, UnsupportedFeatureError
-from smartnsq.ordered.sharding import ShardKey, ShardRule
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.commands import encode_ext_header
+from smartnsq.sharding import ShardKey, ShardRule
 
 _MAX_U64 = (1 << 64) - 1
 _STOCK = Flavour.STOCK
@@ -81,7 +81,7 @@ def ext_header_bytes(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
 class Op:
     """Base of the publish commands."""
 
-    __slots__ = ("partition", "rule", "shard", "topic")
+    __slots__ = ("partition", "rule", "sent_to", "shard", "topic")
 
     what: ClassVar[str] = "publish"
     #: needs a partitioned youzan topic (PUB_TRACE, PUB_EXT ...)
@@ -95,6 +95,8 @@ class Op:
         #: ordered publishing: the shard key whose partition this op is pinned to
         self.shard: ShardKey | None = None
         self.rule: ShardRule = "murmur3"
+        #: the partition of the last attempt (batches report it; None: stock or unknown)
+        self.sent_to: int | None = None
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
@@ -204,6 +206,7 @@ class MPub(Op):
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
+        self.sent_to = partition
         if partition is not None:
             if self.partition is not None and conn.flavour is _STOCK:
                 raise self._on_stock(conn, partition)
@@ -231,7 +234,7 @@ class MPubTrace(Op):
 
     async def send(self, conn: Connection, partition: int | None,
                    timeout: float) -> PublishReceipt:
-        p = self._youzan_partition(conn, partition)
+        p = self.sent_to = self._youzan_partition(conn, partition)
         items = [(self.trace_id, b) for b in self.bodies]
         resp = await conn.publish_many_trace(self.topic, p, items, timeout)
         return self._receipt(resp, conn, p, len(items))
@@ -249,7 +252,7 @@ class MPubExt(Op):
         self.header = header
 
     async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
-        p = self._youzan_partition(conn, partition)
+        p = self.sent_to = self._youzan_partition(conn, partition)
         items: list[tuple[bytes | None, bytes]] = [(self.header, b) for b in self.bodies]
         await conn.publish_many_ext(self.topic, p, items, timeout)
 

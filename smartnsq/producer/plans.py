@@ -24,7 +24,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
-from smartnsq.errors import NoLeaderError
+from smartnsq.errors import NoLeaderKnownError
 from smartnsq.producer.failures import failure, reconnect_timeout, sleep_before
 from smartnsq.producer.ops import Publish
 from smartnsq.producer.retry import Action, RetryPolicy
@@ -247,7 +247,7 @@ class RoutedPlan(Plan[C]):
         # (seconds on real clusters) or writes switched off. Waiting for a leader burns no
         # attempts: only the deadline bounds it (docs/protocol.md §13.2.5).
         partition, last = self.partition, self.last_exc
-        missing = NoLeaderError(
+        missing = NoLeaderKnownError(
             (f"partition {partition} of topic {op.topic!r} has no writable leader"
              if partition is not None else
              f"topic {op.topic!r} has no writable partition left")

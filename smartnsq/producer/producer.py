@@ -1,14 +1,25 @@
 """The asyncio :class:`Producer` for stock nsqd and youzan's partitioned NSQ.
 
-Two ways to find nsqd:
+Two ways to find nsqd (:mod:`smartnsq.addresses`):
 
-* ``nsqd_tcp_addresses=[...]`` — publishes go round-robin to the healthy nodes; a node that
+* ``nsqd=`` (TCP addresses) — publishes go round-robin to the healthy nodes; a node that
   is unreachable or whose connection dies is skipped (and redialled in the background with
   capped backoff) and its unacknowledged publishes are retried on another node.
-* ``lookupd=...`` — the lookup component (``access=w``, ``metainfo=true``) says where each
+* ``lookupd=`` (nsqlookupd HTTP addresses, or a shared :class:`~smartnsq.lookup.Lookup`) —
+  the lookup component (``access=w``, ``metainfo=true``) says where each
   topic lives: on youzan, which node leads which partition (round-robin over the writable
   partitions, or ``partition=p``, or the shard key's partition); on stock lookupds, which nodes
   carry the topic. Leader-type errors drop the mapping and trigger one coalesced refresh.
+
+Start it (``async with Producer(...) as p:`` or ``await p.start()``) before publishing, and
+stop it (``await p.stop()``) when done: a publish before ``start()`` raises
+:class:`~smartnsq.errors.NotStartedError`, one after ``stop()``
+:class:`~smartnsq.errors.ClientClosedError`.
+
+A publish returns a :class:`PublishReceipt` when the call asks for one (``trace_id=``), and
+None otherwise; batch publishes return a :class:`~smartnsq.producer.types.BatchReceipt`. The
+run-time trace switch (:mod:`smartnsq.trace`) changes what is logged (and sends PUB_TRACE to
+learn it), never what a call returns.
 
 Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
 ``max_attempts`` (waiting for a partition leader, or for our own connection to a node to be
@@ -17,7 +28,8 @@ for nsqd's answer, so an nsqd that stays connected but stops answering costs one
 connection is then closed and the node marked down);
 :mod:`smartnsq.producer.retry` holds the rule, :mod:`smartnsq.producer.engine` runs it. A
 publish that could not be acknowledged raises :class:`PublishError` (``__cause__``: the error
-that finally failed it), or :class:`PublishTimeoutError` when its time ran out; one
+that finally failed it, ``sent``: how many of its messages were acknowledged before), or
+:class:`PublishTimeoutError` when its time ran out; one
 acknowledged with OK is done and never resent. Cancelling a publish never corrupts its
 connection (the response still takes its FIFO slot). Bad arguments raise :class:`ConfigError`
 (or :class:`InvalidNameError`) before any I/O; youzan-only features against stock nsqd (and
@@ -35,13 +47,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 from smartnsq._checks import check_duration, check_loop
+from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import ClientClosedError, ConfigError, PublishError
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
-from smartnsq.ordered.sharding import ShardKey, ShardRule, check_shard_key
 from smartnsq.producer.batcher import Batcher, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
@@ -71,17 +83,14 @@ from smartnsq.producer.ops import (
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.retry import RetryPolicy
 from smartnsq.producer.router import TopicRoute
-from smartnsq.producer.routing import LookupdSpec, Router, make_lookup
+from smartnsq.producer.routing import Router
 from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
-from smartnsq.producer.trace import switch as trace_switch
-from smartnsq.producer.types import PublishReceipt, SentBatch
+from smartnsq.producer.trace import switch as default_switch
+from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.commands import mpub_body
-from smartnsq.protocol.validation import (
-    check_partition,
-    check_topic,
-    parse_tcp_address,
-)
+from smartnsq.protocol.validation import check_partition, check_topic
+from smartnsq.sharding import ShardKey, ShardRule, check_shard_key
 
 logger = logging.getLogger("smartnsq.producer")
 
@@ -94,9 +103,11 @@ _TRACE_EXTRA = 8
 class Producer:
     """Publishes to stock or youzan nsqd (see the module docstring).
 
-    Use as ``async with Producer(...) as p:`` or call :meth:`close` when done. Connections are
-    made on first use. ``trace`` is the run-time trace switch (``producer.trace``): by
-    default the process-wide :data:`smartnsq.trace.switch`, shared with consumers.
+    ``Producer(nsqd="127.0.0.1:4150")`` or ``Producer(lookupd="127.0.0.1:4161")``; use as
+    ``async with Producer(...) as p:`` or call :meth:`start` and :meth:`stop`. Connections
+    are made on first use. ``trace_switch`` is the run-time trace switch
+    (``producer.trace``): by default the process-wide :data:`smartnsq.trace.switch`, shared
+    with consumers.
 
     The work is done by parts, one concern each: :class:`~smartnsq.producer.nodes.Nodes`
     (connection pools), :class:`~smartnsq.producer.routing.Router` (lookupd routes),
@@ -105,18 +116,17 @@ class Producer:
     :class:`~smartnsq.producer.lanes.ShardLanes` (ordered publishing).
     """
 
-    def __init__(self, nsqd_tcp_addresses: Sequence[str] | None = None, *,
-                 lookupd: LookupdSpec | None = None, config: ProducerConfig | None = None,
-                 trace: TraceSwitch | None = None) -> None:
+    def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
+                 config: ProducerConfig | None = None,
+                 trace_switch: TraceSwitch | None = None) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
             raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
-        if (nsqd_tcp_addresses is None) == (lookupd is None):
-            raise ConfigError("give either nsqd_tcp_addresses or lookupd (not both)")
+        source = resolve_source("Producer", nsqd, lookupd)
         self.config = config
         #: the trace switch: the process-wide ``smartnsq.trace.switch`` unless one is given
-        self.trace = trace if trace is not None else trace_switch
+        self.trace = trace_switch if trace_switch is not None else default_switch
         self._max_msg = config.max_msg_size
         self._max_body = config.max_body_size
         self._timeout = config.publish_timeout
@@ -124,17 +134,11 @@ class Producer:
         self._router: Router | None = None
         self._lookup: Lookup | None = None
         self._own_lookup = False
-        direct: Sequence[str] = ()
-        if nsqd_tcp_addresses is not None:
-            if isinstance(nsqd_tcp_addresses, str):
-                nsqd_tcp_addresses = [nsqd_tcp_addresses]
-            if not nsqd_tcp_addresses:
-                raise ConfigError("nsqd_tcp_addresses is empty")
-            for a in nsqd_tcp_addresses:
-                parse_tcp_address(a)
-            direct = nsqd_tcp_addresses
-        else:
-            self._lookup, self._own_lookup = make_lookup(lookupd)
+        direct: Sequence[str] = source.nsqd
+        if not source.direct:
+            self._lookup, self._own_lookup = lookup_of(
+                source, poll_interval=config.lookupd_poll_interval,
+                poll_jitter=config.lookupd_poll_jitter)
             self._router = Router(self._lookup, policy.backoff)
         self._nodes = Nodes(config, direct)
         if self._router is None:
@@ -170,24 +174,26 @@ class Producer:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
+        await self.stop()
 
     async def start(self) -> None:
-        """Start the lookup component (lookupd mode); connections are still made lazily."""
+        """Bind the producer to the running loop and start its lookup component (lookupd
+        mode, unless shared); connections are made on first use. Idempotent."""
         self._on_loop()
         if self._closed:
-            raise ClientClosedError("the producer is closed")
+            raise ClientClosedError("the producer is stopped")
         if self._started:
             return
-        self._started = True
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
+        self._started = True
 
     @property
-    def closed(self) -> bool:
+    def is_closed(self) -> bool:
+        """True once :meth:`stop` was called."""
         return self._closed
 
-    async def close(self, timeout: float | None = None) -> None:
+    async def stop(self, timeout: float | None = None) -> None:
         """Stop accepting publishes, let the ones already accepted finish (batches and ordered
         lanes included) within ``timeout`` seconds (default ``publish_timeout``), then close
         the connections (outstanding answers are awaited up to the connections'
@@ -195,9 +201,12 @@ class Producer:
         # checked before anything changes: a bad value must not leave a half-closed producer
         limit = self.config.publish_timeout if timeout is None else check_duration(
             timeout, "timeout")
-        self._on_loop()
         if self._closed:
             return
+        if not self._started:
+            self._closed = True  # nothing was opened
+            return
+        self._on_loop()
         self._closed = True
         try:
             async with asyncio.timeout(limit):
@@ -214,7 +223,7 @@ class Producer:
             await self._router.routes.close()
         await self._nodes.close()
         if self._lookup is not None and self._own_lookup:
-            await self._lookup.close()
+            await self._lookup.stop()
 
     # ------------------------------------------------------------------ introspection
 
@@ -266,9 +275,13 @@ class Producer:
             # only one loop runs in a thread at a time: if ours runs in this thread, it is
             # the running one (asyncio.get_running_loop costs a getpid system call per call
             # on Python 3.11)
+            if not self._started and not self._closed:
+                raise NotStartedError(
+                    "the producer is not started: use 'async with Producer(...) as p:' or "
+                    "'await p.start()' before publishing")
             self._on_loop()
         if self._closed:
-            raise ClientClosedError("the producer is closed")
+            raise ClientClosedError("the producer is stopped")
 
     def _check_topic(self, topic: str) -> None:
         if topic.__class__ is not str or topic not in self._topics_ok:
@@ -286,11 +299,21 @@ class Producer:
 
     # ------------------------------------------------------------------ public API
 
+    @overload
+    async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                      trace_id: int, ext: ExtHeader | None = None,
+                      timeout: float | None = None) -> PublishReceipt: ...
+
+    @overload
+    async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                      trace_id: None = None, ext: ExtHeader | None = None,
+                      timeout: float | None = None) -> None: ...
+
     async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
                       trace_id: int | None = None, ext: ExtHeader | None = None,
                       timeout: float | None = None) -> PublishReceipt | None:
-        """Publish one message; returns its :class:`PublishReceipt` when it was traced
-        (``trace_id`` given, or tracing on for the topic, on youzan), else None.
+        """Publish one message. Returns its :class:`PublishReceipt` when ``trace_id`` is given
+        (youzan: where it was stored), else None.
 
         ``partition``: youzan partition (default: round-robin over writable partitions).
         ``trace_id``: PUB_TRACE with this uint64 trace id (youzan). ``ext``: JSON header dict
@@ -332,18 +355,18 @@ class Producer:
         receipt = await self._run(op, deadline)
         if receipt is not None and traced:
             log_receipt(receipt)
-        return receipt
+        return receipt if trace_id is not None else None
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
                            partition: int | None = None, trace_id: int | None = None,
                            ext: ExtHeader | None = None,
-                           timeout: float | None = None) -> list[PublishReceipt]:
+                           timeout: float | None = None) -> BatchReceipt:
         """Publish ``bodies`` with MPUB (MPUB_TRACE with ``trace_id``, MPUB_EXT with
         ``ext``), split into several MPUBs when one would exceed ``max_body_size``. Each MPUB
         is atomic and acknowledged on its own; they are sent one after another, in order.
-        Returns the receipt of every MPUB_TRACE (first message's id and offset, batch raw
-        size), or ``[]`` when nothing was traced. On failure the raised error's
-        ``sent`` attribute says how many leading messages were acknowledged."""
+        Returns a :class:`BatchReceipt` (with ``trace_id``: the receipt of every MPUB_TRACE).
+        On failure the :class:`PublishError`'s ``sent`` says how many leading messages were
+        acknowledged."""
         self._check_open()
         self._check_topic(topic)
         if type(bodies) is not list and (isinstance(bodies, bytes | str)
@@ -370,6 +393,7 @@ class Producer:
         elif traced:
             extra = _TRACE_EXTRA  # may go out as MPUB_TRACE
         receipts: list[PublishReceipt] = []
+        partitions: list[int | None] = []
         sent = 0
         chunks = [checked] if one is not None else split_batches(checked, self._max_body, extra)
         for chunk in chunks:
@@ -378,21 +402,24 @@ class Producer:
             try:
                 receipt = await self._run(op, deadline)
             except PublishError as exc:
-                exc.sent = sent  # type: ignore[attr-defined]
+                exc.sent = sent
                 raise
             sent += len(chunk)
+            partitions.append(op.sent_to)
             if receipt is not None:
-                receipts.append(receipt)
+                if trace_id is not None:
+                    receipts.append(receipt)
                 if traced:
                     log_receipt(receipt)
-        return receipts
+        return BatchReceipt(topic, sent, tuple(partitions), tuple(receipts))
 
     async def publish_encoded(self, topic: str, body: Encoded, *, partition: int | None = None,
-                              traced: bool = False, timeout: float | None = None) -> SentBatch:
+                              traced: bool = False,
+                              timeout: float | None = None) -> BatchReceipt:
         """Publish one MPUB whose body the caller encoded (:mod:`smartnsq.producer.encoded`:
         ``[count]([size][data])*``, as :func:`~smartnsq.producer.encode_batch` builds it), so
         no object per message is needed. ``traced``: the body is an MPUB_TRACE body (every
-        message with its own 8-byte trace id; youzan); the result then holds the receipt.
+        message with its own 8-byte trace id; youzan); the result then holds its receipt.
         Its element sizes are checked before any I/O. The batch is atomic, retried like any
         MPUB, and must fit ``max_body_size``."""
         self._check_open()
@@ -403,11 +430,11 @@ class Producer:
         deadline = self._deadline(timeout)
         op = (EncodedMPubTrace if traced else EncodedMPub)(topic, partition, body, count)
         receipt = await self._run(op, deadline)
-        return SentBatch(topic, op.sent_to, count, receipt)
+        return BatchReceipt(topic, count, (op.sent_to,), (receipt,) if receipt else ())
 
     async def publish_ext_batch(self, topic: str, items: Sequence[ExtItem], *,
                                 partition: int | None = None,
-                                timeout: float | None = None) -> SentBatch:
+                                timeout: float | None = None) -> BatchReceipt:
         """Publish one MPUB_EXT (youzan ext topics) with a header per message: ``items`` are
         ``(header, body)`` pairs, the header a dict or its JSON bytes (a ``"##trace_id"``
         key is the message's trace id). Atomic, retried like any MPUB; must fit
@@ -420,7 +447,7 @@ class Producer:
         deadline = self._deadline(timeout)
         op = ExtBatch(topic, partition, checked)
         await self._run(op, deadline)
-        return SentBatch(topic, op.sent_to, len(checked))
+        return BatchReceipt(topic, len(checked), (op.sent_to,))
 
     async def publish_deferred(self, topic: str, body: bytes, delay: float, *,
                                timeout: float | None = None) -> None:
@@ -433,16 +460,28 @@ class Producer:
         deadline = self._deadline(timeout)
         await self._run(DPub(topic, None, body, ms), deadline)
 
+    @overload
+    async def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
+                              trace_id: int, timeout: float | None = None,
+                              rule: ShardRule | None = None) -> PublishReceipt: ...
+
+    @overload
+    async def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
+                              trace_id: None = None, timeout: float | None = None,
+                              rule: ShardRule | None = None) -> None: ...
+
     async def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
                               trace_id: int | None = None, timeout: float | None = None,
                               rule: ShardRule | None = None) -> PublishReceipt | None:
         """Publish ``body`` to the partition of ``shard_key`` (youzan, lookupd mode), in
         order with every other message of that key (see :mod:`smartnsq.producer.lanes`).
+        Returns its :class:`PublishReceipt` when ``trace_id`` is given, else None.
 
         ``rule`` (default ``config.shard_hash``): ``"murmur3"`` (youzan go-nsq) or
-        ``"java"``. With tracing on for the topic the message goes out with PUB_TRACE and the
-        trace id is the key's murmur3 hash unless ``trace_id`` is given; a receipt is then
-        returned. ``timeout`` covers waiting for the key's previous messages too.
+        ``"java"`` (:mod:`smartnsq.sharding`). With the trace switch on for the topic the
+        message goes out with PUB_TRACE and the key's murmur3 hash as trace id (as youzan
+        go-nsq does) and is logged. ``timeout`` covers waiting for the key's previous
+        messages too.
         """
         self._check_open()
         self._check_topic(topic)
@@ -454,10 +493,11 @@ class Producer:
         if trace_id is not None:
             check_trace_id(trace_id)
         if self._router is None:
-            raise ConfigError("ordered publishing needs lookupd (the partition count comes "
-                              "from the topic's lookup meta), not nsqd_tcp_addresses")
+            raise ConfigError("ordered publishing needs lookupd= (the partition count comes "
+                              "from the topic's lookup meta), not nsqd=")
         deadline = self._deadline(timeout)
-        return await self._lanes.submit(topic, shard_key, rule, body, trace_id, deadline)
+        receipt = await self._lanes.submit(topic, shard_key, rule, body, trace_id, deadline)
+        return receipt if trace_id is not None else None
 
     # ------------------------------------------------------------------ batching glue
 

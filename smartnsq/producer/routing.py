@@ -12,32 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from smartnsq.backoff import Backoff
-from smartnsq.config import LookupConfig
 from smartnsq.errors import (
     ConfigError,
     LookupFailedError,
     LookupRefusedError,
+    PublishTimeoutError,
     TopicNotFoundError,
     UnsupportedFeatureError,
 )
 from smartnsq.lookup import Lookup
-from smartnsq.ordered.sharding import ShardKey, ShardRule, shard_partition
 from smartnsq.producer.failures import refused, sleep_before
 from smartnsq.producer.ops import Pub, Publish
 from smartnsq.producer.router import Routes, TopicRoute
-from smartnsq.producer.types import PublishTimeoutError
+from smartnsq.sharding import ShardKey, ShardRule, shard_partition
 
-__all__ = ["LookupdSpec", "Router", "check_features", "choose_target", "make_lookup"]
+__all__ = ["Router", "check_features", "choose_target"]
 
 logger = logging.getLogger("smartnsq.producer")
-
-#: what ``lookupd=`` accepts: a config, a shared Lookup, or nsqlookupd HTTP addresses
-LookupdSpec = LookupConfig | Lookup | str | Sequence[str]
-
 
 def check_features(route: TopicRoute, op: Publish[Any], shard: bool = False) -> None:
     """UnsupportedFeatureError when ``op`` (``shard``: an ordered publish) cannot go to the
@@ -163,16 +157,3 @@ class Router:
                     return shard_partition(key, route.partition_num, rule)
             waits += 1
             await self.wait_for_topic(topic, route, waits, deadline, None)
-
-
-def make_lookup(spec: LookupdSpec | None) -> tuple[Lookup, bool]:
-    """The Lookup for ``spec`` and whether the caller owns it (and must close it)."""
-    if isinstance(spec, Lookup):
-        return spec, False
-    if isinstance(spec, LookupConfig):
-        return Lookup(spec), True
-    if isinstance(spec, str):
-        return Lookup(LookupConfig(addresses=(spec,))), True
-    if isinstance(spec, Sequence) and spec and all(isinstance(a, str) for a in spec):
-        return Lookup(LookupConfig(addresses=tuple(spec))), True
-    raise ConfigError("lookupd must be a LookupConfig, a Lookup, or nsqlookupd HTTP addresses")

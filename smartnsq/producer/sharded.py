@@ -2,7 +2,7 @@
 
 :class:`~smartnsq.producer.lanes.ShardLanes` keeps each key's messages in call order and calls
 :class:`ShardSender` for one at a time. The message is pinned to the key's partition
-(:mod:`smartnsq.ordered.sharding`); traced topics send PUB_TRACE with the key's hash as trace
+(:mod:`smartnsq.sharding`); traced topics send PUB_TRACE with the key's hash as trace
 id (unless the caller gave one), and with auto-batching on, untraced messages join the
 batch of the key's partition.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from smartnsq.ordered.sharding import ShardKey, ShardRule, shard_trace_id
 from smartnsq.producer.batcher import Batcher
 from smartnsq.producer.ops import Op, Pub, PubTrace
 from smartnsq.producer.routing import Router
 from smartnsq.producer.trace import log_receipt
 from smartnsq.producer.types import PublishReceipt
+from smartnsq.sharding import ShardKey, ShardRule, shard_trace_id
 
 __all__ = ["ShardSender"]
 

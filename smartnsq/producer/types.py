@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from smartnsq.errors import NSQTimeoutError, PublishError
 from smartnsq.protocol.responses import TraceResponse
 
 
@@ -42,18 +41,21 @@ class PublishReceipt:
 
 
 @dataclass(frozen=True, slots=True)
-class SentBatch:
-    """What :meth:`Producer.publish_encoded` / :meth:`Producer.publish_ext_batch` sent."""
+class BatchReceipt:
+    """What a batch publish (:meth:`Producer.publish_many`, :meth:`Producer.publish_encoded`,
+    :meth:`Producer.publish_ext_batch`, :meth:`HttpProducer.publish_many`) sent: every
+    message of the call was acknowledged.
+
+    ``receipts`` holds one :class:`PublishReceipt` per MPUB_TRACE sent when the call asked
+    for tracing itself (``trace_id=``, or ``traced=True`` for an encoded batch): the first
+    message's id and offset and the batch's raw size (a call split into several MPUBs has
+    several). It is empty otherwise, whatever the run-time trace switch says (the switch
+    only logs).
+    """
 
     topic: str
-    #: the partition that stored the batch (None: stock or non-partitioned nsqd)
-    partition: int | None
-    #: messages in the batch
+    #: messages acknowledged (all of the call's)
     count: int
-    #: where it was stored, for MPUB_TRACE (and an MPUB sent traced); else None
-    receipt: PublishReceipt | None = None
-
-
-class PublishTimeoutError(PublishError, NSQTimeoutError):
-    """The publish was not acknowledged within the call's timeout. It may still have been
-    stored (the answer was late); ``__cause__`` holds the last attempt's error."""
+    #: the partition each MPUB was stored in, in order (None: stock or non-partitioned nsqd)
+    partitions: tuple[int | None, ...]
+    receipts: tuple[PublishReceipt, ...] = ()

@@ -17,10 +17,9 @@ import subprocess
 import sys
 from typing import Any
 
-from smartnsq.errors import ConfigError
+from smartnsq.errors import WorkerPythonError
 
-__all__ = ["WorkerPythonError", "check_worker_python", "java_missing_reason",
-           "prepare_spark_environment"]
+__all__ = ["check_worker_python", "java_missing_reason", "prepare_spark_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +30,6 @@ _PROBE = ("import importlib.util as u, sys; print('%d.%d' % sys.version_info[:2]
           f"print(','.join(m for m in {_WORKER_MODULES!r} if u.find_spec(m) is None))")
 #: seconds for that interpreter to start and answer (a cold start on a loaded machine)
 _PROBE_TIMEOUT = 30.0
-
-
-class WorkerPythonError(ConfigError):
-    """Spark's Python workers run an interpreter that cannot run the nsq source and sink."""
 
 
 def prepare_spark_environment() -> None:

@@ -16,16 +16,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from smartnsq.errors import ConfigError
+from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
 from smartnsq.spark.sink_options import SinkOptions
 
-__all__ = ["SOURCE_OPTION_NAMES", "SourceOptionError", "SourceOptions", "parse_source_options"]
-
-
-class SourceOptionError(ConfigError):
-    """An option of the ``nsq`` source is unknown, missing or has a bad value."""
+__all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "parse_source_options"]
 
 
 #: spelling shown in messages and docs; Spark lower-cases keys on the way in

@@ -15,13 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from smartnsq.config import LookupConfig
-from smartnsq.errors import NSQConnectionError, ServerError, TopicNotFoundError
+from smartnsq.errors import (
+    NSQConnectionError,
+    NsqdHttpError,
+    ServerError,
+    SourceOptionError,
+    TopicNotFoundError,
+)
 from smartnsq.lookup import Lookup, Node, TopicView
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.fetch import MIN_RECORD, RangeFetcher, RangeTask, channel_position
 from smartnsq.spark.offsets import EARLIEST, LATEST, PartitionState
-from smartnsq.spark.options import SourceOptionError, SourceOptions
+from smartnsq.spark.options import SourceOptions
 
 __all__ = ["MIN_RECORD", "Snapshot", "find_boundary", "next_boundaries", "resolve_starting",
            "resolve_timestamp", "snapshot", "starting_positions"]

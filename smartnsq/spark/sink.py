@@ -175,7 +175,8 @@ class _TaskPublisher:
         else:
             sent = await p.publish_encoded(unit.topic, unit.body, partition=unit.partition,
                                            traced=unit.traced, timeout=timeout)
-        self.message.add((unit.topic, sent.partition), unit.count, sent.receipt)
+        self.message.add((unit.topic, sent.partitions[0]), unit.count,
+                         sent.receipts[0] if sent.receipts else None)
 
     def check(self) -> None:
         if self.error is not None:
@@ -203,8 +204,8 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
     config = ProducerConfig(publish_timeout=opts.publishTimeout, max_attempts=opts.maxAttempts,
                             max_body_size=max(opts.maxBatchBytes, opts.maxMessageBytes),
                             max_msg_size=opts.maxMessageBytes)
-    producer = Producer(list(opts.nsqd), config=config) if opts.nsqd is not None else \
-        Producer(lookupd=list(opts.lookupd or ()), config=config)
+    producer = Producer(nsqd=opts.nsqd, config=config) if opts.nsqd is not None else \
+        Producer(lookupd=opts.lookupd, config=config)
     async with producer:
         pub = _TaskPublisher(producer, opts, message)
         row = 0

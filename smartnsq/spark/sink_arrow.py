@@ -3,7 +3,7 @@
 A Spark task hands the sink ``pyarrow.RecordBatch``es. :func:`check_schema` validates the
 columns once on the driver; :class:`BatchPlan` splits one batch by topic and target partition
 (``partition`` column, else the ``shard_key``'s partition under the ``shardHash`` rule of
-:mod:`smartnsq.ordered.sharding`, hashed once per distinct key, else the producer's
+:mod:`smartnsq.sharding`, hashed once per distinct key, else the producer's
 round-robin) and encodes each group into MPUB (or MPUB_TRACE) bodies straight from the Arrow
 buffers: the ``[size][body]`` elements come from one vectorised ``binary_join_element_wise`` of
 a prefix column (each MPUB's first prefix also holds the body's count) and the value column, so
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from smartnsq.errors import ConfigError
-from smartnsq.ordered.sharding import shard_partitions
 from smartnsq.producer.checks import check_body
 from smartnsq.protocol.commands import encode_ext_header
 from smartnsq.protocol.validation import MAX_DELAY_MS, MAX_PARTITION, check_topic
+from smartnsq.sharding import shard_partitions
 from smartnsq.spark.sink_options import BATCH_BITS, PARTITION_BITS, ROW_BITS, SinkOptions
 
 __all__ = [

@@ -25,8 +25,9 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from smartnsq.config import ConnectionConfig, ConsumerConfig
 from smartnsq.consumer import Consumer
+from smartnsq.errors import SourceOptionError
 from smartnsq.message import Message
-from smartnsq.spark.options import SourceOptionError, SourceOptions
+from smartnsq.spark.options import SourceOptions
 from smartnsq.spark.rows import stock_row
 
 __all__ = ["StockBatchReader", "StockStreamReader"]
@@ -67,7 +68,7 @@ class _DriverConsumer:
             self.inbox.put(msg)
 
         async def start() -> Consumer:
-            c = Consumer(opts.topic, channel, handle, lookupd_http_addresses=list(opts.lookupd),
+            c = Consumer(opts.topic, channel, handle, lookupd=list(opts.lookupd),
                          config=_consumer_config(opts, max_in_flight))
             await c.start()
             self._toucher = asyncio.create_task(self._touch_loop())
@@ -245,7 +246,7 @@ class StockBatchReader(DataSourceReader):
 
         async def take() -> tuple[Consumer, list[Message]]:
             got: list[Message] = []
-            c = Consumer(o.topic, self.channel, lookupd_http_addresses=list(o.lookupd),
+            c = Consumer(o.topic, self.channel, lookupd=list(o.lookupd),
                          config=_consumer_config(o, in_flight))
             deadline = time.monotonic() + o.max_wait
             idle = min(o.trigger_wait, o.max_wait)

@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from smartnsq.config import ConnectionConfig
-from smartnsq.errors import NSQError
+from smartnsq.errors import DataLossError, NSQError
 from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
@@ -65,11 +65,6 @@ _BATCH_ROWS = 8192
 #: (rows, repositions, dropped read-ahead copies): how benchmarks and operators see what
 #: happened on the executors, whose logs Spark keeps apart
 READ_STATS_ENV = "SMARTNSQ_SPARK_READ_STATS"
-
-
-class DataLossError(NSQError):
-    """Data between the checkpointed position and what the server still holds is gone
-    (``failOnDataLoss=true``)."""
 
 
 class NsqRange(InputPartition):

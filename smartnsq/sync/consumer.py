@@ -26,11 +26,12 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any, Self
 
 from smartnsq._checks import check_count, check_optional_duration
+from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
@@ -38,13 +39,14 @@ from smartnsq.consumer.consumer import GivingUpCallback, StartAt
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message
-from smartnsq.ordered.consumer import OrderedConsumer
+from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
+from smartnsq.ordered.policy import DeadLetterCallback, OnBlocked, OnViolation
 from smartnsq.sync._exit import at_main_thread_end
 from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
 
-__all__ = ["Consumer", "ThreadMessage"]
+__all__ = ["Consumer", "OrderedConsumer", "ThreadMessage"]
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -132,12 +134,10 @@ class ThreadMessage:
 
 
 class Consumer:
-    """``with smartnsq.sync.Consumer("t", "c", handle, lookupd_http_addresses=[...]) as c:
-    c.wait()``.
-
-    ``ordered=True`` uses :class:`smartnsq.ordered.OrderedConsumer` (``on_blocked``,
-    ``dead_letter``, ``on_violation`` are passed on). Methods block; all of them may be
-    called from any thread but the loop's own.
+    """``with smartnsq.sync.Consumer("t", "c", handle, lookupd="127.0.0.1:4161") as c:
+    c.wait()``: the arguments of :class:`smartnsq.Consumer`, and ``threads`` for a plain
+    (not async) handler, which runs in a pool of that many threads. Methods block; all of
+    them may be called from any thread but the loop's own.
     """
 
     def __init__(
@@ -146,16 +146,29 @@ class Consumer:
         channel: str,
         handler: Callable[[Any], Any],
         *,
-        nsqd_tcp_addresses: Sequence[str] | None = None,
-        lookupd_http_addresses: Sequence[str] | None = None,
+        nsqd: NsqdSpec | None = None,
+        lookupd: LookupdSpec | None = None,
         config: ConsumerConfig | None = None,
         giving_up: GivingUpCallback | None = None,
         start_at: StartAt | None = None,
-        trace: TraceToggle | None = None,
+        trace: bool = False,
+        trace_switch: TraceToggle | None = None,
+        partitions: Collection[int] | None = None,
         threads: int | None = None,
-        ordered: bool = False,
-        **ordered_options: Any,
     ) -> None:
+        def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
+            return AsyncConsumer(
+                topic, channel, wrapped, nsqd=nsqd, lookupd=lookupd, config=config,
+                giving_up=giving_up, start_at=start_at, trace=trace, trace_switch=trace_switch,
+                partitions=partitions)
+
+        self._setup(handler, config, threads, make)
+
+    def _setup(self, handler: Callable[[Any], Any], config: ConsumerConfig | None,
+               threads: int | None, make: Callable[[Callable[[Message], Any]], AsyncConsumer]
+               ) -> None:
+        """Check the handler, make the handler threads and (``make``) the asyncio consumer
+        underneath."""
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
         if not _is_async_callable(handler) and _returns_awaitable(handler):
@@ -166,8 +179,6 @@ class Consumer:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
             raise ConfigError(f"threads must be an int >= 1, got {threads!r}")
-        if ordered_options and not ordered:
-            raise ConfigError(f"{', '.join(sorted(ordered_options))}: only for ordered=True")
         cfg = config if config is not None else ConsumerConfig()
         self._handler = handler
         self._pool: HandlerThreads | None = None
@@ -180,17 +191,7 @@ class Consumer:
         # validated here, in the caller's thread, before the loop is touched
         self._async: AsyncConsumer
         try:
-            if ordered:
-                if nsqd_tcp_addresses is not None:
-                    raise ConfigError("ordered=True needs lookupd_http_addresses")
-                self._async = OrderedConsumer(
-                    topic, channel, wrapped, lookupd_http_addresses=lookupd_http_addresses,
-                    config=config, start_at=start_at, trace=trace, **ordered_options)
-            else:
-                self._async = AsyncConsumer(
-                    topic, channel, wrapped, nsqd_tcp_addresses=nsqd_tcp_addresses,
-                    lookupd_http_addresses=lookupd_http_addresses, config=config,
-                    giving_up=giving_up, start_at=start_at, trace=trace)
+            self._async = make(wrapped)
         except BaseException:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
@@ -381,3 +382,39 @@ class Consumer:
     @property
     def is_running(self) -> bool:
         return not self._closed and self._async.is_running
+
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._closed
+
+
+class OrderedConsumer(Consumer):
+    """The blocking facade of :class:`smartnsq.OrderedConsumer`: its arguments, and
+    ``threads`` as for :class:`Consumer`."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Callable[[Any], Any],
+        *,
+        lookupd: LookupdSpec | None = None,
+        config: ConsumerConfig | None = None,
+        on_blocked: OnBlocked | None = None,
+        dead_letter: DeadLetterCallback | None = None,
+        on_violation: OnViolation | None = None,
+        start_at: StartAt | None = None,
+        trace: bool = False,
+        trace_switch: TraceToggle | None = None,
+        partitions: Collection[int] | None = None,
+        nsqd: NsqdSpec | None = None,
+        threads: int | None = None,
+    ) -> None:
+        def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
+            return AsyncOrderedConsumer(
+                topic, channel, wrapped, lookupd=lookupd, config=config, on_blocked=on_blocked,
+                dead_letter=dead_letter, on_violation=on_violation, start_at=start_at,
+                trace=trace, trace_switch=trace_switch, partitions=partitions, nsqd=nsqd)
+
+        self._setup(handler, config, threads, make)

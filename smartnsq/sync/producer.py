@@ -9,36 +9,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 from smartnsq._checks import check_optional_duration
+from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import ClientClosedError
-from smartnsq.ordered.sharding import ShardKey, ShardRule
+from smartnsq.errors import ClientClosedError, NotStartedError
 from smartnsq.producer.producer import Producer as AsyncProducer
-from smartnsq.producer.routing import LookupdSpec
 from smartnsq.producer.trace import TraceSwitch
-from smartnsq.producer.types import PublishReceipt
+from smartnsq.producer.types import BatchReceipt, PublishReceipt
+from smartnsq.sharding import ShardKey, ShardRule
 from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
 
 
 class Producer:
-    """``with smartnsq.sync.Producer(nsqd_tcp_addresses=[...]) as p: p.publish("t", b"x")``."""
+    """``with smartnsq.sync.Producer(nsqd="127.0.0.1:4150") as p: p.publish("t", b"x")``: the
+    arguments of :class:`smartnsq.Producer`; :meth:`start` (or ``with``) before publishing,
+    :meth:`stop` when done."""
 
-    def __init__(self, nsqd_tcp_addresses: Sequence[str] | None = None, *,
-                 lookupd: LookupdSpec | None = None, config: ProducerConfig | None = None,
-                 trace: TraceSwitch | None = None) -> None:
-        check_blocking_allowed("smartnsq.sync.Producer")
+    def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
+                 config: ProducerConfig | None = None,
+                 trace_switch: TraceSwitch | None = None) -> None:
         # arguments are validated here, in the caller's thread, before the loop is touched
-        self._async = AsyncProducer(nsqd_tcp_addresses, lookupd=lookupd, config=config,
-                                    trace=trace)
-        self._loop: BackgroundLoop | None = acquire()
+        self._async = AsyncProducer(nsqd=nsqd, lookupd=lookupd, config=config,
+                                    trace_switch=trace_switch)
+        self._loop: BackgroundLoop | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        """Start the producer on the shared background loop (see
+        :meth:`smartnsq.Producer.start`). Idempotent."""
+        check_blocking_allowed("smartnsq.sync.Producer.start()")
+        if self._stopped:
+            raise ClientClosedError("the producer is stopped")
+        if self._loop is not None:
+            return
+        loop = acquire()
         try:
-            self._loop.run(self._async.start())
+            loop.run(self._async.start())
         except BaseException:
-            release(self._loop)
-            self._loop = None
+            release(loop)
             raise
+        self._loop = loop
 
     @property
     def trace(self) -> TraceSwitch:
@@ -53,8 +65,21 @@ class Producer:
     def _run_loop(self) -> BackgroundLoop:
         loop = self._loop
         if loop is None:
-            raise ClientClosedError("the producer is closed")
+            if self._stopped:
+                raise ClientClosedError("the producer is stopped")
+            raise NotStartedError("the producer is not started: use 'with "
+                                  "smartnsq.sync.Producer(...) as p:' or 'p.start()'")
         return loop
+
+    @overload
+    def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                trace_id: int, ext: Mapping[str, Any] | None = None,
+                timeout: float | None = None) -> PublishReceipt: ...
+
+    @overload
+    def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                trace_id: None = None, ext: Mapping[str, Any] | None = None,
+                timeout: float | None = None) -> None: ...
 
     def publish(self, topic: str, body: bytes, *, partition: int | None = None,
                 trace_id: int | None = None, ext: Mapping[str, Any] | None = None,
@@ -66,7 +91,7 @@ class Producer:
     def publish_many(self, topic: str, bodies: Sequence[bytes], *,
                      partition: int | None = None, trace_id: int | None = None,
                      ext: Mapping[str, Any] | None = None,
-                     timeout: float | None = None) -> list[PublishReceipt]:
+                     timeout: float | None = None) -> BatchReceipt:
         """See :meth:`smartnsq.producer.Producer.publish_many`."""
         return self._run_loop().run(self._async.publish_many(
             topic, bodies, partition=partition, trace_id=trace_id, ext=ext, timeout=timeout))
@@ -75,6 +100,16 @@ class Producer:
                          timeout: float | None = None) -> None:
         """See :meth:`smartnsq.producer.Producer.publish_deferred`."""
         self._run_loop().run(self._async.publish_deferred(topic, body, delay, timeout=timeout))
+
+    @overload
+    def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
+                        trace_id: int, timeout: float | None = None,
+                        rule: ShardRule | None = None) -> PublishReceipt: ...
+
+    @overload
+    def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
+                        trace_id: None = None, timeout: float | None = None,
+                        rule: ShardRule | None = None) -> None: ...
 
     def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
                         trace_id: int | None = None, timeout: float | None = None,
@@ -85,13 +120,15 @@ class Producer:
         return self._run_loop().run(self._async.publish_ordered(
             topic, shard_key, body, trace_id=trace_id, timeout=timeout, rule=rule))
 
-    def close(self, timeout: float | None = None) -> None:
-        """Let accepted publishes finish (see the asyncio ``close``), close the connections
-        and give the background thread back. Idempotent. In a process forked after the
-        producer was made it only lets go of it: the connections are the parent's."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Let accepted publishes finish (see :meth:`smartnsq.Producer.stop`), close the
+        connections and give the background thread back. Idempotent. In a process forked
+        after the producer started it only lets go of it: the connections are the
+        parent's."""
         # checked first: a bad value must not leave the producer half closed
         timeout = check_optional_duration(timeout, "timeout")
-        check_blocking_allowed("smartnsq.sync.Producer.close()")
+        check_blocking_allowed("smartnsq.sync.Producer.stop()")
+        self._stopped = True
         loop = self._loop
         if loop is None:
             return
@@ -99,17 +136,19 @@ class Producer:
         if not loop.in_this_process:
             return
         try:
-            loop.run(self._async.close(timeout))
+            loop.run(self._async.stop(timeout))
         finally:
             release(loop)
 
     @property
-    def closed(self) -> bool:
-        return self._loop is None
+    def is_closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopped
 
     def __enter__(self) -> Self:
+        self.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        self.stop()
