@@ -101,9 +101,9 @@ def test_auth_response() -> None:
          CommandKind.PUBLISH, True),
         ("youzan/error_pub_ext_on_non_ext_topic_frame.bin", e.ExtNotSupportError,
          Flavour.YOUZAN, CommandKind.PUBLISH, False),
-        ("youzan/error_pub_non_leader_frame.bin", e.NotLeaderError, Flavour.YOUZAN,
+        ("youzan/error_pub_non_leader_frame.bin", e.ServerNotLeaderError, Flavour.YOUZAN,
          CommandKind.PUBLISH, False),
-        ("youzan/error_sub_non_leader_frame.bin", e.NotLeaderError, Flavour.YOUZAN,
+        ("youzan/error_sub_non_leader_frame.bin", e.ServerNotLeaderError, Flavour.YOUZAN,
          CommandKind.SUBSCRIBE, True),
         ("youzan/error_pub_nonexistent_partition_frame.bin", e.TopicNotExistError,
          Flavour.YOUZAN, CommandKind.PUBLISH, True),
@@ -158,7 +158,7 @@ def test_non_fatal_on_both(code: str) -> None:
 @pytest.mark.parametrize(
     ("code", "cls", "fatal_on_publish", "fatal_on_sub", "refresh", "retryable"),
     [
-        ("E_FAILED_ON_NOT_LEADER", e.NotLeaderError, False, True, True, True),
+        ("E_FAILED_ON_NOT_LEADER", e.ServerNotLeaderError, False, True, True, True),
         ("E_FAILED_ON_NOT_WRITABLE", e.NotWritableError, False, True, True, True),
         ("E_TOPIC_NOT_EXIST", e.TopicNotExistError, True, True, True, True),
         ("E_SUB_ORDER_IS_MUST", e.SubOrderIsMustError, True, True, False, False),

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from smartnsq.errors import ConfigError
-from smartnsq.ordered.sharding import (
+from smartnsq.sharding import (
     java_hash,
     java_long_hash,
     java_string_hash,
