@@ -64,19 +64,21 @@ def test_count_rule_refuses(value: Any) -> None:
 
 # ---------------------------------------------------------------- producers
 
-async def test_producer_close_refuses_bad_timeouts_and_stays_open() -> None:
-    p = Producer(["127.0.0.1:1"])
+async def test_producer_stop_refuses_bad_timeouts_and_stays_open() -> None:
+    p = Producer(nsqd=["127.0.0.1:1"])
+    await p.start()
     for bad in (NAN, INF, -1, "x", True):
         with pytest.raises(ConfigError, match="timeout"):
-            await p.close(bad)
-        assert not p.closed  # nothing changed: the producer is still usable
-    await p.close(0)
-    assert p.closed
+            await p.stop(bad)
+        assert not p.is_closed  # nothing changed: the producer is still usable
+    await p.stop(0)
+    assert p.is_closed
 
 
 @pytest.mark.parametrize("value", [NAN, INF, -1, True, "x", 0], ids=bad_id)
 async def test_producer_publish_timeouts(value: Any) -> None:
-    p = Producer(["127.0.0.1:1"])
+    p = Producer(nsqd=["127.0.0.1:1"])
+    await p.start()
     try:
         with pytest.raises(ConfigError, match="timeout"):
             await p.publish("t", b"x", timeout=value)
@@ -86,56 +88,63 @@ async def test_producer_publish_timeouts(value: Any) -> None:
             await p.publish_deferred("t", b"x", 1, timeout=value)
         assert all(not pool.connections for pool in p.pools.values())  # nothing dialled
     finally:
-        await p.close(0)
+        await p.stop(0)
 
 
 async def test_publish_ordered_timeout_checked() -> None:
     p = Producer(lookupd=["127.0.0.1:1"])
+    await p.start()
     try:
         with pytest.raises(ConfigError, match="timeout"):
             await p.publish_ordered("t", "key", b"x", timeout=NAN)
     finally:
-        await p.close(0)
+        await p.stop(0)
 
 
 @pytest.mark.parametrize("value", [INF, NAN, -1, True, "1", 10**400], ids=bad_id)
 async def test_publish_deferred_delay(value: Any) -> None:
-    p = Producer(["127.0.0.1:1"])
-    h = HttpProducer(["127.0.0.1:1"])
+    p = Producer(nsqd=["127.0.0.1:1"])
+    h = HttpProducer(nsqd=["127.0.0.1:1"])
+    await p.start()
+    await h.start()
     try:
         with pytest.raises(ConfigError, match="delay"):
             await p.publish_deferred("t", b"x", value)
         with pytest.raises(ConfigError, match="delay"):
             await h.publish_deferred("t", b"x", value)
     finally:
-        await p.close(0)
-        await h.close()
+        await p.stop(0)
+        await h.stop()
 
 
 async def test_publish_deferred_delay_beyond_the_wire() -> None:
-    p = Producer(["127.0.0.1:1"])
+    p = Producer(nsqd=["127.0.0.1:1"])
+    await p.start()
     try:
         with pytest.raises(ConfigError, match="DPUB delay"):
             await p.publish_deferred("t", b"x", 4 * 24 * 3600)  # more than 3 days
     finally:
-        await p.close(0)
+        await p.stop(0)
 
 
 async def test_http_producer_timeout() -> None:
-    h = HttpProducer(["127.0.0.1:1"])
+    h = HttpProducer(nsqd=["127.0.0.1:1"])
+    await h.start()
     try:
         with pytest.raises(ConfigError, match="timeout"):
             await h.publish("t", b"x", timeout=NAN)
         with pytest.raises(ConfigError, match="timeout"):
             await h.publish_many("t", [b"x"], timeout=INF)
     finally:
-        await h.close()
+        await h.stop()
 
 
 @pytest.mark.parametrize("topic", [["a"], {"a": 1}, b"t", None, 5], ids=bad_id)
 async def test_unhashable_or_wrong_topic_is_invalid_name(topic: Any) -> None:
-    p = Producer(["127.0.0.1:1"])
-    h = HttpProducer(["127.0.0.1:1"])
+    p = Producer(nsqd=["127.0.0.1:1"])
+    h = HttpProducer(nsqd=["127.0.0.1:1"])
+    await p.start()
+    await h.start()
     try:
         with pytest.raises(InvalidNameError):
             await p.publish(topic, b"x")
@@ -144,20 +153,21 @@ async def test_unhashable_or_wrong_topic_is_invalid_name(topic: Any) -> None:
         with pytest.raises(InvalidNameError):
             await h.publish(topic, b"x")
     finally:
-        await p.close(0)
-        await h.close()
+        await p.stop(0)
+        await h.stop()
     with pytest.raises(InvalidNameError):
-        Consumer(topic, "c", nsqd_tcp_addresses=["127.0.0.1:1"])
+        Consumer(topic, "c", nsqd=["127.0.0.1:1"])
 
 
 @pytest.mark.parametrize("value", [NAN, INF, -INF, object(), {1, 2}, b"x"], ids=bad_id)
 async def test_ext_values_that_are_not_json_name_the_key(value: Any) -> None:
-    p = Producer(["127.0.0.1:1"])
+    p = Producer(nsqd=["127.0.0.1:1"])
+    await p.start()
     try:
         with pytest.raises(ConfigError, match="'bad'"):
             await p.publish("t", b"x", partition=0, ext={"ok": 1, "bad": value})
     finally:
-        await p.close(0)
+        await p.stop(0)
 
 
 # ---------------------------------------------------------------- config ranges
@@ -218,7 +228,7 @@ def test_max_concurrent_connects_range(value: Any) -> None:
 
 @pytest.mark.parametrize("value", [NAN, INF, -1, True, "x"], ids=bad_id)
 async def test_consumer_stop_drain_timeout(value: Any) -> None:
-    c = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:1"])
+    c = Consumer("t", "c", nsqd=["127.0.0.1:1"])
     with pytest.raises(ConfigError, match="drain_timeout"):
         await c.stop(value)
     assert not c.is_closed  # still a consumer that can be started or stopped
@@ -228,7 +238,7 @@ async def test_consumer_stop_drain_timeout(value: Any) -> None:
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "2"], ids=bad_id)
 async def test_consumer_set_max_in_flight(value: Any) -> None:
-    c = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:1"])
+    c = Consumer("t", "c", nsqd=["127.0.0.1:1"])
     with pytest.raises(ConfigError, match="max_in_flight"):
         c.set_max_in_flight(value)
     assert c.max_in_flight == 1
@@ -275,7 +285,7 @@ async def test_lookup_max_age() -> None:
         with pytest.raises(ConfigError, match="max_age"):
             await lk.lookup("t", max_age=NAN)
     finally:
-        await lk.close()
+        await lk.stop()
 
 
 # ---------------------------------------------------------------- connection
@@ -338,22 +348,23 @@ async def test_producer_from_another_loop_writes_nothing() -> None:
             p.send_response()
 
     async with ScriptedServer(script) as srv:
-        p = Producer([f"127.0.0.1:{srv.port}"],
+        p = Producer(nsqd=[f"127.0.0.1:{srv.port}"],
                      config=ProducerConfig(connections_per_nsqd=1))
+        await p.start()
         await p.publish("t", b"first")
         err = await asyncio.to_thread(in_other_thread, p.publish("t", b"second"))
         assert isinstance(err, EventLoopError), err
         assert "different event loop" in str(err)
-        err = await asyncio.to_thread(in_other_thread, p.close())
+        err = await asyncio.to_thread(in_other_thread, p.stop())
         assert isinstance(err, EventLoopError)
         await p.publish("t", b"third")
-        await p.close()
+        await p.stop()
     assert pubs == [b"first", b"third"]
 
 
 async def test_consumer_from_another_loop_or_thread() -> None:
     async with ScriptedServer(_idle_sub) as srv:
-        c = Consumer("t", "c", nsqd_tcp_addresses=[f"127.0.0.1:{srv.port}"],
+        c = Consumer("t", "c", nsqd=[f"127.0.0.1:{srv.port}"],
                      config=ConsumerConfig(drain_timeout=0.5,
                                            connection=ConnectionConfig(close_timeout=1.0)))
         await c.start()
@@ -367,22 +378,23 @@ async def test_consumer_from_another_loop_or_thread() -> None:
         assert c.is_closed
 
 
-def test_sync_producer_close_checks_first() -> None:
-    p = sync.Producer(["127.0.0.1:1"])
+def test_sync_producer_stop_checks_first() -> None:
+    p = sync.Producer(nsqd=["127.0.0.1:1"])
+    p.start()
     try:
         with pytest.raises(ConfigError, match="timeout"):
-            p.close(NAN)
-        assert not p.closed
+            p.stop(NAN)
+        assert not p.is_closed
     finally:
-        p.close(0)
-    assert p.closed
+        p.stop(0)
+    assert p.is_closed
 
 
 async def test_http_producer_from_another_loop() -> None:
-    h = HttpProducer(["127.0.0.1:1"])
+    h = HttpProducer(nsqd=["127.0.0.1:1"])
     await h.start()  # binds the loop (and its HTTP session)
     try:
         err = await asyncio.to_thread(in_other_thread, h.publish("t", b"x"))
         assert isinstance(err, EventLoopError), err
     finally:
-        await h.close()
+        await h.stop()
