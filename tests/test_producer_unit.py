@@ -20,12 +20,13 @@ from smartnsq.errors import (
     Flavour,
     InvalidNameError,
     MPubFailedError,
-    NotLeaderError,
+    NotStartedError,
     NotWritableError,
     NSQConnectionError,
     NSQTimeoutError,
     ProtocolError,
     PubFailedError,
+    ServerNotLeaderError,
     TopicNotExistError,
 )
 from smartnsq.lookup.view import Node, TopicMeta, TopicView
@@ -39,7 +40,7 @@ from smartnsq.protocol.commands import mpub, mpub_size
 
 
 @pytest.mark.parametrize(("exc", "action"), [
-    (NotLeaderError(fatal=False), Action.REFRESH),
+    (ServerNotLeaderError(fatal=False), Action.REFRESH),
     (NotWritableError(fatal=False), Action.REFRESH),
     (TopicNotExistError(), Action.REFRESH),
     (PubFailedError(fatal=False), Action.RETRY),
@@ -137,8 +138,11 @@ def test_trace_switch_global_and_per_topic(caplog: pytest.LogCaptureFixture) -> 
 
 async def test_bad_input_raises_before_any_io() -> None:
     # nothing listens on this port: any I/O would show up as a dial
-    p = Producer(["127.0.0.1:1"], config=ProducerConfig(max_msg_size=1000))
+    p = Producer(nsqd=["127.0.0.1:1"], config=ProducerConfig(max_msg_size=1000))
     pool = p.pools["127.0.0.1:1"]
+    with pytest.raises(NotStartedError, match="start"):
+        await p.publish("t", b"x")
+    await p.start()  # direct mode: connections are made on first use, not here
     cases = [
         (InvalidNameError, p.publish("bad topic", b"x")),
         (InvalidNameError, p.publish("x" * 65, b"x")),
@@ -167,7 +171,8 @@ async def test_bad_input_raises_before_any_io() -> None:
         with pytest.raises(exc_type):
             await coro
     assert pool.dials == 0
-    await p.close()
+    await p.stop()
+    assert p.is_closed
     with pytest.raises(ClientClosedError):
         await p.publish("t", b"x")
     with pytest.raises(ClientClosedError):
@@ -179,15 +184,15 @@ def test_constructor_arguments_are_checked() -> None:
     with pytest.raises(ConfigError):
         Producer()
     with pytest.raises(ConfigError):
-        Producer(["127.0.0.1:1"], lookupd=["127.0.0.1:2"])
+        Producer(nsqd=["127.0.0.1:1"], lookupd=["127.0.0.1:2"])
     with pytest.raises(ConfigError):
-        Producer([])
+        Producer(nsqd=[])
     with pytest.raises(ConfigError):
-        Producer(["nohost"])
+        Producer(nsqd=["nohost"])
     with pytest.raises(ConfigError):
         Producer(lookupd=[])
     with pytest.raises(ConfigError):
-        Producer(["127.0.0.1:1"], config={"linger": 1})  # type: ignore[arg-type]
+        Producer(nsqd=["127.0.0.1:1"], config={"linger": 1})  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         ProducerConfig(reconnect_min=0)
 
