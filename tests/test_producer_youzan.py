@@ -20,20 +20,15 @@ from smartnsq.devcluster import DevCluster
 from smartnsq.errors import (
     ConfigError,
     ExtNotSupportError,
-    NoLeaderError,
+    NoLeaderKnownError,
     NotWritableError,
     PublishError,
+    PublishTimeoutError,
     TopicNotFoundError,
     UnsupportedFeatureError,
 )
 from smartnsq.lookup import Lookup
-from smartnsq.producer import (
-    HttpProducer,
-    Producer,
-    PublishReceipt,
-    PublishTimeoutError,
-    TraceSwitch,
-)
+from smartnsq.producer import HttpProducer, Producer, PublishReceipt, TraceSwitch
 from tests.real_servers import YouzanCluster, youzan
 from tests.test_producer_support import LookupCounter
 
@@ -101,8 +96,9 @@ async def test_trace_receipts_equal_what_the_server_stored(cluster: DevCluster) 
     # offsets advance by raw size
     for a, b in itertools.pairwise(receipts):
         assert b.offset == a.next_offset
-    assert len(batch) == 1
-    (br,) = batch
+    assert (batch.topic, batch.count, batch.partitions) == ("tr", 3, (1,))
+    assert len(batch.receipts) == 1  # one MPUB_TRACE, one receipt
+    (br,) = batch.receipts
     assert br.count == 3 and br.trace_id == 0
     assert br.offset == receipts[-1].next_offset == records[5].offset
     assert br.internal_id == records[5].key
@@ -116,13 +112,14 @@ async def test_trace_switch_makes_publishes_traced_and_logged(
     caplog.set_level(logging.INFO, logger="smartnsq.trace")
     # a switch of its own: the process-wide one is shared with every other client
     async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST,
-                        trace=TraceSwitch()) as p:
+                        trace_switch=TraceSwitch()) as p:
         assert p.trace is not smartnsq.trace.switch
         assert await p.publish("sw", b"off") is None
         assert not [r for r in caplog.records if r.name == "smartnsq.trace"]
         p.trace.enable("sw")
-        r = await p.publish("sw", b"on")
-        assert r is not None and r.trace_id == 0
+        # the switch sends PUB_TRACE and logs the receipt; the call still returns None
+        # (a receipt is returned only to a caller that passes trace_id)
+        assert await p.publish("sw", b"on") is None
         r2 = await p.publish("sw", b"explicit", trace_id=5)
         assert r2 is not None and r2.trace_id == 5
         p.trace.disable()
@@ -131,8 +128,13 @@ async def test_trace_switch_makes_publishes_traced_and_logged(
     logged = [r for r in caplog.records if r.name == "smartnsq.trace"]
     assert len(logged) == 2
     rec = logged[0]
-    assert rec.internal_id == r.internal_id and rec.offset == r.offset  # type: ignore[attr-defined]
+    assert rec.topic == "sw" and rec.trace_id == 0  # type: ignore[attr-defined]
+    (on,) = [x for x in cluster.store.partition("sw", rec.partition).records  # type: ignore[attr-defined]
+             if x.body == b"on"]
+    assert rec.internal_id == on.key and rec.offset == on.offset  # type: ignore[attr-defined]
+    assert rec.raw_size == on.raw_size  # type: ignore[attr-defined]
     assert logged[1].trace_id == 5  # type: ignore[attr-defined]
+    assert logged[1].internal_id == r2.internal_id  # type: ignore[attr-defined]
 
 
 async def test_ext_headers(cluster: DevCluster) -> None:
@@ -274,7 +276,7 @@ async def test_not_writable_partition_waits_for_its_leader_until_the_timeout(
             await p.publish("nw", b"x", partition=1, timeout=0.5)
         assert "partition 1 of topic 'nw' has no writable leader" in str(info.value)
         cause = info.value.__cause__
-        assert isinstance(cause, NoLeaderError)
+        assert isinstance(cause, NoLeaderKnownError)
         assert isinstance(cause.__cause__, NotWritableError)
         # writes come back while a publish waits: it succeeds, no attempt was burnt
         refreshes = p.refreshes
@@ -345,7 +347,7 @@ async def test_http_producer_ext_values_arrive_unchanged(youzan: YouzanCluster) 
     header = {"k": "a+b %41 c&d=e/é ?#", "##": "x"}
     async with HttpProducer(lookupd=[youzan.lookupd], config=FAST) as p:
         await p.publish(topic, b"body", ext=header)
-    async with Consumer(topic, "ch", lookupd_http_addresses=[youzan.lookupd],
+    async with Consumer(topic, "ch", lookupd=[youzan.lookupd],
                         start_at="earliest") as c:
         async with asyncio.timeout(10):
             m = await anext(aiter(c))
