@@ -15,8 +15,13 @@ import pytest
 
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import NoLeaderError, NSQConnectionError, PublishError
-from smartnsq.producer import Producer, PublishTimeoutError
+from smartnsq.errors import (
+    NoLeaderKnownError,
+    NSQConnectionError,
+    PublishError,
+    PublishTimeoutError,
+)
+from smartnsq.producer import Producer
 from tests.lookup_fakes import TopicSpec, youzan_cluster
 
 TOPIC = "finding_drop"
@@ -97,7 +102,7 @@ async def test_a_stopped_leader_not_listed_elsewhere_fails_within_the_timeout() 
     assert f"topic {TOPIC!r} partition 0" in text and "no writable leader" in text
     # the last failure names the nsqd and what happened to it
     assert address in text
-    assert isinstance(info.value.__cause__, NoLeaderError)
+    assert isinstance(info.value.__cause__, NoLeaderKnownError)
     assert isinstance(info.value.__cause__.__cause__, NSQConnectionError)
 
 
@@ -155,7 +160,7 @@ async def test_direct_publishes_survive_a_dropped_connection_to_a_healthy_nsqd()
         # one connection, so no second one dialled after the warm-up carries the publishes
         config = ProducerConfig(publish_timeout=10.0, reconnect_min=1.0, reconnect_max=2.0,
                                 connections_per_nsqd=1)
-        async with Producer(cluster.nsqd_tcp_addresses, config=config) as producer:
+        async with Producer(nsqd=cluster.nsqd_tcp_addresses, config=config) as producer:
             await producer.publish(TOPIC, b"warm")
             assert cluster.drop_client(0) >= 1
             async with asyncio.timeout(30):
@@ -170,7 +175,7 @@ async def test_direct_nsqd_refusing_connections_still_spends_max_attempts() -> N
     address = f"127.0.0.1:{_closed_port()}"
     config = ProducerConfig(publish_timeout=30.0, max_attempts=3, reconnect_min=0.05,
                             reconnect_max=0.2)
-    async with Producer([address], config=config) as producer:
+    async with Producer(nsqd=[address], config=config) as producer:
         async with asyncio.timeout(20):
             with pytest.raises(PublishError) as info:
                 await producer.publish(TOPIC, b"x")
