@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from smartnsq.config import ConsumerConfig, LookupConfig, ProducerConfig
+from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer
@@ -81,10 +81,13 @@ async def test_stock_publish_and_consume(stock: StockServer) -> None:  # noqa: F
     topic = unique("rc_stock")
     bodies = [b"one-%d" % i for i in range(50)]
     batch = [b"many-%d" % i for i in range(150)]
-    async with Producer([stock.nsqd_tcp]) as p:
+    async with Producer(nsqd=[stock.nsqd_tcp]) as p:
         for b in bodies:
             assert await p.publish(topic, b) is None
-        assert await p.publish_many(topic, batch) == []
+        sent = await p.publish_many(topic, batch)
+        # one MPUB to the one nsqd (no partitions on stock), no receipts without trace_id
+        assert (sent.topic, sent.count, sent.partitions, sent.receipts) == (
+            topic, 150, (None,), ())
     if stock.lookupd is not None:
         # nsqd registers the new topic with nsqlookupd asynchronously
         async with aiohttp.ClientSession() as s:
@@ -94,9 +97,9 @@ async def test_stock_publish_and_consume(stock: StockServer) -> None:  # noqa: F
                     return r.status == 200 and bool((await r.json()).get("producers"))
 
             await wait_for(f"{topic} in nsqlookupd", listed, 10)
-        source = {"lookupd_http_addresses": [stock.lookupd]}
+        source = {"lookupd": [stock.lookupd]}
     else:
-        source = {"nsqd_tcp_addresses": [stock.nsqd_tcp]}
+        source = {"nsqd": [stock.nsqd_tcp]}
     got = Collector(set(bodies + batch))
     async with Consumer(topic, "c", got, config=FAST_CONSUMER, **source):
         await got.wait()
@@ -121,7 +124,7 @@ async def test_youzan_publish_and_consume_over_partitions(
             await p.publish(topic.name, b)  # round-robin over both partitions
         await p.publish_many(topic.name, batch, partition=1)
     got = Collector(set(bodies + batch))
-    async with Consumer(topic.name, "ch", got, lookupd_http_addresses=[youzan.lookupd],
+    async with Consumer(topic.name, "ch", got, lookupd=[youzan.lookupd],
                         config=FAST_CONSUMER):
         await got.wait()
     where = {m.body: m.partition for m in got.messages}
@@ -143,10 +146,10 @@ async def test_ordered_and_pinned_publishing_through_a_leader_move(
     moved = asyncio.Event()
     after_move = 0
     warm = asyncio.Event()
-    config = ProducerConfig(publish_timeout=30.0 if youzan.real else 10.0)
-    lookup = LookupConfig(addresses=(youzan.lookupd,), poll_interval=1.0)
+    config = ProducerConfig(publish_timeout=30.0 if youzan.real else 10.0,
+                            lookupd_poll_interval=1.0)
 
-    async with Producer(lookupd=lookup, config=config) as p:
+    async with Producer(lookupd=[youzan.lookupd], config=config) as p:
 
         async def worker(key: str, send: Callable[[bytes], Awaitable[object]]) -> None:
             nonlocal after_move
@@ -189,7 +192,7 @@ async def test_ordered_and_pinned_publishing_through_a_leader_move(
     # everything acknowledged arrives, each key in publish order (a redelivery may repeat)
     want = {f"{k}:{s}".encode() for k, seqs in acked.items() for s in seqs}
     got = Collector(want)
-    async with OrderedConsumer(name, "ch", got, lookupd_http_addresses=[youzan.lookupd],
+    async with OrderedConsumer(name, "ch", got, lookupd=[youzan.lookupd],
                                config=FAST_CONSUMER):
         await got.wait()
     first: dict[str, list[int]] = collections.defaultdict(list)
@@ -219,12 +222,14 @@ async def test_traced_receipts_match_consumed_positions(
             assert r is not None and r.trace_id == 1000 + i and r.partition == i % 2
             receipts[body] = r
         many = [b"mt-%d" % i for i in range(10)]
-        (r,) = await p.publish_many(topic.name, many, partition=1, trace_id=7)
+        sent = await p.publish_many(topic.name, many, partition=1, trace_id=7)
+        assert (sent.count, sent.partitions) == (10, (1,))
+        (r,) = sent.receipts
         assert r.count == 10
         batches.append((many, r))
     want = set(receipts) | {b for bodies, _ in batches for b in bodies}
     got = Collector(want)
-    async with OrderedConsumer(topic.name, "ch", got, lookupd_http_addresses=[youzan.lookupd],
+    async with OrderedConsumer(topic.name, "ch", got, lookupd=[youzan.lookupd],
                                config=FAST_CONSUMER):
         await got.wait()
     by_body = {m.body: m for m in got.messages}
@@ -250,11 +255,12 @@ async def test_traced_receipts_match_consumed_positions(
 async def test_stock_encoded_batch(stock: StockServer) -> None:  # noqa: F811
     topic = unique("rc_enc")
     bodies = [b"e-%d" % i for i in range(200)]
-    async with Producer([stock.nsqd_tcp]) as p:
+    async with Producer(nsqd=[stock.nsqd_tcp]) as p:
         sent = await p.publish_encoded(topic, encode_batch(bodies))
-        assert (sent.partition, sent.count, sent.receipt) == (None, 200, None)
+        assert (sent.topic, sent.count, sent.partitions, sent.receipts) == (
+            topic, 200, (None,), ())
     got = Collector(set(bodies))
-    async with Consumer(topic, "c", got, nsqd_tcp_addresses=[stock.nsqd_tcp],
+    async with Consumer(topic, "c", got, nsqd=[stock.nsqd_tcp],
                         config=FAST_CONSUMER):
         await got.wait()
     assert [m.body for m in got.messages if m.attempts == 1] == bodies
@@ -271,14 +277,17 @@ async def test_encoded_batches_keep_per_message_trace_ids(
             topic.name, encode_batch(traced, [5000 + i for i in range(30)]), partition=1,
             traced=True)
         rr = await p.publish_encoded(topic.name, encode_batch(plain))
-    assert sent.partition == 1 and sent.receipt is not None and sent.receipt.count == 30
-    assert rr.partition in (0, 1) and rr.receipt is None
+    assert sent.partitions == (1,) and sent.count == 30
+    (receipt,) = sent.receipts  # traced=True: the MPUB_TRACE's receipt
+    assert receipt.count == 30
+    (rr_partition,) = rr.partitions
+    assert rr_partition in (0, 1) and rr.receipts == ()
     got = Collector(set(traced + plain))
-    async with OrderedConsumer(topic.name, "ch", got, lookupd_http_addresses=[youzan.lookupd],
+    async with OrderedConsumer(topic.name, "ch", got, lookupd=[youzan.lookupd],
                                config=FAST_CONSUMER):
         await got.wait()
     by_body = {m.body: m for m in got.messages}
     assert [by_body[b].trace_id for b in traced] == [5000 + i for i in range(30)]
-    assert by_body[traced[0]].offset == sent.receipt.offset
-    assert sum(by_body[b].raw_size or 0 for b in traced) == sent.receipt.raw_size
-    assert {by_body[b].partition for b in plain} == {rr.partition}
+    assert by_body[traced[0]].offset == receipt.offset
+    assert sum(by_body[b].raw_size or 0 for b in traced) == receipt.raw_size
+    assert {by_body[b].partition for b in plain} == {rr_partition}
