@@ -199,7 +199,7 @@ def ordered_consumer(cluster: DevCluster, topic: str, handler: Recorder,
         return ViolationAction.ACCEPT  # let the run finish so that everything is checked
 
     return OrderedConsumer(topic, CHANNEL, handler,
-                           lookupd_http_addresses=cluster.lookupd_http_addresses,
+                           lookupd=cluster.lookupd_http_addresses,
                            config=fast_config(max_in_flight=2 * PARTITIONS,
                                               ordered_retry_pause=0.01),
                            on_violation=on_violation)
@@ -439,7 +439,7 @@ async def test_consumer_reconnects_only_the_changed_partition(change: str) -> No
         lookup_cfg = LookupConfig(addresses=tuple(cl.lookupd_http_addresses),
                                   poll_interval=0.2, poll_jitter=0.1)
         async with Lookup(lookup_cfg) as lookup, Consumer(
-                topic, CHANNEL, handler, lookup=lookup,
+                topic, CHANNEL, handler, lookupd=lookup,
                 config=fast_config(max_in_flight=16)) as c:
             await consume(await publish_each_partition(cl, topic, "before", 10))
             before = client_subscriptions(c)
