@@ -66,7 +66,7 @@ async def test_two_thousand_listed_nsqd_are_dialled_a_few_at_a_time() -> None:
     ports = closed_ports(2000)
     async with FakeLookupd("stock") as lookupd:
         lookupd.topics[TOPIC] = TopicSpec(legacy=ports)
-        c = Consumer(TOPIC, "c", lookupd_http_addresses=[lookupd.url], config=config(16))
+        c = Consumer(TOPIC, "c", lookupd=[lookupd.url], config=config(16))
         gauge = Gauge(c._conns._open)
         c._conns._open = gauge
         try:
@@ -95,7 +95,7 @@ async def test_start_returns_after_one_connects_time_when_connects_queue() -> No
     try:
         async with FakeLookupd("stock") as lookupd:
             lookupd.topics[TOPIC] = TopicSpec(legacy=[s.port for s in servers])
-            c = Consumer(TOPIC, "c", lookupd_http_addresses=[lookupd.url],
+            c = Consumer(TOPIC, "c", lookupd=[lookupd.url],
                          config=config(1, dial_timeout=0.2, handshake_timeout=0.5))
             gauge = Gauge(c._conns._open)
             c._conns._open = gauge
@@ -136,7 +136,7 @@ async def test_producer_dials_a_few_nodes_at_a_time(monkeypatch: pytest.MonkeyPa
     addresses = [f"127.0.0.1:{p}" for p in closed_ports(300)]
     cfg = ProducerConfig(max_concurrent_connects=8, publish_timeout=1.0,
                          reconnect_min=5.0, reconnect_max=10.0)
-    async with Producer(addresses, config=cfg) as p:
+    async with Producer(nsqd=addresses, config=cfg) as p:
         results = await asyncio.gather(*(p.publish("t", b"x") for _ in range(300)),
                                        return_exceptions=True)
     assert all(isinstance(r, NSQError) for r in results), results[:3]

@@ -221,7 +221,7 @@ async def test_flooding_server_cannot_grow_a_consumer_beyond_max_in_flight() -> 
     logger = logging.getLogger("smartnsq.consumer")
     logger.addHandler(seen)
     async with ScriptedServer(script) as srv:
-        consumer = Consumer("t", "c", handler, nsqd_tcp_addresses=[f"127.0.0.1:{srv.port}"],
+        consumer = Consumer("t", "c", handler, nsqd=[f"127.0.0.1:{srv.port}"],
                             config=fast_config(max_in_flight=1, drain_timeout=0.0))
         await consumer.start()
         try:

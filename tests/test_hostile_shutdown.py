@@ -56,7 +56,7 @@ async def test_unanswered_cls_is_bounded_and_leaves_no_unretrieved_future() -> N
     try:
         server = Recorder(messages=0, answer_cls=False)
         async with ScriptedServer(server) as srv:
-            c = Consumer("t", "c", nsqd_tcp_addresses=[f"127.0.0.1:{srv.port}"],
+            c = Consumer("t", "c", nsqd=[f"127.0.0.1:{srv.port}"],
                          config=config(drain=0.0))
             await c.start()
             began = loop.time()
@@ -94,7 +94,7 @@ async def test_handler_swallowing_cancellation_does_not_hang_stop() -> None:
     server = Recorder(messages=1, answer_cls=True)
     drain = 0.3
     async with ScriptedServer(server) as srv:
-        c = Consumer("t", "c", handler, nsqd_tcp_addresses=[f"127.0.0.1:{srv.port}"],
+        c = Consumer("t", "c", handler, nsqd=[f"127.0.0.1:{srv.port}"],
                      config=config(drain=drain))
         await c.start()
         async with asyncio.timeout(5):
