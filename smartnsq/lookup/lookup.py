@@ -85,15 +85,11 @@ def _health_book(config: LookupConfig, seeds: tuple[str, ...],
 class Lookup:
     """Discovers lookupds, keeps merged topic views fresh and tells subscribers what changed.
 
-    Use as ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:`` or call
-    :meth:`start` and :meth:`stop`, like the clients. Shared with clients (their
-    ``lookupd=``), it stays the caller's: they neither start nor stop it, and its methods
-    start it on first use.
-    A topic nobody asked about (lookup, refresh, view, stale report) for
-    ``config.idle_polls`` poll intervals, and nobody subscribes to, stops being refreshed and
-    is forgotten.
-    ``clock`` (monotonic seconds) and ``rng`` can be injected for tests.
-    """
+    ``async with Lookup(LookupConfig(addresses=(...,))) as lookup:``, or :meth:`start` and
+    :meth:`stop`. Shared with clients (``lookupd=``), it stays the caller's: they neither
+    start nor stop it; its methods start it on first use. A topic nobody asked about (lookup,
+    refresh, view, stale report) or subscribes to for ``config.idle_polls`` poll intervals is
+    forgotten. ``clock`` (monotonic seconds) and ``rng`` can be injected for tests."""
 
     def __init__(self, config: LookupConfig, *, session: aiohttp.ClientSession | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -120,8 +116,6 @@ class Lookup:
         self._started = False
         self._closed = False
         self._admin: LookupAdmin | None = None
-
-    # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -176,8 +170,6 @@ class Lookup:
         await self.start()
         assert self._client is not None
         return self._client
-
-    # -- introspection ---------------------------------------------------------------------
 
     @property
     def config(self) -> LookupConfig:

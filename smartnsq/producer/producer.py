@@ -6,36 +6,30 @@ Two ways to find nsqd (:mod:`smartnsq.addresses`):
   is unreachable or whose connection dies is skipped (and redialled in the background with
   capped backoff) and its unacknowledged publishes are retried on another node.
 * ``lookupd=`` (nsqlookupd HTTP addresses, or a shared :class:`~smartnsq.lookup.Lookup`) —
-  the lookup component (``access=w``, ``metainfo=true``) says where each
-  topic lives: on youzan, which node leads which partition (round-robin over the writable
-  partitions, or ``partition=p``, or the shard key's partition); on stock lookupds, which nodes
-  carry the topic. Leader-type errors drop the mapping and trigger one coalesced refresh.
+  the lookup (``access=w``, ``metainfo=true``) says where each topic lives: on youzan, which
+  node leads which partition (round-robin over the writable partitions, ``partition=p``, or
+  the shard key's); on stock lookupds, which nodes carry it. Leader-type errors drop the
+  mapping and trigger one coalesced refresh.
 
-Start it (``async with Producer(...) as p:`` or ``await p.start()``) before publishing, and
-stop it (``await p.stop()``) when done: a publish before ``start()`` raises
-:class:`~smartnsq.errors.NotStartedError`, one after ``stop()``
-:class:`~smartnsq.errors.ClientClosedError`.
-
-A publish returns a :class:`PublishReceipt` when the call asks for one (``trace_id=``), and
-None otherwise; batch publishes return a :class:`~smartnsq.producer.types.BatchReceipt`. The
-run-time trace switch (:mod:`smartnsq.trace`) changes what is logged (and sends PUB_TRACE to
-learn it), never what a call returns.
+``start()`` (or ``async with``) before publishing: a publish before it raises
+:class:`~smartnsq.errors.NotStartedError`, one after ``stop()`` ``ClientClosedError``. A
+publish returns a :class:`PublishReceipt` when the call passes ``trace_id``, else None; batch
+publishes return a :class:`~smartnsq.producer.types.BatchReceipt`. The run-time trace switch
+(:mod:`smartnsq.trace`) changes what is logged, never what a call returns.
 
 Every publish is bounded by its ``timeout`` (default ``publish_timeout``) and by
 ``max_attempts`` (waiting for a partition leader, or for our own connection to a node to be
 redialled, counts against the timeout only); each attempt waits ``request_timeout`` at most
 for nsqd's answer, so an nsqd that stays connected but stops answering costs one attempt (its
-connection is then closed and the node marked down);
-:mod:`smartnsq.producer.retry` holds the rule, :mod:`smartnsq.producer.engine` runs it. A
-publish that could not be acknowledged raises :class:`PublishError` (``__cause__``: the error
-that finally failed it, ``sent``: how many of its messages were acknowledged before), or
-:class:`PublishTimeoutError` when its time ran out; one
-acknowledged with OK is done and never resent. Cancelling a publish never corrupts its
-connection (the response still takes its FIFO slot). Bad arguments raise :class:`ConfigError`
-(or :class:`InvalidNameError`) before any I/O; youzan-only features against stock nsqd (and
-DPUB against youzan) raise :class:`UnsupportedFeatureError`.
+connection is then closed and the node marked down); :mod:`smartnsq.producer.retry` holds the
+rule, :mod:`smartnsq.producer.engine` runs it. A publish that could not be acknowledged raises
+:class:`PublishError` (``__cause__``: the error that failed it; ``sent``: its messages
+acknowledged before), or :class:`PublishTimeoutError` when its time ran out; one acknowledged
+with OK is done and never resent. Cancelling a publish never corrupts its connection (the
+response still takes its FIFO slot). Bad arguments raise :class:`ConfigError` before any I/O;
+youzan-only features against stock nsqd (and DPUB against youzan) raise
+:class:`UnsupportedFeatureError`.
 """
-
 # Per-call ``timeout`` arguments are the API (they bound the whole call, retries included);
 # asyncio.timeout() around the call could not keep a timed-out publish's FIFO slot.
 # ruff: noqa: ASYNC109
@@ -54,6 +48,7 @@ from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
+from smartnsq.producer.batch_send import BatchSender
 from smartnsq.producer.batcher import Batcher, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
@@ -72,7 +67,6 @@ from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.ops import (
     DPub,
-    MPub,
     Op,
     Pub,
     PubExt,
@@ -88,7 +82,6 @@ from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as default_switch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
-from smartnsq.protocol.commands import mpub_body
 from smartnsq.protocol.validation import check_partition, check_topic
 from smartnsq.sharding import ShardKey, ShardRule, check_shard_key
 
@@ -151,7 +144,8 @@ class Producer:
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
         if config.linger > 0:
-            self._batcher = Batcher(self._send_batch, linger=config.linger,
+            self._batcher = Batcher(BatchSender(self._run, self._is_traced).send,
+                                    linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body)
         shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
         self._lanes = ShardLanes(shards.send)
@@ -498,18 +492,3 @@ class Producer:
         deadline = self._deadline(timeout)
         receipt = await self._lanes.submit(topic, shard_key, rule, body, trace_id, deadline)
         return receipt if trace_id is not None else None
-
-    # ------------------------------------------------------------------ batching glue
-
-    async def _send_batch(self, key: str | tuple[str, int], bodies: list[bytes],
-                          deadline: float) -> None:
-        """One auto-batched MPUB (called by the batcher; ``key``: the topic, or topic and
-        partition)."""
-        topic, partition = (key, None) if isinstance(key, str) else key
-        if not self.trace.is_on(topic):
-            await self._run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
-                            deadline)
-            return
-        receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
-        if receipt is not None:
-            log_receipt(receipt)
