@@ -213,7 +213,7 @@ async def consume_raw(tcp: str, topic: str, n: int, *, ordered: bool) -> list[Ra
 def make_consumer(ordered: bool, target: Target, topic: str, handler: Collector,
                   start: OffsetSpec) -> Consumer:
     cls = OrderedConsumer if ordered else Consumer
-    return cls(topic, CHANNEL, handler, lookupd_http_addresses=[target.lookupd],
+    return cls(topic, CHANNEL, handler, lookupd=[target.lookupd],
                config=fast_config(max_in_flight=10), start_at={0: start})
 
 
@@ -319,7 +319,7 @@ async def test_a_refused_position_is_retried_until_it_takes(
     start = plog.records[6].offset
     got = Collector()
     c = (OrderedConsumer if ordered else Consumer)(
-        "lazy", CHANNEL, got, lookupd_http_addresses=cluster.lookupd_http_addresses,
+        "lazy", CHANNEL, got, lookupd=cluster.lookupd_http_addresses,
         config=fast_config(), start_at=OffsetSpec.virtual_queue(start))
     async with c:
         await got.wait_for(lambda: len(got.messages) == 2, timeout=WAIT)
@@ -339,7 +339,7 @@ async def test_a_position_that_never_takes_is_a_clear_error(
     monkeypatch.setattr(positions_module, "_RETRY_PAUSES", (0.01, 0.01, 0.01))
     start = cluster.store.partition("stuck", 0).records[4].offset
     c = Consumer("stuck", CHANNEL, Collector(),
-                 lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config(),
+                 lookupd=cluster.lookupd_http_addresses, config=fast_config(),
                  start_at={0: OffsetSpec.virtual_queue(start)})
     with pytest.raises(StartPositionError) as info:
         await c.start()
@@ -365,7 +365,7 @@ async def test_a_position_the_server_refuses_is_a_clear_error(
 
     monkeypatch.setattr(NsqdNode, "seek_channel", refuse)
     c = Consumer("bad", CHANNEL, Collector(),
-                 lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config(),
+                 lookupd=cluster.lookupd_http_addresses, config=fast_config(),
                  start_at={p: OffsetSpec.timestamp(1)})
     if path == "setoffset":
         with pytest.raises(StartPositionError,
@@ -396,7 +396,7 @@ async def test_a_failed_sub_after_reading_the_position_closes_its_http_session(
     monkeypatch.setattr(Connection, "subscribe", failing_subscribe)
     start = cluster.store.partition("subfails", 0).records[4].offset
     c = Consumer("subfails", CHANNEL, Collector(),
-                 lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config(),
+                 lookupd=cluster.lookupd_http_addresses, config=fast_config(),
                  start_at={0: OffsetSpec.virtual_queue(start)})
     with pytest.raises(InvalidError, match="injected SUB failure"):
         await c.start()
@@ -472,7 +472,7 @@ async def test_first_ordered_reader_gets_the_first_message_once(
     backlog = await publish(tcp, topic, "old", 4)
     got = Collector(fail=lambda m: answer == "req" and m.attempts == 1 and
                     m.body == backlog[0].body)
-    c = OrderedConsumer(topic, CHANNEL, got, lookupd_http_addresses=[target.lookupd],
+    c = OrderedConsumer(topic, CHANNEL, got, lookupd=[target.lookupd],
                         config=fast_config(max_in_flight=10, ordered_retry_pause=0.05))
     async with c:
         await got.wait_for(lambda: b"old-3" in got.handled, timeout=WAIT)
