@@ -50,7 +50,7 @@ async def agen(msg: Any) -> AsyncIterator[None]:
                          ids=["wraps", "partial-of-wraps", "async-generator"])
 def test_handler_wrapping_an_async_function_is_refused_at_construction(handler: Any) -> None:
     with pytest.raises(ConfigError, match="handler"):
-        smartnsq.sync.Consumer("t", "c", handler, nsqd_tcp_addresses=["127.0.0.1:1"])
+        smartnsq.sync.Consumer("t", "c", handler, nsqd=["127.0.0.1:1"])
 
 
 def test_handler_returning_a_coroutine_at_run_time_stops_without_losing(
@@ -61,7 +61,7 @@ def test_handler_returning_a_coroutine_at_run_time_stops_without_losing(
     addr = stock.cluster.nsqd_tcp_addresses[0]
     stock.call(publish(addr, "t", [b"precious"]))
     lookupd = stock.cluster.lookupd_http_addresses
-    c = smartnsq.sync.Consumer("t", "c", wrapper_of_async, lookupd_http_addresses=lookupd,
+    c = smartnsq.sync.Consumer("t", "c", wrapper_of_async, lookupd=lookupd,
                                config=fast_config(max_in_flight=1))
     c.start()
     try:
@@ -76,16 +76,23 @@ def test_handler_returning_a_coroutine_at_run_time_stops_without_losing(
         got.append(msg.body)
         done.set()
 
-    with smartnsq.sync.Consumer("t", "c", handle, lookupd_http_addresses=lookupd,
+    with smartnsq.sync.Consumer("t", "c", handle, lookupd=lookupd,
                                 config=fast_config(max_in_flight=1)):
         assert done.wait(WAIT)
     assert got == [b"precious"]
 
 
 async def test_blocking_calls_inside_a_running_loop_raise() -> None:
+    # building the facade does not block (it connects in start()), so it is allowed here
+    p = smartnsq.sync.Producer(nsqd=["127.0.0.1:1"])
     with pytest.raises(EventLoopError, match="running event loop"):
-        smartnsq.sync.Producer(["127.0.0.1:1"])
-    c = smartnsq.sync.Consumer("t", "c", lambda m: None, nsqd_tcp_addresses=["127.0.0.1:1"])
+        p.start()
+    with pytest.raises(EventLoopError, match="running event loop"), p:
+        pass
+    with pytest.raises(EventLoopError, match="running event loop"):
+        p.stop()
+    assert not p.is_closed  # the refused stop() changed nothing
+    c = smartnsq.sync.Consumer("t", "c", lambda m: None, nsqd=["127.0.0.1:1"])
     with pytest.raises(EventLoopError, match="running event loop"):
         c.start()
     assert not c.is_running
@@ -116,7 +123,7 @@ CHILD = textwrap.dedent("""
         time.sleep(0.2)
 
     c = smartnsq.sync.Consumer(
-        "t", "c", handle, lookupd_http_addresses=[sys.argv[1]], threads=1,
+        "t", "c", handle, lookupd=[sys.argv[1]], threads=1,
         config=ConsumerConfig(max_in_flight=20, drain_timeout=30.0))
     c.start()
     assert first.wait(10)
@@ -153,7 +160,7 @@ def test_interpreter_exit_without_stop_is_prompt_and_requeues(stock: ClusterThre
             enough.set()
 
     with smartnsq.sync.Consumer("t", "c", handle,
-                                lookupd_http_addresses=stock.cluster.lookupd_http_addresses,
+                                lookupd=stock.cluster.lookupd_http_addresses,
                                 config=fast_config(max_in_flight=50)):
         assert enough.wait(WAIT), len(rest)
     assert rest | set(handled) == set(sent)
@@ -161,7 +168,7 @@ def test_interpreter_exit_without_stop_is_prompt_and_requeues(stock: ClusterThre
 
 def test_bad_durations_leave_a_running_sync_consumer_running(stock: ClusterThread) -> None:
     c = smartnsq.sync.Consumer("t", "c", lambda m: None,
-                               lookupd_http_addresses=stock.cluster.lookupd_http_addresses,
+                               lookupd=stock.cluster.lookupd_http_addresses,
                                config=fast_config(max_in_flight=1))
     c.start()
     try:
