@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,12 @@ import pytest
 import smartnsq.sync
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import ClientClosedError, ConfigError, UnsupportedFeatureError
+from smartnsq.errors import (
+    ClientClosedError,
+    ConfigError,
+    NotStartedError,
+    UnsupportedFeatureError,
+)
 from smartnsq.sync import _loop
 from smartnsq.trace import TraceSwitch
 
@@ -64,9 +70,10 @@ def youzan() -> Iterator[ClusterThread]:
 def test_sync_round_trip_stock(stock: ClusterThread) -> None:
     c = stock.cluster
     stock.sync(functools.partial(c.create_topic, "st", channels=("c",)))
-    with smartnsq.sync.Producer(c.nsqd_tcp_addresses, config=FAST) as p:
+    with smartnsq.sync.Producer(nsqd=c.nsqd_tcp_addresses, config=FAST) as p:
         assert p.publish("st", b"one") is None
-        assert p.publish_many("st", [b"two", b"three"]) == []
+        sent = p.publish_many("st", [b"two", b"three"])
+        assert (sent.topic, sent.count, sent.receipts) == ("st", 2, ())
         p.publish_deferred("st", b"four", 0.01)
         with pytest.raises(UnsupportedFeatureError):
             p.publish("st", b"x", trace_id=1)
@@ -75,7 +82,7 @@ def test_sync_round_trip_stock(stock: ClusterThread) -> None:
         # many threads at once
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: p.publish("st", b"t%d" % i), range(40)))
-    assert p.closed
+    assert p.is_closed
     with pytest.raises(ClientClosedError):
         p.publish("st", b"late")
     counts = [c.store.stock_topic(n.node_id, "st").message_count for n in c.nodes]  # type: ignore[union-attr]
@@ -83,19 +90,27 @@ def test_sync_round_trip_stock(stock: ClusterThread) -> None:
     assert _loop._shared is None  # the background thread was given back
 
 
-def test_sync_round_trip_youzan_ordered_and_traced(youzan: ClusterThread) -> None:
+def test_sync_round_trip_youzan_ordered_and_traced(
+        youzan: ClusterThread, caplog: pytest.LogCaptureFixture) -> None:
     c = youzan.cluster
     youzan.sync(functools.partial(c.create_topic, "yz", partition_num=2, ordered=True,
                                   channels=("c",)))
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
     with smartnsq.sync.Producer(lookupd=c.lookupd_http_addresses, config=FAST,
-                                trace=TraceSwitch()) as p:
+                                trace_switch=TraceSwitch()) as p:
         for i in range(10):
-            p.publish_ordered("yz", "key", b"%d" % i)
+            assert p.publish_ordered("yz", "key", b"%d" % i) is None
         r = p.publish("yz", b"traced", partition=0, trace_id=3)
         assert r is not None and r.trace_id == 3
         p.trace.enable("yz")
-        assert p.publish("yz", b"switch on", partition=1) is not None
-    from smartnsq.ordered.sharding import shard_partition
+        # the switch traces and logs the publish; only a trace_id makes it return a receipt
+        assert p.publish("yz", b"switch on", partition=1) is None
+    (logged,) = [rec for rec in caplog.records if rec.name == "smartnsq.trace"]
+    stored = c.store.partition("yz", 1).records[-1]
+    assert stored.body == b"switch on"
+    assert (logged.topic, logged.partition, logged.internal_id, logged.offset) == (  # type: ignore[attr-defined]
+        "yz", 1, stored.key, stored.offset)
+    from smartnsq.sharding import shard_partition
 
     part = shard_partition("key", 2)
     bodies = [rec.body for rec in c.store.partition("yz", part).records]
@@ -104,18 +119,30 @@ def test_sync_round_trip_youzan_ordered_and_traced(youzan: ClusterThread) -> Non
 
 def test_two_facades_share_one_loop_thread(stock: ClusterThread) -> None:
     c = stock.cluster
-    a = smartnsq.sync.Producer(c.nsqd_tcp_addresses, config=FAST)
-    b = smartnsq.sync.Producer(c.nsqd_tcp_addresses, config=FAST)
+    a = smartnsq.sync.Producer(nsqd=c.nsqd_tcp_addresses, config=FAST)
+    b = smartnsq.sync.Producer(nsqd=c.nsqd_tcp_addresses, config=FAST)
+    # constructing connects nothing and takes no thread: start() (or with) does
+    assert _loop._shared is None
+    with pytest.raises(NotStartedError, match="start"):
+        a.publish("shared", b"too early")
+    a.start()
+    b.start()
     try:
         assert _loop._shared is not None and _loop._users == 2
         a.publish("shared", b"a")
         b.publish("shared", b"b")
     finally:
-        a.close()
+        a.stop()
         assert _loop._shared is not None
-        b.close()
+        b.stop()
     assert _loop._shared is None
-    a.close()  # idempotent
+    a.stop()  # idempotent
+    assert a.is_closed and b.is_closed
+    with pytest.raises(ClientClosedError):
+        a.start()  # a stopped producer stays stopped
+    assert _loop._shared is None
+    topics = [c.store.stock_topic(n.node_id, "shared") for n in c.nodes]
+    assert sum(t.message_count for t in topics if t is not None) == 2  # not the early one
 
 
 def test_bad_construction_does_not_leak_the_thread() -> None:
