@@ -94,7 +94,7 @@ def test_plain_function_handler_round_trip(stock: ClusterThread) -> None:
         seen.add(msg.body)
 
     with smartnsq.sync.Consumer("t", "c", handle,
-                                lookupd_http_addresses=stock.cluster.lookupd_http_addresses,
+                                lookupd=stock.cluster.lookupd_http_addresses,
                                 config=fast_config(max_in_flight=10), threads=4) as c:
         assert seen.enough.wait(WAIT)
         assert set(seen.bodies) == sent
@@ -129,7 +129,7 @@ def test_answering_from_the_handler_thread(stock: ClusterThread) -> None:
             both.set()
         raise RuntimeError("ignored: the handler answers itself")
 
-    with smartnsq.sync.Consumer("t", "c", handle, nsqd_tcp_addresses=[addr],
+    with smartnsq.sync.Consumer("t", "c", handle, nsqd=[addr],
                                 config=fast_config(max_in_flight=5)) as c:
         assert both.wait(WAIT)
         assert c.stats().in_flight == 2
@@ -162,7 +162,7 @@ def test_async_handler_and_ordered(youzan: ClusterThread) -> None:
         seen.add(msg.body)
 
     with smartnsq.sync.Consumer("y", "c", handle,
-                                lookupd_http_addresses=cluster.lookupd_http_addresses,
+                                lookupd=cluster.lookupd_http_addresses,
                                 config=fast_config(max_in_flight=10)):
         assert seen.enough.wait(WAIT)
     assert len(loops) == 1
@@ -180,10 +180,10 @@ def test_async_handler_and_ordered(youzan: ClusterThread) -> None:
         order[msg.partition].append(msg.offset)
         ordered.add(msg.body)
 
-    with smartnsq.sync.Consumer("yo", "c", handle_ordered, ordered=True,
-                                lookupd_http_addresses=cluster.lookupd_http_addresses,
-                                config=fast_config(max_in_flight=4),
-                                on_blocked=lambda m: "retry") as c:
+    with smartnsq.sync.OrderedConsumer("yo", "c", handle_ordered,
+                                       lookupd=cluster.lookupd_http_addresses,
+                                       config=fast_config(max_in_flight=4),
+                                       on_blocked=lambda m: "retry") as c:
         assert ordered.enough.wait(WAIT)
         assert not c.wait(timeout=0.05)  # still running
     for offsets in order.values():
@@ -192,7 +192,7 @@ def test_async_handler_and_ordered(youzan: ClusterThread) -> None:
 
 def test_wait_raises_the_error_that_stopped_it(youzan: ClusterThread) -> None:
     c = smartnsq.sync.Consumer("yo", "c", lambda m: None,
-                               nsqd_tcp_addresses=youzan.cluster.nsqd_tcp_addresses,
+                               nsqd=youzan.cluster.nsqd_tcp_addresses,
                                config=fast_config())
     with pytest.raises(Exception, match="E_SUB_ORDER_IS_MUST"):
         c.start()
@@ -204,21 +204,29 @@ def test_wait_raises_the_error_that_stopped_it(youzan: ClusterThread) -> None:
 def test_bad_input() -> None:
     addr = ["127.0.0.1:1"]
     with pytest.raises(ConfigError, match="callable"):
-        smartnsq.sync.Consumer("t", "c", "nope", nsqd_tcp_addresses=addr)  # type: ignore
+        smartnsq.sync.Consumer("t", "c", "nope", nsqd=addr)  # type: ignore
     with pytest.raises(ConfigError, match="threads"):
-        smartnsq.sync.Consumer("t", "c", print, nsqd_tcp_addresses=addr, threads=0)
-    with pytest.raises(ConfigError, match="ordered=True"):
-        smartnsq.sync.Consumer("t", "c", print, nsqd_tcp_addresses=addr,
+        smartnsq.sync.Consumer("t", "c", print, nsqd=addr, threads=0)
+    # the ordered policies belong to the OrderedConsumer, which reads through lookupd only
+    with pytest.raises(TypeError, match="on_blocked"):
+        smartnsq.sync.Consumer("t", "c", print, nsqd=addr,  # type: ignore[call-arg]
                                on_blocked=lambda m: "skip")
+    with pytest.raises(ConfigError, match="OrderedConsumer needs lookupd="):
+        smartnsq.sync.OrderedConsumer("t", "c", print, nsqd=addr,
+                                      on_blocked=lambda m: "skip")
+    with pytest.raises(ConfigError, match=r"^Consumer: give nsqd= .* or lookupd="):
+        smartnsq.sync.Consumer("t", "c", print)
     with pytest.raises(ConfigError):
-        smartnsq.sync.Consumer("t", "c", print, nsqd_tcp_addresses=addr,
+        smartnsq.sync.Consumer("t", "c", print, nsqd=addr,
                                config=ConsumerConfig(max_in_flight=-1))
     with pytest.raises(ConfigError):
-        smartnsq.sync.Consumer("bad topic", "c", print, nsqd_tcp_addresses=addr)
-    c = smartnsq.sync.Consumer("t", "c", print, nsqd_tcp_addresses=addr)
+        smartnsq.sync.Consumer("bad topic", "c", print, nsqd=addr)
+    c = smartnsq.sync.Consumer("t", "c", print, nsqd=addr)
+    assert not c.is_closed
     with pytest.raises(ClientClosedError):
         c.is_starved()  # never started
     c.stop()
+    assert c.is_closed
     with pytest.raises(ClientClosedError):
         c.start()
     assert _loop._shared is None
