@@ -19,10 +19,16 @@ from aiohttp import web
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.consumer.discovery import Endpoint
 from smartnsq.consumer.positions import Positioner, read_position
-from smartnsq.errors import LookupFailedError, NSQConnectionError, NSQError, PublishError
+from smartnsq.errors import (
+    LookupFailedError,
+    NSQConnectionError,
+    NsqdHttpError,
+    NSQError,
+    PublishError,
+)
 from smartnsq.http_limits import LOOKUPD_LIMIT, SMALL_LIMIT, STATS_LIMIT
 from smartnsq.lookup import Lookup
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.producer import HttpProducer
 from smartnsq.protocol.commands import OffsetSpec
 
@@ -166,7 +172,7 @@ async def test_http_producer(big: BigServer) -> None:
     # what answers on the nsqd's HTTP port sends a huge body to /pub, and to /info (asked
     # before a publish to a partition, to learn the nsqd's flavour)
     config = ProducerConfig(publish_timeout=30, request_timeout=30)
-    async with HttpProducer([big.address], config=config) as producer:
+    async with HttpProducer(nsqd=[big.address], config=config) as producer:
         err = await fails_within_cap(lambda: producer.publish("t", b"x"), SMALL_LIMIT,
                                      PublishError)
         names(err, big.address, "/pub", SMALL_LIMIT)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from smartnsq.config import LookupConfig
-from smartnsq.errors import ConfigError, InvalidNameError, LookupFailedError
-from smartnsq.lookup import Lookup, LookupdError
+from smartnsq.errors import ConfigError, InvalidNameError, LookupdError, LookupFailedError
+from smartnsq.lookup import Lookup
 from tests.lookup_fakes import FakeLookupd, TopicSpec, closed_port_url, peer, youzan_cluster
 
 

@@ -25,12 +25,11 @@ import pytest
 
 from smartnsq.config import LookupConfig
 from smartnsq.devcluster import DevCluster, NsqLookupd
-from smartnsq.errors import ConfigError, Flavour, LookupFailedError
+from smartnsq.errors import ConfigError, Flavour, LookupdError, LookupFailedError
 from smartnsq.lookup import (
     NO_PARTITION,
     LeaderMoved,
     Lookup,
-    LookupdError,
     LookupdStatus,
     LookupFailed,
     NodeAdded,

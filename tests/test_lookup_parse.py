@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smartnsq.errors import Flavour, LookupFailedError
-from smartnsq.lookup.envelope import LookupdError, decode, error_message
+from smartnsq.errors import Flavour, LookupdError, LookupFailedError
+from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.lookup.models import (
     ChannelsModel,
     LookupdInfo,
