@@ -85,11 +85,11 @@ def published(ct: ClusterThread, topic: str) -> int:
 
 def test_child_makes_its_own_producer_after_the_parent_used_one(stock: ClusterThread) -> None:
     addrs = stock.cluster.nsqd_tcp_addresses
-    with smartnsq.sync.Producer(addrs, config=FAST) as parent:
+    with smartnsq.sync.Producer(nsqd=addrs, config=FAST) as parent:
         parent.publish("t", b"before fork")
 
         def child() -> str:
-            with smartnsq.sync.Producer(addrs, config=FAST) as p:
+            with smartnsq.sync.Producer(nsqd=addrs, config=FAST) as p:
                 p.publish("t", b"from child")
                 p.publish_many("t", [b"child 2", b"child 3"])
             return "published"
@@ -105,10 +105,11 @@ def test_client_made_by_the_parent_fails_fast_in_the_child(stock: ClusterThread)
     addrs = stock.cluster.nsqd_tcp_addresses
     got = threading.Event()
     consumer = smartnsq.sync.Consumer("t", "parent", lambda m: got.set(),
-                                      nsqd_tcp_addresses=addrs,
+                                      nsqd=addrs,
                                       config=fast_config(max_in_flight=1))
     consumer.start()
-    producer = smartnsq.sync.Producer(addrs, config=FAST)
+    producer = smartnsq.sync.Producer(nsqd=addrs, config=FAST)
+    producer.start()
     try:
         producer.publish("t", b"one")
         assert got.wait(WAIT)
@@ -123,12 +124,12 @@ def test_client_made_by_the_parent_fails_fast_in_the_child(stock: ClusterThread)
                 except EventLoopError as exc:
                     errors.append(str(exc))
             # giving them up is allowed and leaves the parent's connections alone
-            producer.close()
+            producer.stop()
             consumer.stop()
-            assert producer.closed and not consumer.is_running
+            assert producer.is_closed and consumer.is_closed and not consumer.is_running
             took = time.monotonic() - started
             # and the child can still make its own
-            with smartnsq.sync.Producer(addrs, config=FAST) as mine:
+            with smartnsq.sync.Producer(nsqd=addrs, config=FAST) as mine:
                 mine.publish("t", b"child's own")
             return f"{len(errors)} errors in {took:.1f} s: {errors[0]}"
 
@@ -144,7 +145,7 @@ def test_client_made_by_the_parent_fails_fast_in_the_child(stock: ClusterThread)
         assert got.wait(WAIT)
         assert consumer.is_running
     finally:
-        producer.close()
+        producer.stop()
         consumer.stop()
     # the parent's producer published nothing from the child
     assert published(stock, "t") == 3
@@ -152,7 +153,7 @@ def test_client_made_by_the_parent_fails_fast_in_the_child(stock: ClusterThread)
 
 def test_child_consumes_with_its_own_sync_consumer(stock: ClusterThread) -> None:
     addrs = stock.cluster.nsqd_tcp_addresses
-    with smartnsq.sync.Producer(addrs, config=FAST) as parent:
+    with smartnsq.sync.Producer(nsqd=addrs, config=FAST) as parent:
         parent.publish("t", b"for the child")
 
         def child() -> str:
@@ -163,7 +164,7 @@ def test_child_consumes_with_its_own_sync_consumer(stock: ClusterThread) -> None
                 seen.append(msg.body)
                 done.set()
 
-            with smartnsq.sync.Consumer("t", "child", handle, nsqd_tcp_addresses=addrs,
+            with smartnsq.sync.Consumer("t", "child", handle, nsqd=addrs,
                                         config=fast_config(max_in_flight=1)):
                 if not done.wait(WAIT):
                     return "nothing received"
@@ -177,7 +178,7 @@ FORK_AND_EXIT = textwrap.dedent("""
     import smartnsq.sync
     from smartnsq.config import ConsumerConfig
 
-    c = smartnsq.sync.Consumer("t", "parent", lambda m: None, nsqd_tcp_addresses=[sys.argv[1]],
+    c = smartnsq.sync.Consumer("t", "parent", lambda m: None, nsqd=[sys.argv[1]],
                                config=ConsumerConfig(max_in_flight=1))
     c.start()
     pid = os.fork()
@@ -215,7 +216,7 @@ def work_then_return(address: str, report: int) -> None:
         time.sleep(0.1)
         os.write(report, msg.body + b"\n")
 
-    c = smartnsq.sync.Consumer("t", "work", handle, nsqd_tcp_addresses=[address], threads=1,
+    c = smartnsq.sync.Consumer("t", "work", handle, nsqd=[address], threads=1,
                                config=fast_config(max_in_flight=20))
     c.start()
     started.wait(WAIT)
@@ -255,7 +256,7 @@ def test_consumer_left_running_in_a_multiprocessing_worker_is_stopped_at_its_end
 
     # nsqd's message timeout is 60 s: only a requeue at the worker's end brings the rest
     # back within WAIT
-    with smartnsq.sync.Consumer("t", "work", handle, nsqd_tcp_addresses=[address],
+    with smartnsq.sync.Consumer("t", "work", handle, nsqd=[address],
                                 config=fast_config(max_in_flight=50)):
         assert everything.wait(WAIT), (len(handled), len(rest))
     assert not rest & handled  # a handled message was finished, never delivered again
