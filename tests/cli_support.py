@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from click.testing import CliRunner, Result
 
-from smartnsq.cli import cli
+from smartnsq.cli.app import cli
 from smartnsq.devcluster import DevCluster
 from smartnsq.devcluster.nsqd import NsqdOptions
 
