@@ -527,22 +527,26 @@ async def test_subscribe_tracks_the_topic_and_callbacks_get_changes(
         assert len(rest) == 1 and rest[0].previous is None
 
 
-async def test_close_ends_iteration_and_further_use_fails(fakes: list[FakeLookupd]) -> None:
+async def test_stop_ends_iteration_and_further_use_fails(fakes: list[FakeLookupd]) -> None:
     a = await stock(fakes, 4150)
     lk = Lookup(cfg(a.url))
     await lk.lookup(T)  # starts on first use
     sub = lk.subscribe(T)
     await next_change(sub)
     waiter = asyncio.create_task(sub.get())
-    await lk.close()
+    assert not lk.is_closed
+    await lk.stop()
+    assert lk.is_closed
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiter, 2)
     with pytest.raises(ClientClosedError):
         await lk.lookup(T)
     with pytest.raises(ClientClosedError):
         lk.subscribe(T)
-    lk.report_stale(T)  # harmless after close
-    await lk.close()
+    lk.report_stale(T)  # harmless after stop
+    await lk.stop()  # idempotent
+    with pytest.raises(ClientClosedError):
+        await lk.start()  # a stopped Lookup does not start again
 
 
 # -- bad input -----------------------------------------------------------------------------
