@@ -3,7 +3,7 @@
 A topic nobody asked about for ``LookupConfig.idle_polls`` poll intervals stops being
 refreshed and is forgotten (a process that looks up many topics once does not keep a
 refresher per topic forever); a subscribed topic is never forgotten while subscribed; a
-refresh running in the background when the Lookup closes ends cancelled, and the close is
+refresh running in the background when the Lookup stops ends cancelled, and the stop is
 prompt.
 """
 
@@ -105,36 +105,41 @@ async def stock_topic(server: StockServer) -> str:
 
 
 @pytest.mark.real_nsqd
-async def test_a_producer_takes_idle_polls_from_its_lookup_config(
+async def test_a_producer_on_a_shared_lookup_follows_its_idle_polls(
         stock: StockServer) -> None:
     if stock.lookupd is None:
         pytest.skip("SMARTNSQ_REAL_LOOKUPD (the stock nsqlookupd) is not set")
     topics = [await stock_topic(stock) for _ in range(3)]
     used = {(t, "w") for t in topics}
 
-    def lookupd(idle_polls: int) -> LookupConfig:
+    def lookupd(idle_polls: int) -> Lookup:
         assert stock.lookupd is not None
-        return LookupConfig(addresses=(stock.lookupd,), poll_interval=POLL, poll_jitter=0.0,
-                            idle_polls=idle_polls)
+        return Lookup(LookupConfig(addresses=(stock.lookupd,), poll_interval=POLL,
+                                   poll_jitter=0.0, idle_polls=idle_polls))
 
-    async with Producer(lookupd=lookupd(2)) as brief, \
-            Producer(lookupd=lookupd(10**6)) as patient:
-        for t in topics:
-            await brief.publish(t, b"x", timeout=WITHIN)
-            await patient.publish(t, b"x", timeout=WITHIN)
-        assert brief.lookup is not None and patient.lookup is not None
-        assert set(brief.lookup.tracked()) == set(patient.lookup.tracked()) == used
-        assert brief.lookup.config.idle_polls == 2
-        # nobody publishes any more: 2 polls later the first producer's lookup lets go,
-        # the other one keeps refreshing well past the default's 5 polls
-        await until_tracked(brief.lookup, set())
-        rounds = patient.lookup.rounds(topics[0], "w")
-        await eventually(lambda: patient.lookup.rounds(topics[0], "w") >= rounds + 6, WITHIN,
-                         POLL)
-        assert set(patient.lookup.tracked()) == used
+    # the lookup settings belong to a Lookup the caller starts, shares and stops
+    async with lookupd(2) as brief_lookup, lookupd(10**6) as patient_lookup:
+        async with Producer(lookupd=brief_lookup) as brief, \
+                Producer(lookupd=patient_lookup) as patient:
+            for t in topics:
+                await brief.publish(t, b"x", timeout=WITHIN)
+                await patient.publish(t, b"x", timeout=WITHIN)
+            assert brief.lookup is brief_lookup and patient.lookup is patient_lookup
+            assert set(brief_lookup.tracked()) == set(patient_lookup.tracked()) == used
+            assert brief_lookup.config.idle_polls == 2
+            # nobody publishes any more: 2 polls later the first producer's lookup lets go,
+            # the other one keeps refreshing well past the default's 5 polls
+            await until_tracked(brief_lookup, set())
+            rounds = patient_lookup.rounds(topics[0], "w")
+            await eventually(lambda: patient_lookup.rounds(topics[0], "w") >= rounds + 6,
+                             WITHIN, POLL)
+            assert set(patient_lookup.tracked()) == used
+        # the producers stopped; the lookups they were given are the caller's, still running
+        assert not brief_lookup.is_closed and not patient_lookup.is_closed
+    assert brief_lookup.is_closed and patient_lookup.is_closed
 
 
-async def test_close_cancels_a_background_refresh_in_flight_promptly(
+async def test_stop_cancels_a_background_refresh_in_flight_promptly(
         fake: FakeLookupd) -> None:
     lk = Lookup(config(fake.url))
     await lk.lookup("t0", "r")
@@ -149,6 +154,6 @@ async def test_close_cancels_a_background_refresh_in_flight_promptly(
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with asyncio.timeout(WITHIN):
-        await lk.close()
+        await lk.stop()
     assert loop.time() - started < 2.0
     assert spawned[0].cancelled()
