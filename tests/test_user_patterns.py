@@ -17,10 +17,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from smartnsq import Consumer, ConsumerConfig, Message, Producer
+from smartnsq import (
+    Consumer,
+    ConsumerConfig,
+    Message,
+    NotStartedError,
+    OrderedConsumer,
+    Producer,
+)
 from smartnsq.consumer.unseen import unseen
 from smartnsq.devcluster import DevCluster
-from smartnsq.ordered import OrderedConsumer
 from tests.real_servers import StockServer, YouzanCluster, stock, unique, youzan
 
 __all__ = ["stock", "youzan"]  # the fixtures, imported for pytest
@@ -54,17 +60,19 @@ async def stock_topic(s: StockServer, prefix: str) -> str:
     return topic
 
 
-async def iterate_and_break(consumer_args: dict[str, object], topic: str, sent: list[bytes],
-                            take: int, max_in_flight: int, rounds: int) -> Counter[bytes]:
-    """A fresh consumer per round, ``async for`` + ``break`` after ``take`` messages, until
-    every published body was seen (at most ``rounds`` rounds)."""
+async def iterate_and_break(topic: str, sent: list[bytes], take: int, max_in_flight: int,
+                            rounds: int, *, nsqd: list[str] | None = None,
+                            lookupd: list[str] | None = None) -> Counter[bytes]:
+    """A fresh consumer per round (reading through ``nsqd`` or ``lookupd``), ``async for`` +
+    ``break`` after ``take`` messages, until every published body was seen (at most
+    ``rounds`` rounds)."""
     seen: Counter[bytes] = Counter()
     config = ConsumerConfig(max_in_flight=max_in_flight, lookupd_poll_interval=0.5)
     for _ in range(rounds):
         if len(seen) == len(sent):
             break
         async with asyncio.timeout(STEP):
-            async with Consumer(topic, "app", config=config, **consumer_args) as c:  # type: ignore[arg-type]
+            async with Consumer(topic, "app", nsqd=nsqd, lookupd=lookupd, config=config) as c:
                 n = 0
                 async for m in c:
                     m.finish()
@@ -90,18 +98,18 @@ async def test_iterate_and_break_with_fresh_consumers_youzan(youzan: YouzanClust
     topic = await youzan_topic(youzan, "brk")
     async with Producer(lookupd=youzan.lookupd) as p:
         sent = await publish_bodies(p, topic, 100)
-    seen = await iterate_and_break({"lookupd_http_addresses": [youzan.lookupd]}, topic, sent,
-                                   take=5, max_in_flight=10, rounds=40)
+    seen = await iterate_and_break(topic, sent, take=5, max_in_flight=10, rounds=40,
+                                   lookupd=[youzan.lookupd])
     assert set(seen) == set(sent)
 
 
 @pytest.mark.real_nsqd
 async def test_iterate_and_break_with_fresh_consumers_stock(stock: StockServer) -> None:
     topic = await stock_topic(stock, "brk")
-    async with Producer([stock.nsqd_tcp]) as p:
+    async with Producer(nsqd=[stock.nsqd_tcp]) as p:
         sent = await publish_bodies(p, topic, 60)
-    seen = await iterate_and_break({"nsqd_tcp_addresses": [stock.nsqd_tcp]}, topic, sent,
-                                   take=5, max_in_flight=10, rounds=30)
+    seen = await iterate_and_break(topic, sent, take=5, max_in_flight=10, rounds=30,
+                                   nsqd=[stock.nsqd_tcp])
     assert set(seen) == set(sent)
 
 
@@ -114,9 +122,8 @@ async def test_break_after_one_with_deep_read_ahead_gives_nothing_up() -> None:
         cluster.create_topic("deep", partition_num=1, replica=1, channels=["app"])
         async with Producer(lookupd=cluster.lookupd_http_addresses) as p:
             sent = await publish_bodies(p, "deep", 12)
-        seen = await iterate_and_break(
-            {"lookupd_http_addresses": cluster.lookupd_http_addresses}, "deep", sent,
-            take=1, max_in_flight=20, rounds=40)
+        seen = await iterate_and_break("deep", sent, take=1, max_in_flight=20, rounds=40,
+                                       lookupd=cluster.lookupd_http_addresses)
     assert set(seen) == set(sent)
     assert all(n == 1 for n in seen.values()), seen
 
@@ -129,7 +136,7 @@ async def test_anext_with_timeouts_never_strands_a_message() -> None:
     A timed-out wait must not swallow the wake-up of the next one."""
     async with DevCluster(nodes=1, flavour="stock") as cluster:
         addr = cluster.nsqd_tcp_addresses
-        async with Producer(addr) as p, Consumer("polls", "app", nsqd_tcp_addresses=addr) as c:
+        async with Producer(nsqd=addr) as p, Consumer("polls", "app", nsqd=addr) as c:
             it = aiter(c)
             got: list[bytes] = []
             for i in range(5):
@@ -148,7 +155,7 @@ async def test_poll_loop_with_short_timeouts_gets_every_message() -> None:
     """Messages arrive while the application polls with a short timeout."""
     async with DevCluster(nodes=1, flavour="stock") as cluster:
         addr = cluster.nsqd_tcp_addresses
-        async with Producer(addr) as p, Consumer("trickle", "app", nsqd_tcp_addresses=addr,
+        async with Producer(nsqd=addr) as p, Consumer("trickle", "app", nsqd=addr,
                                                  config=ConsumerConfig(max_in_flight=3)) as c:
             async def trickle() -> None:
                 for i in range(30):
@@ -169,6 +176,28 @@ async def test_poll_loop_with_short_timeouts_gets_every_message() -> None:
                     got.append(m.body)
             await task
             assert sorted(got) == [b"t-%02d" % i for i in range(30)]
+
+
+async def test_iterating_a_consumer_that_was_not_started_says_how_and_loses_nothing() -> None:
+    """Code written for the old implicit start (``c = Consumer(...); async for m in c``):
+    the first ``anext`` says to start it, takes nothing off the channel, and the same loop
+    under ``async with`` gets the message."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        addr = cluster.nsqd_tcp_addresses
+        async with Producer(nsqd=addr) as p:
+            await p.publish("jobs", b"job-1")
+        c = Consumer("jobs", "app", nsqd=addr)
+        with pytest.raises(NotStartedError, match="async with Consumer"):
+            async with asyncio.timeout(STEP):
+                async for _ in c:
+                    pass
+        assert not c.is_closed  # not started is not stopped: it can start now
+        async with c:
+            async with asyncio.timeout(STEP):
+                m = await anext(aiter(c))
+            m.finish()
+        assert m.body == b"job-1" and m.attempts == 1
+        assert c.is_closed
 
 
 # ---------------------------------------------------------------------- start/stop in a loop
@@ -193,7 +222,7 @@ async def test_handler_consumers_started_and_stopped_in_a_loop(youzan: YouzanClu
     for _ in range(30):
         if len(seen) == len(sent):
             break
-        c = Consumer(topic, "app", handle, lookupd_http_addresses=[youzan.lookupd],
+        c = Consumer(topic, "app", handle, lookupd=[youzan.lookupd],
                      config=ConsumerConfig(max_in_flight=20))
         async with asyncio.timeout(STEP):
             await c.start()
@@ -228,11 +257,11 @@ async def test_handler_raising_for_one_message(caplog: pytest.LogCaptureFixture)
 
     async with DevCluster(nodes=1, flavour="stock") as cluster:
         addr = cluster.nsqd_tcp_addresses
-        async with Producer(addr) as p:
+        async with Producer(nsqd=addr) as p:
             sent = await publish_bodies(p, "raises", 20)
         config = ConsumerConfig(max_in_flight=5, default_requeue_delay=0.05)
         with caplog.at_level(logging.WARNING, logger="smartnsq"):
-            async with Consumer("raises", "app", handle, nsqd_tcp_addresses=addr,
+            async with Consumer("raises", "app", handle, nsqd=addr,
                                 config=config) as c:
                 async with asyncio.timeout(STEP):
                     await done.wait()
@@ -282,7 +311,7 @@ async def test_one_publish_per_web_request() -> None:
                 if len(got) == 60:
                     all_in.set()
 
-            async with Consumer("orders", "app", handle, lookupd_http_addresses=lookupd,
+            async with Consumer("orders", "app", handle, lookupd=lookupd,
                                 start_at="earliest", config=ConsumerConfig(max_in_flight=10)
                                 ), aiohttp.ClientSession() as http:
                 async def request(i: int) -> int:
@@ -313,12 +342,12 @@ async def test_consumer_before_the_topic_exists_says_so_and_then_consumes(
 
         config = ConsumerConfig(lookupd_poll_interval=0.2)
         with caplog.at_level(logging.INFO, logger="smartnsq.consumer"):
-            async with Consumer("later", "app", handle, lookupd_http_addresses=lookupd,
+            async with Consumer("later", "app", handle, lookupd=lookupd,
                                 config=config):
                 waiting = [r for r in caplog.records if "waiting for it" in r.getMessage()]
                 assert len(waiting) == 1 and waiting[0].levelno == logging.WARNING
                 assert "no nsqd has topic 'later'" in waiting[0].getMessage()
-                async with Producer(cluster.nsqd_tcp_addresses) as p:
+                async with Producer(nsqd=cluster.nsqd_tcp_addresses) as p:
                     await p.publish("later", b"first")
                 async with asyncio.timeout(STEP):
                     await got.wait()
@@ -346,7 +375,7 @@ async def test_ordered_consumer_with_default_config_drains_every_partition(
         if sum(got.values()) == 800:
             done.set()
 
-    async with OrderedConsumer(topic, "app", handle, lookupd_http_addresses=[youzan.lookupd]):
+    async with OrderedConsumer(topic, "app", handle, lookupd=[youzan.lookupd]):
         async with asyncio.timeout(STEP):
             await done.wait()
     assert len(got) == 4
