@@ -149,8 +149,8 @@ def test_consumer_partitions_argument_is_checked() -> None:
     for bad, why in [([], "must not be empty"), ([-1], "int >= 0"), (["1"], "int >= 0"),
                      ([True], "int >= 0"), ("01", "collection")]:
         with pytest.raises(ConfigError, match=why):
-            Consumer("t", "c", _noop, lookupd_http_addresses=lookupd,
+            Consumer("t", "c", _noop, lookupd=lookupd,
                      partitions=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="partitions= needs lookupd"):
-        Consumer("t", "c", _noop, nsqd_tcp_addresses=["127.0.0.1:4150"], partitions=[0])
-    Consumer("t", "c", _noop, lookupd_http_addresses=lookupd, partitions=(0, 2))
+        Consumer("t", "c", _noop, nsqd=["127.0.0.1:4150"], partitions=[0])
+    Consumer("t", "c", _noop, lookupd=lookupd, partitions=(0, 2))
