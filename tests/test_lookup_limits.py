@@ -28,14 +28,18 @@ import pytest
 
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.consumer import Consumer
-from smartnsq.errors import LookupFailedError, LookupRefusedError, PublishError
+from smartnsq.errors import (
+    LookupdError,
+    LookupFailedError,
+    LookupRefusedError,
+    PublishError,
+    PublishTimeoutError,
+)
 from smartnsq.lookup import Lookup
-from smartnsq.lookup.envelope import LookupdError
 from smartnsq.lookup.models import MAX_PARTITION_NUM
 from smartnsq.lookup.parse import parse_lookup
 from smartnsq.message import Message
 from smartnsq.producer import HttpProducer, Producer
-from smartnsq.producer.types import PublishTimeoutError
 from tests.consumer_support import fast_config
 from tests.lookup_fakes import V1_HEADERS, FakeLookupd, closed_port_url, peer
 from tests.real_servers import YouzanCluster, youzan  # noqa: F401  (the fixture)
@@ -325,7 +329,7 @@ async def test_a_consumer_says_once_that_the_answer_is_refused_and_recovers_when
         await got.put(m.body)
 
     async with Producer(lookupd=[youzan.lookupd]) as p, Consumer(
-            topic.name, "app", handler, lookupd_http_addresses=[fake.url],
+            topic.name, "app", handler, lookupd=[fake.url],
             config=fast_config(lookupd_poll_interval=0.1)) as c:
         await p.publish(topic.name, b"after the fix")
         polled = fake.count("/lookup")
