@@ -18,9 +18,15 @@ import pytest
 from smartnsq.consumer import Consumer
 from smartnsq.consumer.discovery import Endpoint
 from smartnsq.consumer.positions import Positioner
-from smartnsq.errors import NotLeaderError, NSQConnectionError, TopicNotExistError
+from smartnsq.errors import (
+    NSQConnectionError,
+    NsqdHttpError,
+    NsqdUnavailableError,
+    ServerNotLeaderError,
+    TopicNotExistError,
+)
 from smartnsq.message import Message
-from smartnsq.nsqd_http import NsqdHttpClient, NsqdHttpError, NsqdUnavailableError, ask_again
+from smartnsq.nsqd_http import NsqdHttpClient, ask_again
 from smartnsq.producer import Producer
 from smartnsq.protocol.commands import OffsetSpec
 from tests.cli_support import ClusterThread, invoke
@@ -84,7 +90,7 @@ async def test_not_leader_and_no_such_partition_are_typed_once(
         for call in (lambda a: nsqd.channel(a, "create", name, "c2", 0),
                      lambda a: nsqd.channel(a, "delete", name, "c2", 0),
                      lambda a: nsqd.partition_stats(a, name, 0, "c2")):
-            with pytest.raises(NotLeaderError) as not_leader:
+            with pytest.raises(ServerNotLeaderError) as not_leader:
                 await call(follower)
             with pytest.raises(TopicNotExistError) as missing:
                 await call(outsider)
@@ -119,7 +125,7 @@ async def test_a_start_position_read_from_a_replica_is_not_leader(
     ep = Endpoint(f"{host}:1", host, 1, 0, follower)  # the TCP side is not used here
     positioner = Positioner(name, "ch", ep, OffsetSpec.virtual_queue(0), timeout=10,
                             ordered=False)
-    with pytest.raises(NotLeaderError, match="led by another nsqd"):
+    with pytest.raises(ServerNotLeaderError, match="led by another nsqd"):
         await positioner.prepare()
 
 
@@ -185,7 +191,7 @@ async def test_a_consumer_positions_each_partition_with_one_session(
         if len(got) == 6:
             done.set()
 
-    async with Consumer(topic.name, "ch", handler, lookupd_http_addresses=[youzan.lookupd],
+    async with Consumer(topic.name, "ch", handler, lookupd=[youzan.lookupd],
                         config=fast_config(), start_at=OffsetSpec.virtual_queue(0)):
         async with asyncio.timeout(youzan.settle_seconds):
             await done.wait()
