@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from smartnsq.errors import ConfigError
-from smartnsq.ordered.sharding import ShardKey
 from smartnsq.producer import Producer
+from smartnsq.sharding import ShardKey
 from smartnsq.spark.sink_options import parse_sink_options
-from smartnsq.trace import TraceSwitch
 from tests.real_servers import YouzanCluster, youzan  # noqa: F401  (the fixture)
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
@@ -53,11 +52,13 @@ async def test_sink_and_publish_ordered_put_every_key_on_the_same_partition(
     kinds: list[tuple[list[ShardKey], Any]] = [(STRINGS, pa.string()), (INTS, pa.int64())]
     if rule == "murmur3":
         kinds.append((BYTES, pa.binary()))
-    async with Producer(lookupd=youzan.lookupd, trace=TraceSwitch(enabled=True)) as p:
+    async with Producer(lookupd=youzan.lookupd) as p:
         for keys, arrow_type in kinds:
             published = {}
             for i, key in enumerate(keys):
-                receipt = await p.publish_ordered(topic, key, b"%d" % i, rule=rule)  # type: ignore[arg-type]
+                # a trace id asks for the receipt, which says where the message was stored
+                receipt = await p.publish_ordered(topic, key, b"%d" % i, trace_id=i + 1,
+                                                  rule=rule)  # type: ignore[arg-type]
                 assert receipt is not None
                 published[key] = receipt.partition
             assert sink_partitions(keys, arrow_type, rule, topic) == published
