@@ -17,11 +17,11 @@ from smartnsq.errors import (
     ConfigError,
     ConnectionClosedError,
     ExtNotSupportError,
-    NotLeaderError,
     NSQTimeoutError,
     ProtocolError,
     PubFailedError,
     ServerError,
+    ServerNotLeaderError,
     UnsupportedFeatureError,
 )
 from smartnsq.protocol import commands
@@ -247,7 +247,7 @@ async def test_youzan_not_leader_on_publish_is_not_fatal() -> None:
     async with ScriptedServer(script) as srv:
         conn = Connection("127.0.0.1", srv.port, cfg())
         await conn.connect()
-        with pytest.raises(NotLeaderError) as info:
+        with pytest.raises(ServerNotLeaderError) as info:
             await conn.publish("t", b"x", partition=2)
         err = info.value
         assert not err.fatal and err.refresh_lookup

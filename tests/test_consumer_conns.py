@@ -19,7 +19,7 @@ from smartnsq.consumer.discovery import (
     OnUpdate,
     Topology,
 )
-from smartnsq.errors import ConfigError, NotLeaderError, NSQConnectionError
+from smartnsq.errors import ConfigError, NSQConnectionError, ServerNotLeaderError
 
 A = Endpoint("10.0.0.1:4150", "10.0.0.1", 4150)
 B = Endpoint("10.0.0.2:4150", "10.0.0.2", 4150, partition=3)
@@ -180,7 +180,7 @@ async def test_fatal_errors_end_the_runner() -> None:
     await cs.close()
 
 
-@pytest.mark.parametrize("error,stale", [(NotLeaderError("", fatal=True), True),
+@pytest.mark.parametrize("error,stale", [(ServerNotLeaderError("", fatal=True), True),
                                          (NSQConnectionError("x"), False)])
 async def test_failed_attempts_report_to_discovery(error: Exception, stale: bool) -> None:
     d = FakeDiscovery()

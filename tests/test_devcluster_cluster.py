@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from smartnsq.cli import build_parser, run_dev
+from smartnsq.cli.app import build_parser, run_dev
 from smartnsq.devcluster import AdminError, DevCluster, MetaEvent
 from smartnsq.devcluster.meta import YOUZAN_VERSION
 

@@ -271,7 +271,7 @@ async def test_youzan_pub_ext_header_is_unescaped_once_more(
         if not got.done():
             got.set_result(m.ext)
 
-    async with Consumer(topic.name, "c", handle, lookupd_http_addresses=[youzan.lookupd]):
+    async with Consumer(topic.name, "c", handle, lookupd=[youzan.lookupd]):
         params = {"topic": topic.name, "partition": "0", "ext": '{"k":"a+b %41"}'}
         async with aiohttp.ClientSession() as s, \
                 s.post(f"http://{topic.leaders[0].http}/pub_ext", params=params, data=b"m",
