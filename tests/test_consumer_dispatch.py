@@ -1,6 +1,7 @@
 """The consumer's dispatch path without sockets: a fake connection records what would be
 written. Covers REQ delays, inline vs suspended handlers, concurrency bounds, handlers that
-use asyncio.timeout, batched flow-control reporting, giving up, and the trace switch."""
+use asyncio.timeout, batched flow-control reporting, giving up, the trace switch and the
+consumer's trace=True option."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class Rig:
         base: dict[str, Any] = {"max_in_flight": 100}
         base.update(cfg)
         self.config = ConsumerConfig(**base)
-        self.consumer = Consumer("t", "c", handler, nsqd_tcp_addresses=["127.0.0.1:1"],
+        self.consumer = Consumer("t", "c", handler, nsqd=["127.0.0.1:1"],
                                  config=self.config, **self.extra)
         c = self.consumer
         c._bind_loop(asyncio.get_running_loop())
@@ -259,7 +260,7 @@ async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture,
     async def handler(msg: Message) -> None:
         return None
 
-    Rig.extra = {"trace": switch}
+    Rig.extra = {"trace_switch": switch}
     try:
         rig = Rig(handler)
     finally:
@@ -276,3 +277,30 @@ async def test_trace_switch_is_read_per_turn(caplog: pytest.LogCaptureFixture,
     traced = [r for r in caplog.records if r.name == "smartnsq.trace"]
     assert [r.message_id for r in traced] == [  # type: ignore[attr-defined]
         (b"%016x" % i).hex() for i in (3, 4)]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_trace_option_logs_every_delivery_whatever_the_switch(
+        caplog: pytest.LogCaptureFixture, batch: bool) -> None:
+    """``trace=True`` is the consumer's own option: every delivery is logged, while its
+    switch is off for the topic too."""
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    switch = TraceSwitch()
+    switch.disable("t")
+
+    async def handler(msg: Message) -> None:
+        return None
+
+    Rig.extra = {"trace": True, "trace_switch": switch}
+    try:
+        rig = Rig(handler)
+    finally:
+        Rig.extra = {}
+    assert rig.consumer.trace is True
+    rig.deliver(3, batch=batch)
+    await turns()
+    traced = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    assert [r.message_id for r in traced] == [  # type: ignore[attr-defined]
+        (b"%016x" % i).hex() for i in range(3)]
+    assert {r.event for r in traced} == {"consume"}  # type: ignore[attr-defined]
+    assert len(rig.sent("FIN")) == 3

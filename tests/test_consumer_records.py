@@ -112,7 +112,7 @@ async def test_the_slow_path_keeps_a_subscriptions_order_between_records() -> No
         seen.append(msg.body)
 
     switch = TraceSwitch()
-    Rig.extra = {"trace": switch}
+    Rig.extra = {"trace_switch": switch}
     try:
         rig = Rig(handler, max_in_flight=1)
     finally:
