@@ -56,7 +56,7 @@ async def publish_everywhere(cluster: DevCluster, prefix: str, per_node: int) ->
 async def test_direct_addresses_consume_everything(cluster: DevCluster) -> None:
     sent = await publish_everywhere(cluster, "d", 400)
     got = Collector(expected=len(sent))
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_in_flight=90)) as c:
         await got.wait()
         assert got.distinct == sent
@@ -79,7 +79,7 @@ async def test_lookupd_discovery_with_nodes_added_and_removed(cluster: DevCluste
     got = Collector()
     cfg = fast_config(max_in_flight=30)
     async with Consumer(TOPIC, CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=cfg) as c:
         assert {s.address for s in c.stats().subscriptions} == set(cluster.nsqd_tcp_addresses)
         first = await publish_everywhere(cluster, "a", 50)
@@ -112,7 +112,7 @@ async def test_lookupd_discovery_with_nodes_added_and_removed(cluster: DevCluste
 async def test_node_killed_mid_stream_everything_handled(cluster: DevCluster) -> None:
     sent = await publish_everywhere(cluster, "k", 300)
     got = Collector(expected=len(sent), delay=0.001)
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_in_flight=12)) as c:
         await got.wait_for(lambda: len(got.distinct) >= 150)
         victim = cluster.nsqd_tcp_addresses[1]
@@ -146,7 +146,7 @@ async def test_handler_failures_requeue_and_back_off(
 
     got = Collector(expected=len(sent), fail=fail_first_time)
     cfg = fast_config(max_in_flight=5, backoff_multiplier=0.02, max_backoff_duration=0.1)
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=cfg) as c:
         await got.wait()
         assert got.distinct == sent
@@ -166,7 +166,7 @@ async def test_backoff_can_be_turned_off(cluster: DevCluster,
     caplog.set_level(logging.INFO, logger="smartnsq.consumer")
     await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("nb", 10))
     got = Collector(expected=10, fail=lambda m: m.attempts == 1)
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(backoff_enabled=False)) as c:
         await got.wait()
         assert c.stats().requeued == 10
@@ -183,7 +183,7 @@ async def test_max_attempts_gives_up_and_finishes(cluster: DevCluster) -> None:
         seen.set()
 
     got = Collector(fail=lambda m: m.body == b"poison")
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_attempts=3), giving_up=giving_up) as c:
         async with asyncio.timeout(10):
             await seen.wait()
@@ -201,7 +201,7 @@ async def test_max_in_flight_below_connection_count(cluster: DevCluster) -> None
     got = Collector(expected=len(sent))
     rdy_seen: list[int] = []
 
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_in_flight=1)) as c:
         async def watch() -> None:
             while True:
@@ -228,7 +228,7 @@ async def test_pause_with_max_in_flight_zero_and_starvation(cluster: DevCluster)
         await release.wait()
         await got(msg)
 
-    async with Consumer(TOPIC, CHANNEL, holder, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, holder, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_in_flight=6)) as c:
         c.set_max_in_flight(0)
         assert c.stats().total_rdy == 0
@@ -250,7 +250,7 @@ async def test_pause_with_max_in_flight_zero_and_starvation(cluster: DevCluster)
 async def test_stop_during_load_loses_nothing(cluster: DevCluster) -> None:
     sent = await publish_everywhere(cluster, "x", 200)
     first = Collector(delay=0.002)
-    c = Consumer(TOPIC, CHANNEL, first, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    c = Consumer(TOPIC, CHANNEL, first, nsqd=cluster.nsqd_tcp_addresses,
                  config=fast_config(max_in_flight=30))
     await c.start()
     await first.wait_for(lambda: len(first.handled) >= 120)
@@ -264,7 +264,7 @@ async def test_stop_during_load_loses_nothing(cluster: DevCluster) -> None:
     assert c.stats().finished == len(done_first) and c.stats().in_flight == 0
 
     second = Collector(expected=len(sent) - len(done_first))
-    async with Consumer(TOPIC, CHANNEL, second, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+    async with Consumer(TOPIC, CHANNEL, second, nsqd=cluster.nsqd_tcp_addresses,
                         config=fast_config(max_in_flight=30)):
         await second.wait()
     assert second.distinct.isdisjoint(done_first)
@@ -286,7 +286,7 @@ async def test_stop_requeues_what_is_unanswered_at_the_drain_timeout(
             cancelled += 1
             raise
 
-    c = Consumer(TOPIC, CHANNEL, stuck, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses[:1],
+    c = Consumer(TOPIC, CHANNEL, stuck, nsqd=cluster.nsqd_tcp_addresses[:1],
                  config=fast_config(max_in_flight=4))
     await c.start()
     async with asyncio.timeout(5):
@@ -303,7 +303,7 @@ async def test_async_iteration(cluster: DevCluster) -> None:
     sent = set(bodies("it", 25))
     await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sorted(sent))
     seen: set[bytes] = set()
-    c = Consumer(TOPIC, CHANNEL, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses[:1],
+    c = Consumer(TOPIC, CHANNEL, nsqd=cluster.nsqd_tcp_addresses[:1],
                  config=fast_config(max_in_flight=10))
     async with c:
         async for msg in c:
@@ -326,7 +326,7 @@ async def test_async_iteration(cluster: DevCluster) -> None:
 
 async def test_iteration_stop_requeues_undelivered(cluster: DevCluster) -> None:
     await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("u", 10))
-    c = Consumer(TOPIC, CHANNEL, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses[:1],
+    c = Consumer(TOPIC, CHANNEL, nsqd=cluster.nsqd_tcp_addresses[:1],
                  config=fast_config(max_in_flight=10))
     await c.start()
     it = c.__aiter__()
@@ -353,7 +353,7 @@ async def test_disable_auto_response(cluster: DevCluster) -> None:
         raise RuntimeError("not answered by the consumer either way")
 
     async with Consumer(TOPIC, CHANNEL, batcher,
-                        nsqd_tcp_addresses=cluster.nsqd_tcp_addresses[:1],
+                        nsqd=cluster.nsqd_tcp_addresses[:1],
                         config=fast_config(max_in_flight=6)) as c:
         async with asyncio.timeout(5):
             await all_in.wait()
@@ -399,7 +399,7 @@ async def test_tls_compression_auth_end_to_end(feature: str) -> None:
             await publish(addr, TOPIC, batch, config=cfg.connection)
             sent.update(batch)
         got = Collector(expected=len(sent))
-        async with Consumer(TOPIC, CHANNEL, got, lookupd_http_addresses=cl.lookupd_http_addresses,
+        async with Consumer(TOPIC, CHANNEL, got, lookupd=cl.lookupd_http_addresses,
                             config=cfg) as c:
             await got.wait()
             assert got.distinct == sent
@@ -421,7 +421,7 @@ async def test_auth_refused_is_a_configuration_error() -> None:
         return None
 
     async with DevCluster(nodes=1, lookupds=1, flavour="stock", auth=deny) as cl:
-        c = Consumer(TOPIC, CHANNEL, Collector(), nsqd_tcp_addresses=cl.nsqd_tcp_addresses,
+        c = Consumer(TOPIC, CHANNEL, Collector(), nsqd=cl.nsqd_tcp_addresses,
                      config=fast_config(connection={"auth_secret": "wrong"}))
         with pytest.raises(Exception, match="E_AUTH_FAILED"):
             await c.start()
@@ -434,8 +434,8 @@ async def test_trace_switch_logs_every_message(cluster: DevCluster,
     switch = trace.TraceSwitch()
     await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("tr", 5))
     got = Collector(expected=5)
-    async with Consumer(TOPIC, CHANNEL, got, nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
-                        config=fast_config(), trace=switch):
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
+                        config=fast_config(), trace_switch=switch):
         await got.wait()
         assert [r for r in caplog.records if r.name == "smartnsq.trace"] == []
         switch.enable(TOPIC)
@@ -453,3 +453,25 @@ async def test_trace_switch_logs_every_message(cluster: DevCluster,
         assert r.local_address.startswith("127.0.0.1:")  # type: ignore[attr-defined]
         # stock: no youzan id parts or positions
         assert r.internal_id is None and r.offset is None  # type: ignore[attr-defined]
+
+
+async def test_trace_option_logs_every_message_on_stock(cluster: DevCluster,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """``trace=True`` logs every delivery with the process-wide switch off; stock nsqd has
+    no positions to give (plain SUB), so those fields stay None."""
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    assert not trace.is_on(TOPIC)
+    sent = bodies("to", 4)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    got = Collector(expected=4)
+    async with Consumer(TOPIC, CHANNEL, got, nsqd=cluster.nsqd_tcp_addresses,
+                        config=fast_config(), trace=True) as c:
+        await got.wait()
+        assert c.trace is True
+    records = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    assert sorted(r.message_id for r in records) == sorted(  # type: ignore[attr-defined]
+        m.id.hex() for m in got.messages)
+    for r in records:
+        assert r.event == "consume" and r.topic == TOPIC  # type: ignore[attr-defined]
+        assert r.offset is None and r.raw_size is None  # type: ignore[attr-defined]
+    assert {m.offset for m in got.messages} == {None}

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from smartnsq.config import ConnectionConfig
+from smartnsq.config import ConnectionConfig, LookupConfig
 from smartnsq.conn import Connection
 from smartnsq.consumer import Consumer
 from smartnsq.devcluster import DevCluster
@@ -63,7 +63,7 @@ async def test_partitioned_consumption_over_all_partitions(cluster: DevCluster) 
     sent = await publish_partitions(cluster, "parts", 3, 150)
     got = Collector(expected=450)
     async with Consumer("parts", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=60)) as c:
         await got.wait()
         assert subscribed(c) == {p: leader_address(cluster, "parts", p) for p in range(3)}
@@ -87,7 +87,7 @@ async def test_leader_move_moves_the_subscription(cluster: DevCluster) -> None:
     first = leader_address(cluster, "moving", 0)
     got = Collector(delay=0.001)
     async with Consumer("moving", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=10)) as c:
         assert subscribed(c) == {0: first}
         before = bodies("before", 200)
@@ -112,7 +112,7 @@ async def test_leader_killed_fail_over_everything_handled(cluster: DevCluster) -
     await publish(cluster.nsqd_tcp_addresses[leader], "failover", sent, partition=0)
     got = Collector(expected=len(sent), delay=0.001)
     async with Consumer("failover", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=8)) as c:
         await got.wait_for(lambda: len(got.distinct) >= 80)
         await cluster.stop_node(leader)
@@ -135,7 +135,7 @@ async def test_ext_topic_headers(cluster: DevCluster) -> None:
     await pub.close()
     got = Collector(expected=6)
     async with Consumer("exttopic", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config()) as c:
         await got.wait()
         seen = {m.body: m.ext for m in got.messages}
@@ -154,21 +154,21 @@ async def test_configuration_errors_are_raised_not_retried(cluster: DevCluster) 
     cases: list[tuple[Consumer, type[Exception]]] = [
         # the lookup meta says ordered: refused before connecting
         (Consumer("ord", CHANNEL, Collector(),
-                  lookupd_http_addresses=cluster.lookupd_http_addresses, config=cfg),
+                  lookupd=cluster.lookupd_http_addresses, config=cfg),
          SubOrderIsMustError),
         # direct address: the server says so
         (Consumer("ord", CHANNEL, Collector(),
-                  nsqd_tcp_addresses=[leader_address(cluster, "ord", 0)], config=cfg),
+                  nsqd=[leader_address(cluster, "ord", 0)], config=cfg),
          SubOrderIsMustError),
         (Consumer("ext", CHANNEL, Collector(),
-                  nsqd_tcp_addresses=[leader_address(cluster, "ext", 0)], config=cfg),
+                  nsqd=[leader_address(cluster, "ext", 0)], config=cfg),
          SubExtendNeedError),
         (Consumer("plain", CHANNEL, Collector(),
-                  nsqd_tcp_addresses=[leader_address(cluster, "plain", 0)],
+                  nsqd=[leader_address(cluster, "plain", 0)],
                   config=fast_config(connection={"extend_support": True})),
          SubExtendForbiddenError),
         (Consumer("closed", "unregistered", Collector(),
-                  lookupd_http_addresses=cluster.lookupd_http_addresses, config=cfg),
+                  lookupd=cluster.lookupd_http_addresses, config=cfg),
          SubChannelNotRegisteredError),
     ]
     for consumer, error in cases:
@@ -182,7 +182,7 @@ async def test_configuration_error_at_run_time_stops_the_consumer(
         cluster: DevCluster) -> None:
     cluster.create_topic("later", partition_num=1, replica=1, channels=[CHANNEL])
     c = Consumer("later", CHANNEL, Collector(),
-                 lookupd_http_addresses=cluster.lookupd_http_addresses, config=fast_config())
+                 lookupd=cluster.lookupd_http_addresses, config=fast_config())
     await c.start()
     # an operator makes the topic ordered: the next poll shows it and the consumer stops
     cluster.meta.topics["later"].ordered = True
@@ -205,7 +205,7 @@ async def test_start_positions_sub_advanced(cluster: DevCluster) -> None:
              2: OffsetSpec.end()}
     got = Collector()
     async with Consumer("seek", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=30), start_at=start):
         await got.wait_for(lambda: len(got.distinct) == 4 + 7)
         new = bodies("s2-new", 3)
@@ -229,7 +229,7 @@ async def test_start_positions_with_several_partitions_per_node(cluster: DevClus
     await publish_partitions(cluster, "multi", 6, 5, prefix="mp")
     got = Collector()
     async with Consumer("multi", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(max_in_flight=30),
                         start_at={p: OffsetSpec.msgcount(p % 5 + 1) for p in range(6)}):
         expect = {f"mp{p}-{i}".encode() for p in range(6) for i in range(p % 5, 5)}
@@ -248,7 +248,7 @@ async def test_start_position_inside_a_record_starts_at_the_next(cluster: DevClu
                   partition=0)
     got = Collector(expected=2)
     async with Consumer("midseek", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses,
                         config=fast_config(), start_at=OffsetSpec.virtual_queue(7)) as c:
         await got.wait()
         assert got.handled == [b"b-1", b"b-2"]
@@ -258,14 +258,15 @@ async def test_start_position_inside_a_record_starts_at_the_next(cluster: DevClu
 
 async def test_trace_logs_youzan_positions(cluster: DevCluster,
                                            caplog: pytest.LogCaptureFixture) -> None:
+    # trace=True is what subscribes with SUB_ADVANCED (positions); the switch stays off
     caplog.set_level(logging.INFO, logger="smartnsq.trace")
     cluster.create_topic("traced", partition_num=2, replica=1, channels=[CHANNEL])
     await publish_partitions(cluster, "traced", 2, 4, prefix="tr")
-    switch = TraceSwitch(topics=["traced"])
     got = Collector(expected=8)
     async with Consumer("traced", CHANNEL, got,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
-                        config=fast_config(), trace=switch):
+                        lookupd=cluster.lookupd_http_addresses,
+                        config=fast_config(), trace=True,
+                        trace_switch=TraceSwitch()):
         await got.wait()
     records = [r for r in caplog.records if r.name == "smartnsq.trace"]
     assert len(records) == 8
@@ -276,40 +277,66 @@ async def test_trace_logs_youzan_positions(cluster: DevCluster,
         assert r.internal_id >> 50 == p  # type: ignore[attr-defined]
         assert r.nsqd == leader_address(cluster, "traced", p)  # type: ignore[attr-defined]
         assert r.local_address.startswith("127.0.0.1:")  # type: ignore[attr-defined]
+    # the messages themselves carry the positions too
+    assert all(m.offset is not None and m.raw_size is not None for m in got.messages)
+
+
+async def test_trace_switch_logs_without_changing_the_subscription(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """A switch that is on for the topic logs every delivery but no longer turns SUB into
+    SUB_ADVANCED: the records (and the messages) have no offset or raw size."""
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    cluster.create_topic("switched", partition_num=2, replica=1, channels=[CHANNEL])
+    await publish_partitions(cluster, "switched", 2, 3, prefix="sw")
+    got = Collector(expected=6)
+    async with Consumer("switched", CHANNEL, got,
+                        lookupd=cluster.lookupd_http_addresses,
+                        config=fast_config(),
+                        trace_switch=TraceSwitch(topics=["switched"])) as c:
+        await got.wait()
+        assert c.trace is False
+    records = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    assert len(records) == 6
+    for r in records:
+        p = r.partition  # type: ignore[attr-defined]
+        assert r.internal_id >> 50 == p  # type: ignore[attr-defined]
+        assert r.offset is None and r.raw_size is None  # type: ignore[attr-defined]
+    assert {(m.offset, m.raw_size) for m in got.messages} == {(None, None)}
 
 
 async def test_shared_lookup_instance(cluster: DevCluster) -> None:
     cluster.create_topic("shared", partition_num=2, replica=1, channels=[CHANNEL])
     sent = await publish_partitions(cluster, "shared", 2, 20, prefix="sh")
-    from smartnsq.config import LookupConfig
     async with Lookup(LookupConfig(addresses=tuple(cluster.lookupd_http_addresses),
                                    poll_interval=0.3)) as lookup:
         got = Collector(expected=40)
-        async with Consumer("shared", CHANNEL, got, lookup=lookup, config=fast_config()):
+        async with Consumer("shared", CHANNEL, got, lookupd=lookup, config=fast_config()):
             await got.wait()
         assert got.distinct == sent[0] | sent[1]
-        # the consumer did not close the caller's lookup
+        # the consumer did not stop the caller's lookup
+        assert not lookup.is_closed
         view = await lookup.lookup("shared", "r")
         assert set(view.partitions) == {0, 1}
+    assert lookup.is_closed
 
 
 async def test_stock_cluster_refuses_youzan_features() -> None:
     async with DevCluster(nodes=1, lookupds=1, flavour="stock") as cl:
         cl.create_topic("t", channels=[CHANNEL])
         ordered = OrderedConsumer("t", CHANNEL, Collector(),
-                                  lookupd_http_addresses=cl.lookupd_http_addresses,
+                                  lookupd=cl.lookupd_http_addresses,
                                   config=fast_config())
         with pytest.raises(UnsupportedFeatureError, match="youzan"):
             await ordered.start()
         seeking = Consumer("t", CHANNEL, Collector(),
-                           lookupd_http_addresses=cl.lookupd_http_addresses,
+                           lookupd=cl.lookupd_http_addresses,
                            config=fast_config(), start_at=OffsetSpec.end())
         with pytest.raises(UnsupportedFeatureError, match="youzan"):
             await seeking.start()
         # the plain consumer works there, and youzan-only message fields are None
         await publish(cl.nsqd_tcp_addresses[0], "t", [b"classic"])
         got = Collector(expected=1)
-        async with Consumer("t", CHANNEL, got, lookupd_http_addresses=cl.lookupd_http_addresses,
+        async with Consumer("t", CHANNEL, got, lookupd=cl.lookupd_http_addresses,
                             config=fast_config()):
             await got.wait()
         msg: Message = got.messages[0]
@@ -324,7 +351,7 @@ async def test_stock_nsqd_with_direct_address_and_extend_support_config() -> Non
         got = Collector(expected=2)
         cfg = fast_config(connection={"extend_support": True})
         assert isinstance(cfg.connection, ConnectionConfig)
-        async with Consumer("t", CHANNEL, got, nsqd_tcp_addresses=cl.nsqd_tcp_addresses,
+        async with Consumer("t", CHANNEL, got, nsqd=cl.nsqd_tcp_addresses,
                             config=cfg):
             await got.wait()
         assert {m.ext for m in got.messages} == {None}
