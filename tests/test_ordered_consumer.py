@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import ConfigError, OrderViolationError
+from smartnsq.errors import BlockedMessageError, ConfigError, OrderViolationError
 from smartnsq.message import Message
-from smartnsq.ordered import BlockedAction, BlockedMessageError, OrderedConsumer, skip_after
+from smartnsq.ordered import BlockedAction, OrderedConsumer, skip_after
 from smartnsq.protocol.commands import OffsetSpec
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
 
@@ -58,7 +58,7 @@ def consumer(cluster: DevCluster, handler: object = None, **kw: object) -> Order
     cfg = kw.pop("config", None) or fast_config(max_in_flight=PARTITIONS * 2,
                                                 ordered_retry_pause=0.01)
     return OrderedConsumer(TOPIC, CHANNEL, handler,  # type: ignore[arg-type]
-                           lookupd_http_addresses=cluster.lookupd_http_addresses,
+                           lookupd=cluster.lookupd_http_addresses,
                            config=cfg, **kw)  # type: ignore[arg-type]
 
 
@@ -293,6 +293,9 @@ async def test_leader_move_keeps_order(cluster: DevCluster) -> None:
 def test_bad_input() -> None:
     with pytest.raises(ConfigError, match="lookupd"):
         OrderedConsumer(TOPIC, CHANNEL, Collector())
+    # it subscribes per partition and follows the leaders: listed nsqd cannot do that
+    with pytest.raises(ConfigError, match=r"OrderedConsumer needs lookupd=.*not nsqd="):
+        OrderedConsumer(TOPIC, CHANNEL, Collector(), nsqd=["127.0.0.1:4150"])
     with pytest.raises(ConfigError, match="on_blocked"):
-        OrderedConsumer(TOPIC, CHANNEL, Collector(), lookupd_http_addresses=["127.0.0.1:1"],
+        OrderedConsumer(TOPIC, CHANNEL, Collector(), lookupd=["127.0.0.1:1"],
                         on_blocked="skip")  # type: ignore[arg-type]
