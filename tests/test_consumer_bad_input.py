@@ -145,6 +145,15 @@ async def test_iterating_before_start_is_refused() -> None:
     assert c.is_closed
 
 
+def test_start_at_error_names_the_options_that_exist() -> None:
+    # the advice must name API 1.0's spelling (lookupd=), not the removed keywords
+    with pytest.raises(ConfigError, match="start_at needs") as info:
+        Consumer("t", "c", handler, nsqd=NSQD, start_at=OffsetSpec.end())
+    text = str(info.value)
+    assert "lookupd=" in text
+    assert "lookupd_http_addresses" not in text and "lookup=" not in text
+
+
 def test_iterating_a_handler_consumer() -> None:
     c = Consumer("t", "c", handler, nsqd=NSQD)
     with pytest.raises(ConfigError, match="handler"):

@@ -50,7 +50,7 @@ def check_start_at(start_at: StartAt | None,
     if start_at is None:
         return None
     if discovery.kind != "lookupd":
-        raise ConfigError("start_at needs lookupd_http_addresses or lookup= (youzan: "
+        raise ConfigError("start_at needs lookupd= (youzan: "
                           "positions are per partition, and seeking uses the leader's HTTP "
                           "port)")
     if isinstance(start_at, str):

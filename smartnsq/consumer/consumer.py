@@ -470,6 +470,9 @@ class Consumer:
         )
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_subscriptions"):  # the constructor refused its arguments
+            return f"<{type(self).__name__} (not constructed)>"
         state = "closed" if self._closed else "stopping" if self._stopping else \
             "running" if self._started else "new"
-        return f"<Consumer {self.topic}/{self.channel} {state} subscriptions={len(self._subs)}>"
+        return (f"<{type(self).__name__} {self.topic}/{self.channel} {state} "
+                f"subscriptions={len(self._subs)}>")

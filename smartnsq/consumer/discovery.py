@@ -120,9 +120,9 @@ class DirectDiscovery(Discovery):
 
     def __init__(self, addresses: Sequence[str]) -> None:
         if isinstance(addresses, str) or not isinstance(addresses, Sequence):
-            raise ConfigError("nsqd_tcp_addresses must be a list of 'host:port' strings")
+            raise ConfigError("nsqd= must be a list of 'host:port' strings")
         if not addresses:
-            raise ConfigError("nsqd_tcp_addresses must not be empty")
+            raise ConfigError("nsqd= must not be empty")
         endpoints: dict[EndpointKey, Endpoint] = {}
         for a in addresses:
             host, port = parse_tcp_address(a)
