@@ -1,11 +1,13 @@
-"""Sharded ordered publishing on the embedded youzan cluster: placement by the independent
-murmur3 computation, per-key order (read back with raw SUB_ORDERED connections), order kept
-through leader moves, lane semantics, the Java rule, tracing, stock/direct errors."""
+"""Sharded ordered publishing (``Producer.publish_ordered``) on the embedded youzan cluster:
+placement by the independent murmur3 computation, per-key order (read back with raw
+SUB_ORDERED connections), order kept through leader moves, lane semantics, the Java rule,
+tracing, stock/direct errors."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -13,10 +15,9 @@ import pytest
 
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import ConfigError, PublishError, UnsupportedFeatureError
-from smartnsq.ordered import OrderedProducer
-from smartnsq.ordered.sharding import java_string_hash
-from smartnsq.producer import Producer, PublishTimeoutError, TraceSwitch
+from smartnsq.errors import ConfigError, PublishError, PublishTimeoutError, UnsupportedFeatureError
+from smartnsq.producer import Producer, TraceSwitch
+from smartnsq.sharding import java_string_hash, shard_partition
 from tests.test_producer_support import consume, murmur3_32_reference
 
 FAST = ProducerConfig(publish_timeout=10.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -169,36 +170,54 @@ async def test_lane_waits_for_the_previous_message_and_keys_run_in_parallel(
     assert b"a4" not in [r.body for r in cluster.store.partition("lane", partition).records]
 
 
-async def test_java_rule_and_ordered_producer(cluster: DevCluster) -> None:
+async def test_java_rule_per_call_and_by_config(cluster: DevCluster) -> None:
     cluster.create_topic("jv", partition_num=4, replica=1, ordered=True, channels=("c",))
+    keys = ["hello", "polygenelubricants", "zzzzzzzzzz", "order-17"]
     async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST) as p:
-        op = OrderedProducer(p, rule="java")
-        keys = ["hello", "polygenelubricants", "zzzzzzzzzz", "order-17"]
         for k in keys:
-            await op.publish("jv", k, k.encode())
-        await op.publish("jv", 10, b"10")  # int keys use Long.hashCode under the Java rule
-        with pytest.raises(ConfigError):
-            OrderedProducer(p, rule="crc")  # type: ignore[arg-type]
+            await p.publish_ordered("jv", k, k.encode(), rule="java")
+        # int keys use Long.hashCode under the Java rule
+        await p.publish_ordered("jv", 10, b"10", rule="java")
+        with pytest.raises(ConfigError, match="rule"):
+            await p.publish_ordered("jv", "k", b"crc", rule="crc")  # type: ignore[call-overload]
+    # the producer's default rule is config.shard_hash
+    async with Producer(lookupd=cluster.lookupd_http_addresses,
+                        config=FAST.replace(shard_hash="java")) as p:
+        for k in keys:
+            await p.publish_ordered("jv", k, b"by config: " + k.encode())
     for k in keys:
         part = abs(java_string_hash(k)) % 4
-        assert k.encode() in [r.body for r in cluster.store.partition("jv", part).records]
+        assert shard_partition(k, 4, "java") == part  # the rule as callers can compute it
+        bodies = [r.body for r in cluster.store.partition("jv", part).records]
+        assert k.encode() in bodies and b"by config: " + k.encode() in bodies
     assert b"10" in [r.body for r in cluster.store.partition("jv", 10 % 4).records]
+    assert shard_partition(10, 4, "java") == 10 % 4
+    assert b"crc" not in [r.body for part in range(4)
+                          for r in cluster.store.partition("jv", part).records]
 
 
-async def test_tracing_uses_the_key_hash_as_trace_id(cluster: DevCluster) -> None:
+async def test_tracing_uses_the_key_hash_as_trace_id(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
     cluster.create_topic("ordtr", partition_num=2, replica=1, ordered=True, channels=("c",))
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    key_hash = murmur3_32_reference(b"user-1")
     async with Producer(lookupd=cluster.lookupd_http_addresses, config=FAST,
-                        trace=TraceSwitch()) as p:
+                        trace_switch=TraceSwitch()) as p:
         assert await p.publish_ordered("ordtr", "user-1", b"untraced") is None
         p.trace.enable()
-        r = await p.publish_ordered("ordtr", "user-1", b"traced")
-        assert r is not None and r.trace_id == murmur3_32_reference(b"user-1")
+        # the switch sends PUB_TRACE and logs the receipt; the call asked for no receipt
+        assert await p.publish_ordered("ordtr", "user-1", b"traced") is None
         r2 = await p.publish_ordered("ordtr", "user-1", b"own id", trace_id=42)
         assert r2 is not None and r2.trace_id == 42
     part = murmur3_32_reference(b"user-1") % 2
     recs = cluster.store.partition("ordtr", part).records
-    assert [r.trace_id for r in recs] == [0, murmur3_32_reference(b"user-1"), 42]
-    assert r.offset == recs[1].offset
+    assert [r.trace_id for r in recs] == [0, key_hash, 42]
+    assert r2.offset == recs[2].offset
+    logged = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    # the switch was off for the first publish: the two traced ones are logged, in order
+    assert [getattr(r, "trace_id", None) for r in logged] == [key_hash, 42]
+    assert [getattr(r, "offset", None) for r in logged] == [recs[1].offset, recs[2].offset]
+    assert all(getattr(r, "partition", None) == part for r in logged)
 
 
 async def test_no_leader_raises_instead_of_rerouting(cluster: DevCluster) -> None:
@@ -239,3 +258,8 @@ async def test_ordered_needs_a_partitioned_youzan_topic() -> None:
         async with Producer(lookupd=c.lookupd_http_addresses, config=FAST) as p:
             with pytest.raises(UnsupportedFeatureError):
                 await p.publish_ordered("st", "k", b"x")
+        # listed nsqd give no partition count to shard by
+        async with Producer(nsqd=c.nsqd_tcp_addresses, config=FAST) as p:
+            with pytest.raises(ConfigError, match="lookupd="):
+                await p.publish_ordered("st", "k", b"x")
+        assert c.store.partition("st", 0).records == []
