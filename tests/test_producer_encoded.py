@@ -13,7 +13,7 @@ import pytest
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ConfigError, NSQError, UnsupportedFeatureError
-from smartnsq.producer import Producer, SentBatch, encode_batch
+from smartnsq.producer import BatchReceipt, Producer, encode_batch
 from tests.test_producer_support import bodies_of, consume
 
 FAST = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -62,17 +62,21 @@ async def test_traced_batch_keeps_every_trace_id(youzan: DevCluster) -> None:
         sent = await p.publish_encoded("enc", encode_batch(bodies, tids), partition=2,
                                        traced=True)
         plain = await p.publish_encoded("enc", memoryview(encode_batch([b"x", b"y"])))
-    assert isinstance(sent, SentBatch)
-    assert (sent.topic, sent.partition, sent.count) == ("enc", 2, 5)
+    assert isinstance(sent, BatchReceipt)
+    assert (sent.topic, sent.partitions, sent.count) == ("enc", (2,), 5)
     records = youzan.store.partition("enc", 2).records
     assert [r.body for r in records] == bodies
     assert [r.trace_id for r in records] == tids
-    assert sent.receipt is not None and sent.receipt.count == 5
-    assert sent.receipt.offset == records[0].offset
-    assert sent.receipt.raw_size == sum(r.raw_size for r in records)
+    (receipt,) = sent.receipts  # one MPUB_TRACE, one receipt
+    assert receipt.count == 5 and receipt.partition == 2
+    assert receipt.offset == records[0].offset
+    assert receipt.raw_size == sum(r.raw_size for r in records)
     # round-robin: the result says which partition took the batch
-    assert plain.receipt is None and plain.count == 2 and plain.partition is not None
-    got = [r.body for r in youzan.store.partition("enc", plain.partition).records]
+    assert isinstance(plain, BatchReceipt)
+    assert plain.receipts == () and plain.count == 2
+    (partition,) = plain.partitions
+    assert partition is not None
+    got = [r.body for r in youzan.store.partition("enc", partition).records]
     assert got[-2:] == [b"x", b"y"]
 
 
@@ -82,7 +86,7 @@ async def test_ext_batch_has_a_header_per_message(youzan: DevCluster) -> None:
     async with Producer(lookupd=youzan.lookupd_http_addresses, config=FAST) as p:
         sent = await p.publish_ext_batch("ext", [({"k": "1"}, b"a"), (b'{"k":"2"}', b"b"),
                                                  ({"##trace_id": "9"}, b"c")])
-        assert (sent.partition, sent.count, sent.receipt) == (0, 3, None)
+        assert sent == BatchReceipt("ext", 3, (0,), ())
         with pytest.raises(NSQError):  # not an ext topic: refused by nsqd, not retried
             await p.publish_ext_batch("noext", [({"k": "v"}, b"x")])
     recs = youzan.store.partition("ext", 0).records
@@ -95,9 +99,9 @@ async def test_stock_batch_and_youzan_only_features(stock: DevCluster) -> None:
     stock.create_topic("s", channels=("c",))
     addr = stock.nsqd_tcp_addresses[0]
     bodies = [b"%03d" % i for i in range(50)]
-    async with Producer([addr], config=FAST) as p:
+    async with Producer(nsqd=[addr], config=FAST) as p:
         sent = await p.publish_encoded("s", encode_batch(bodies))
-        assert (sent.partition, sent.count, sent.receipt) == (None, 50, None)
+        assert sent == BatchReceipt("s", 50, (None,), ())
         with pytest.raises(UnsupportedFeatureError, match="MPUB_TRACE needs youzan"):
             await p.publish_encoded("s", encode_batch([b"x"], [1]), traced=True)
         with pytest.raises(UnsupportedFeatureError, match="MPUB_EXT needs youzan"):
@@ -131,7 +135,7 @@ async def test_stock_batch_and_youzan_only_features(stock: DevCluster) -> None:
 async def test_publish_encoded_refuses_bad_arguments(body: object, kwargs: dict[str, object],
                                                     match: str) -> None:
     addr = "127.0.0.1:1"  # never dialled: every check comes before any I/O
-    async with Producer([addr], config=SMALL) as p:
+    async with Producer(nsqd=[addr], config=SMALL) as p:
         with pytest.raises(ConfigError, match=match):
             await p.publish_encoded("t", body, **kwargs)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="topic"):
@@ -152,7 +156,7 @@ async def test_publish_encoded_refuses_bad_arguments(body: object, kwargs: dict[
 ])
 async def test_publish_ext_batch_refuses_bad_arguments(items: object, match: str) -> None:
     addr = "127.0.0.1:1"  # never dialled
-    async with Producer([addr], config=SMALL) as p:
+    async with Producer(nsqd=[addr], config=SMALL) as p:
         with pytest.raises(ConfigError, match=match):
             await p.publish_ext_batch("t", items)  # type: ignore[arg-type]
         assert p.pools[addr].connections == ()
