@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import PublishError, ServerError
-from smartnsq.producer import HttpProducer, Producer, PublishTimeoutError, encode_batch
+from smartnsq.errors import PublishError, PublishTimeoutError, ServerError
+from smartnsq.producer import HttpProducer, Producer, encode_batch
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -28,8 +28,8 @@ async def test_an_nsqd_addressed_directly_that_does_not_lead_the_partition_costs
     other = topic.other_leader(0)
     config = ProducerConfig(publish_timeout=20.0, max_attempts=3)
     loop = asyncio.get_running_loop()
-    async with Producer([other.tcp], config=config) as tcp, \
-            HttpProducer([other.http], config=config) as http:
+    async with Producer(nsqd=[other.tcp], config=config) as tcp, \
+            HttpProducer(nsqd=[other.http], config=config) as http:
         for producer in (tcp, http):
             start = loop.time()
             async with asyncio.timeout(15):
@@ -52,7 +52,7 @@ async def test_a_fresh_producer_reaches_every_partition_round_robin(
     async with Producer(lookupd=youzan.lookupd) as p:
         sent = [await p.publish_encoded(topic.name, encode_batch([b"m%d" % i]))
                 for i in range(10)]
-    assert [s.partition for s in sent] == [1, 0] * 5
+    assert [s.partitions for s in sent] == [(1,), (0,)] * 5
 
 
 @pytest.mark.real_nsqd
@@ -71,8 +71,8 @@ async def test_http_passes_over_a_failed_nsqd_during_its_backoff(
     topic = unique("engine_http")
     config = ProducerConfig(reconnect_min=30.0, reconnect_max=60.0, max_attempts=2)
     try:
-        async with HttpProducer([dead, stock.nsqd_http], config=config) as http, \
-                Producer([stock.nsqd_tcp], config=config) as tcp:
+        async with HttpProducer(nsqd=[dead, stock.nsqd_http], config=config) as http, \
+                Producer(nsqd=[stock.nsqd_tcp], config=config) as tcp:
             async with asyncio.timeout(10):
                 for i in range(20):
                     await http.publish(topic, b"m%d" % i)
