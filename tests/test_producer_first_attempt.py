@@ -66,7 +66,7 @@ async def test_a_wrong_answer_fails_the_connection_and_the_publish_goes_to_the_n
 
     async with ScriptedServer(wrong) as s1, ScriptedServer(right) as s2:
         a1, a2 = f"127.0.0.1:{s1.port}", f"127.0.0.1:{s2.port}"
-        async with Producer([a1, a2], config=CFG.replace(max_attempts=3)) as p:
+        async with Producer(nsqd=[a1, a2], config=CFG.replace(max_attempts=3)) as p:
             # round-robin over the two: publish until the "wrong" node got its first PUB
             async with asyncio.timeout(3):
                 while len(bad) < 1:
@@ -94,19 +94,20 @@ async def test_with_one_attempt_a_dropped_connection_fails_the_publish_at_once()
 
     async with ScriptedServer(drop) as s:
         addr = f"127.0.0.1:{s.port}"
-        async with Producer([addr], config=CFG.replace(max_attempts=1)) as p:
+        async with Producer(nsqd=[addr], config=CFG.replace(max_attempts=1)) as p:
             await p.publish("t", b"warm")
             with pytest.raises(PublishError) as info:
                 await p.publish("t", b"lost")
             assert "after 1 attempt(s)" in str(info.value)
             assert isinstance(info.value.__cause__, ConnectionClosedError)
-            # the failed first attempt is no longer counted as in flight: close() does not
+            # the failed first attempt is no longer counted as in flight: stop() does not
             # wait for it
             async with asyncio.timeout(1.5):
-                await p.close(timeout=2.5)
+                await p.stop(timeout=2.5)
+            assert p.is_closed
 
 
-async def test_a_cancelled_first_attempt_does_not_hold_up_close() -> None:
+async def test_a_cancelled_first_attempt_does_not_hold_up_stop() -> None:
     received = asyncio.Event()
     release = asyncio.Event()
 
@@ -123,7 +124,8 @@ async def test_a_cancelled_first_attempt_does_not_hold_up_close() -> None:
 
     async with ScriptedServer(late) as s:
         addr = f"127.0.0.1:{s.port}"
-        p = Producer([addr], config=CFG)
+        p = Producer(nsqd=[addr], config=CFG)
+        await p.start()
         await p.publish("t", b"warm")
         task = asyncio.create_task(p.publish("t", b"abandoned"))
         async with asyncio.timeout(2):
@@ -132,10 +134,11 @@ async def test_a_cancelled_first_attempt_does_not_hold_up_close() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         release.set()
-        # close waits for publishes in flight (up to its timeout): a leaked count would make
+        # stop waits for publishes in flight (up to its timeout): a leaked count would make
         # it wait the whole 2.5 s
         async with asyncio.timeout(1.5):
-            await p.close(timeout=2.5)
+            await p.stop(timeout=2.5)
+        assert p.is_closed
 
 
 async def test_an_mpub_answered_with_anything_but_ok_fails_its_connection() -> None:
@@ -159,7 +162,7 @@ async def test_an_mpub_answered_with_anything_but_ok_fails_its_connection() -> N
 
     async with ScriptedServer(wrong) as s:
         addr = f"127.0.0.1:{s.port}"
-        async with Producer([addr], config=CFG.replace(max_attempts=1)) as p:
+        async with Producer(nsqd=[addr], config=CFG.replace(max_attempts=1)) as p:
             with pytest.raises(PublishError) as info:
                 await p.publish_many("t", [b"a", b"b"])
             assert isinstance(info.value.__cause__, ProtocolError)
@@ -186,7 +189,7 @@ async def test_round_robin_reaches_every_node_when_the_first_has_no_connection_y
 
     async with ScriptedServer(serve(0)) as s1, ScriptedServer(serve(1)) as s2:
         addresses = [f"127.0.0.1:{s1.port}", f"127.0.0.1:{s2.port}"]
-        async with Producer(addresses, config=CFG) as p:
+        async with Producer(nsqd=addresses, config=CFG) as p:
             async with asyncio.timeout(5):
                 for _ in range(6):
                     if many:
