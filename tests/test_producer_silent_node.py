@@ -103,7 +103,7 @@ async def test_silent_nsqd_costs_one_attempt_not_the_whole_timeout(stock: DevClu
     """Two nsqds listed, one silent: the issue's 12 publishes spaced out all succeed."""
     cfg = config(linger=0.005) if kind == "auto-batched" else config()
     publish = PUBLISHES["publish" if kind == "auto-batched" else kind]
-    async with Producer(stock.nsqd_tcp_addresses, config=cfg) as p:
+    async with Producer(nsqd=stock.nsqd_tcp_addresses, config=cfg) as p:
         await warm_up(p, stock)
         silent = stock.nsqd_tcp_addresses[1]
         stock.delay_responses(1, SILENCE)
@@ -123,7 +123,7 @@ async def test_silent_nsqd_costs_one_attempt_not_the_whole_timeout(stock: DevClu
 
 
 async def test_node_comes_back_once_it_answers_again(stock: DevCluster) -> None:
-    async with Producer(stock.nsqd_tcp_addresses, config=config()) as p:
+    async with Producer(nsqd=stock.nsqd_tcp_addresses, config=config()) as p:
         await warm_up(p, stock)
         silent = p.pools[stock.nsqd_tcp_addresses[1]]
         stock.delay_responses(1, SILENCE)
@@ -177,7 +177,7 @@ async def test_http_producer_fails_over_from_a_silent_nsqd(stock: DevCluster) ->
     port = server.sockets[0].getsockname()[1]
     try:
         addresses = [f"127.0.0.1:{port}", stock.nsqd_http_addresses[0]]
-        async with HttpProducer(addresses, config=config()) as p:
+        async with HttpProducer(nsqd=addresses, config=config()) as p:
             results = await spaced(lambda body: p.publish("t", body), 8, 0.1)
         check_none_failed(results)
         assert accepted  # the silent node was tried, and cost one attempt
