@@ -14,11 +14,14 @@ from smartnsq.devcluster import DevCluster
 from smartnsq.devcluster.nsqd import NsqdOptions
 from smartnsq.errors import (
     BadMessageError,
+    ClientClosedError,
     ConfigError,
+    NotStartedError,
     PublishError,
+    PublishTimeoutError,
     UnsupportedFeatureError,
 )
-from smartnsq.producer import HttpProducer, Producer, PublishTimeoutError
+from smartnsq.producer import BatchReceipt, HttpProducer, Producer
 from tests.test_producer_support import bodies_of, consume
 
 FAST = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -39,10 +42,12 @@ async def test_publish_mpub_split_and_dpub(cluster: DevCluster) -> None:
     cluster.create_topic("plain", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
     cfg = FAST.replace(max_body_size=1024, max_msg_size=1024, connections_per_nsqd=1)
-    async with Producer([addr], config=cfg) as p:
+    async with Producer(nsqd=[addr], config=cfg) as p:
         assert await p.publish("plain", b"one") is None
         bodies = [b"%03d" % i + b"x" * 97 for i in range(100)]
-        assert await p.publish_many("plain", bodies) == []
+        # stock nsqd: no partitions, and no receipts (the call passed no trace_id)
+        assert await p.publish_many("plain", bodies) == BatchReceipt("plain", 100,
+                                                                     (None,) * 12, ())
         await p.publish_deferred("plain", b"later", 0.05)
         # 1 PUB + 12 MPUBs (9 messages of 104 bytes per 1024-byte body) + 1 DPUB
         assert sum(c.stats().publishes for c in p.pools[addr].connections) == 14
@@ -57,7 +62,7 @@ async def test_publish_mpub_split_and_dpub(cluster: DevCluster) -> None:
 async def test_timeout_and_cancel_leave_the_connection_usable(cluster: DevCluster) -> None:
     cluster.create_topic("slow", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
-    async with Producer([addr], config=FAST) as p:
+    async with Producer(nsqd=[addr], config=FAST) as p:
         await p.publish("slow", b"warm-up")
         conn = p.pools[addr].connections[0]
         cluster.delay_responses(0, 0.3)
@@ -102,7 +107,7 @@ async def test_failover_when_an_nsqd_dies_loses_nothing_acknowledged(
                 if len(acked) >= stop_at:
                     half.set()
 
-    async with Producer(cluster.nsqd_tcp_addresses, config=cfg) as p:
+    async with Producer(nsqd=cluster.nsqd_tcp_addresses, config=cfg) as p:
         workers = [asyncio.create_task(worker(p, w)) for w in range(20)]
         async with asyncio.timeout(10):
             await half.wait()
@@ -138,7 +143,7 @@ async def test_failover_when_an_nsqd_dies_loses_nothing_acknowledged(
 async def test_all_nodes_down_raises_with_the_cause(cluster: DevCluster) -> None:
     addrs = cluster.nsqd_tcp_addresses[:1]
     cfg = FAST.replace(max_attempts=3)
-    async with Producer(addrs, config=cfg) as p:
+    async with Producer(nsqd=addrs, config=cfg) as p:
         await cluster.stop_node(0)
         with pytest.raises(PublishError) as info:
             await p.publish("gone", b"x", timeout=3)
@@ -152,7 +157,7 @@ async def test_auto_batching_gives_each_caller_its_result_in_order(
     cluster.create_topic("batched", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
     cfg = FAST.replace(linger=0.005, max_batch=50, connections_per_nsqd=1)
-    async with Producer([addr], config=cfg) as p:
+    async with Producer(nsqd=[addr], config=cfg) as p:
         bodies = [b"m%04d" % i for i in range(500)]
         results = await asyncio.gather(*(p.publish("batched", b) for b in bodies))
         assert results == [None] * 500
@@ -170,7 +175,7 @@ async def test_a_failed_batch_fails_every_caller_in_it() -> None:
                           nsqd_options=NsqdOptions(max_msg_size=50)) as c:
         c.create_topic("strict", channels=("c",))
         cfg = FAST.replace(linger=0.01, max_batch=10, connections_per_nsqd=1)
-        async with Producer(c.nsqd_tcp_addresses, config=cfg) as p:
+        async with Producer(nsqd=c.nsqd_tcp_addresses, config=cfg) as p:
             bodies = [b"ok"] * 5 + [b"x" * 100] + [b"ok"] * 4
             results = await asyncio.gather(*(p.publish("strict", b) for b in bodies),
                                            return_exceptions=True)
@@ -186,7 +191,7 @@ async def test_cancelled_caller_is_left_out_of_its_batch(cluster: DevCluster) ->
     cluster.create_topic("cb", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
     cfg = FAST.replace(linger=0.05, max_batch=100)
-    async with Producer([addr], config=cfg) as p:
+    async with Producer(nsqd=[addr], config=cfg) as p:
         keep = asyncio.create_task(p.publish("cb", b"keep"))
         drop = asyncio.create_task(p.publish("cb", b"drop"))
         await asyncio.sleep(0)
@@ -198,15 +203,21 @@ async def test_cancelled_caller_is_left_out_of_its_batch(cluster: DevCluster) ->
     assert stock_count(cluster, 0, "cb") == 1
 
 
-async def test_close_waits_for_accepted_publishes(cluster: DevCluster) -> None:
+async def test_stop_waits_for_accepted_publishes(cluster: DevCluster) -> None:
     cluster.create_topic("closing", channels=("c",))
     addr = cluster.nsqd_tcp_addresses[0]
-    p = Producer([addr], config=FAST.replace(linger=0.2))
+    p = Producer(nsqd=[addr], config=FAST.replace(linger=0.2))
+    with pytest.raises(NotStartedError, match=r"start\(\)"):  # no implicit start
+        await p.publish("closing", b"too early")
+    await p.start()
     tasks = [asyncio.create_task(p.publish("closing", b"%d" % i)) for i in range(20)]
     await asyncio.sleep(0)
-    await p.close()  # flushes the open batch and waits for its answer
+    await p.stop()  # flushes the open batch and waits for its answer
+    assert p.is_closed
     assert all(t.done() and t.exception() is None for t in tasks)
     assert stock_count(cluster, 0, "closing") == 20
+    with pytest.raises(ClientClosedError):
+        await p.publish("closing", b"too late")
 
 
 async def test_stock_compatibility_errors(cluster: DevCluster) -> None:
@@ -221,7 +232,7 @@ async def test_stock_compatibility_errors(cluster: DevCluster) -> None:
             with pytest.raises(UnsupportedFeatureError):
                 await coro
         await p.publish_deferred("compat", b"deferred works", 0.01)
-    async with Producer(cluster.nsqd_tcp_addresses[:1], config=FAST) as p:
+    async with Producer(nsqd=cluster.nsqd_tcp_addresses[:1], config=FAST) as p:
         with pytest.raises(UnsupportedFeatureError):
             await p.publish("compat", b"x", trace_id=7)
         with pytest.raises(UnsupportedFeatureError):
@@ -237,10 +248,12 @@ async def test_http_producer_stock(cluster: DevCluster) -> None:
     cluster.create_topic("web", channels=("c",))
     http = cluster.nsqd_http_addresses
     cfg = FAST.replace(max_body_size=1024, max_msg_size=1024)
-    async with HttpProducer([http[0]], config=cfg) as p:
+    async with HttpProducer(nsqd=[http[0]], config=cfg) as p:
         await p.publish("web", b"via http")
         bodies = [b"%03d" % i + b"y" * 97 for i in range(30)]
-        await p.publish_many("web", bodies)
+        sent = await p.publish_many("web", bodies)
+        assert (sent.topic, sent.count, sent.receipts) == ("web", 30, ())
+        assert sent.partitions and set(sent.partitions) == {None}
         await p.publish_deferred("web", b"deferred", 0.01)
         with pytest.raises(UnsupportedFeatureError):
             await p.publish("web", b"x", trace_id=1)
@@ -251,7 +264,7 @@ async def test_http_producer_stock(cluster: DevCluster) -> None:
     assert got[31] == b"deferred"
     # failover: a dead node is skipped
     await cluster.stop_node(1)
-    async with HttpProducer([http[1], http[2]], config=FAST) as p:
+    async with HttpProducer(nsqd=[http[1], http[2]], config=FAST) as p:
         for i in range(6):
             await p.publish("web", b"fo%d" % i)
     assert stock_count(cluster, 2, "web") == 6
