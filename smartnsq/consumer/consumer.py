@@ -21,6 +21,7 @@ import logging
 import random
 import types
 from collections.abc import Callable, Collection
+from typing import Self
 
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
@@ -255,7 +256,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> Consumer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
