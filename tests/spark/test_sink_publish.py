@@ -50,7 +50,7 @@ def collect(tc: ThreadedCluster, topic: str, n: int) -> list[Message]:
             if len(got) >= n:
                 done.set()
 
-        async with Consumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
+        async with Consumer(topic, CHANNEL, handler, lookupd=lookupds,
                             config=fast_config(max_in_flight=200)):
             try:
                 async with asyncio.timeout(WAIT):

@@ -42,7 +42,7 @@ def collect(tc: ThreadedCluster, topic: str, n: int, *, timeout: float = WAIT) -
             if len(got) >= n:
                 done.set()
 
-        c = Consumer(topic, CHANNEL, handler, lookupd_http_addresses=lookupds,
+        c = Consumer(topic, CHANNEL, handler, lookupd=lookupds,
                      config=fast_config(max_in_flight=200))
         async with c:
             try:

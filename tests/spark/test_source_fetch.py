@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from smartnsq.devcluster import DevCluster
+from smartnsq.errors import SourceOptionError
 from smartnsq.producer import Producer, PublishReceipt
 from smartnsq.protocol.messages import RawMessage
 from smartnsq.spark.fetch import _MAX_STRAYS, _RDY, RangeFetcher, RangeTask
-from smartnsq.spark.options import SourceOptionError, parse_source_options
+from smartnsq.spark.options import parse_source_options
 from smartnsq.spark.planning import (
     find_boundary,
     resolve_ending,

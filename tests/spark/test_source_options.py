@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from smartnsq.errors import SourceOptionError
 from smartnsq.spark.offsets import (
     PartitionState,
     check_data_loss,
@@ -17,7 +18,7 @@ from smartnsq.spark.offsets import (
     split_budget,
     split_range,
 )
-from smartnsq.spark.options import SOURCE_OPTION_NAMES, SourceOptionError, parse_source_options
+from smartnsq.spark.options import SOURCE_OPTION_NAMES, parse_source_options
 from smartnsq.spark.sink_options import SinkOptions
 
 BASE = {"lookupd": "127.0.0.1:4161", "topic": "orders"}

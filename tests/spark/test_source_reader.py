@@ -21,8 +21,9 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
 )
 
+from smartnsq.errors import DataLossError
 from smartnsq.spark.options import parse_source_options
-from smartnsq.spark.source_youzan import DataLossError, YouzanStreamReader
+from smartnsq.spark.source_youzan import YouzanStreamReader
 
 TOPIC = "readerdrv"
 

@@ -32,7 +32,7 @@ def tc() -> Iterator[ThreadedCluster]:
 
 def publish(tc: ThreadedCluster, bodies: list[bytes]) -> None:
     async def run() -> None:
-        async with Producer(tc.cluster.nsqd_tcp_addresses) as p:
+        async with Producer(nsqd=tc.cluster.nsqd_tcp_addresses) as p:
             await p.publish_many(TOPIC, bodies)
     tc.call(run())
 

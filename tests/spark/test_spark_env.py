@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from smartnsq.spark.env import WorkerPythonError, check_worker_python, java_missing_reason
+from smartnsq.errors import WorkerPythonError
+from smartnsq.spark.env import check_worker_python, java_missing_reason
 
 #: a local SparkSession in a child process: JVM start, register, one read (seconds)
 CHILD_TIMEOUT = 180
