@@ -35,7 +35,7 @@ def publish(tc: ThreadedCluster, topic: str, partition: int | None, bodies: list
     stock = tc.cluster.flavour == "stock"
 
     async def run() -> list[Any]:
-        p = Producer(tc.cluster.nsqd_tcp_addresses) if stock else Producer(lookupd=lookupds)
+        p = Producer(nsqd=tc.cluster.nsqd_tcp_addresses) if stock else Producer(lookupd=lookupds)
         async with p:
             if traced:
                 out = []
