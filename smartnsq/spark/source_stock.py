@@ -250,6 +250,16 @@ class StockBatchReader(DataSourceReader):
                          config=_consumer_config(o, in_flight))
             deadline = time.monotonic() + o.max_wait
             idle = min(o.trigger_wait, o.max_wait)
+            try:
+                # within the read's time, as the messages: an nsqd that does not answer
+                # ends the read empty (the caller stops the consumer)
+                async with asyncio.timeout(o.max_wait):
+                    await c.start()
+            except TimeoutError:
+                return c, got
+            except BaseException:
+                await c.stop(drain_timeout=0.0)
+                raise
             it = aiter(c)
             while len(got) < cap:
                 left = deadline - time.monotonic()
