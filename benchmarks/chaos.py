@@ -68,6 +68,7 @@ from chaos_targets import EmbeddedTarget, RealTarget, Target, TargetError
 
 from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
+from smartnsq.errors import PublishError
 from smartnsq.message import Message
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.producer import Producer
@@ -619,10 +620,10 @@ class Soak:
         cfg = self._consumer_config()
         self.slots["ordered"] = ConsumerSlot(
             lambda: OrderedConsumer(self.topics["ordered"], CHANNEL, self._handler("ordered"),
-                                    lookupd_http_addresses=lookupds, config=cfg), "ordered")
+                                    lookupd=lookupds, config=cfg), "ordered")
         self.slots["plain"] = ConsumerSlot(
             lambda: Consumer(self.topics["plain"], CHANNEL, self._handler("plain"),
-                             lookupd_http_addresses=lookupds, config=cfg), "plain")
+                             lookupd=lookupds, config=cfg), "plain")
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -662,7 +663,8 @@ class Soak:
                 await producer.publish_many(topic, [f"{k}:{s}".encode() for k, s in items])
             sent = len(items)
         except Exception as exc:
-            sent = getattr(exc, "sent", 0)
+            # a split MPUB may have had its leading messages acknowledged
+            sent = exc.sent if isinstance(exc, PublishError) else 0
             kind = "plain PUB" if len(items) == 1 else "plain MPUB"
             self.fail_reasons[f"{kind}: {short_reason(exc)}"] += len(items) - sent
             self.fail_times[int(self.now())] += len(items) - sent
@@ -942,7 +944,7 @@ class Soak:
             for slot in self.slots.values():
                 slot.check()
                 await slot.stop()
-            await producer.close()
+            await producer.stop()
         server_note = ""
         with contextlib.suppress(Exception):
             server_note = await t.server_note()

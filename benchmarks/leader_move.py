@@ -119,7 +119,7 @@ async def run(args: argparse.Namespace) -> int:
             if not missing:
                 done.set()
 
-        consumer = OrderedConsumer(name, "ch", handle, lookupd_http_addresses=[target.lookupd],
+        consumer = OrderedConsumer(name, "ch", handle, lookupd=[target.lookupd],
                                    config=ConsumerConfig(max_in_flight=200))
         async with consumer:
             with suppress(TimeoutError):

@@ -70,7 +70,7 @@ async def _workers(n: int, concurrency: int,
 # ---------------------------------------------------------------------- stock scenarios
 
 async def pub_one_at_a_time(nsqd: str, n: int, topic: str = STOCK_TOPIC) -> Result:
-    async with Producer([nsqd]) as p:
+    async with Producer(nsqd=[nsqd]) as p:
         await _warm(p, topic)
 
         async def run() -> None:
@@ -82,7 +82,7 @@ async def pub_one_at_a_time(nsqd: str, n: int, topic: str = STOCK_TOPIC) -> Resu
 
 async def pub_in_flight(nsqd: str, n: int, concurrency: int = 1000,
                         topic: str = STOCK_TOPIC) -> Result:
-    async with Producer([nsqd]) as p:
+    async with Producer(nsqd=[nsqd]) as p:
         await _warm(p, topic)
 
         async def run() -> None:
@@ -95,7 +95,7 @@ async def pub_auto_batched(nsqd: str, n: int, concurrency: int = 5000,
                            linger: float = 0.001, max_batch: int = 500,
                            topic: str = STOCK_TOPIC) -> Result:
     cfg = ProducerConfig(linger=linger, max_batch=max_batch)
-    async with Producer([nsqd], config=cfg) as p:
+    async with Producer(nsqd=[nsqd], config=cfg) as p:
         await _warm(p, topic)
 
         async def run() -> None:
@@ -108,7 +108,7 @@ async def mpub_pipelined(nsqd: str, n: int, batch: int = 100, in_flight: int = 5
                          topic: str = STOCK_TOPIC) -> Result:
     bodies = [BODY] * batch
     calls = n // batch
-    async with Producer([nsqd]) as p:
+    async with Producer(nsqd=[nsqd]) as p:
         await _warm(p, topic)
 
         async def run() -> None:
