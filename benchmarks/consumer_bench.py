@@ -44,6 +44,8 @@ from smartnsq.protocol.validation import parse_tcp_address
 STOCK_TOPIC = "bench"
 CHANNEL = "bench"
 MAX_IN_FLIGHT = 2500
+#: how long a consumer may take to subscribe everywhere before the preload
+SUBSCRIBE_LIMIT = 30.0
 
 
 async def preload(address: str, topic: str, count: int, partition: int | None = None,
@@ -96,9 +98,21 @@ class Counter:
             self.done.set()
 
 
+async def _subscribed(consumer: Consumer, count: int) -> None:
+    """Wait until ``consumer`` has ``count`` live subscriptions. A youzan topic just created
+    through lookupd refuses SUB (E_FAILED_ON_NOT_LEADER) until lookupd's next topic check
+    and the consumer subscribes on a retry; a channel made after the preload would start
+    after the preloaded messages."""
+    async with asyncio.timeout(SUBSCRIBE_LIMIT):
+        while len(consumer.stats().subscriptions) < count:  # noqa: ASYNC110  (no event for it)
+            await asyncio.sleep(0.05)
+
+
 async def _measure(scenario: str, consumer: Consumer, counter: Counter,
-                   load: Callable[[], Awaitable[None]] | None, limit: float) -> Result:
+                   load: Callable[[], Awaitable[None]] | None, limit: float,
+                   subscriptions: int = 1) -> Result:
     async with consumer:
+        await _subscribed(consumer, subscriptions)
         if load is not None:
             await load()
             await asyncio.sleep(0.2)  # let the server settle after the preload
@@ -124,8 +138,7 @@ async def consume_fin(nsqd: str, count: int, topic: str = STOCK_TOPIC,
     """Stock nsqd: one connection, consume + FIN with max_in_flight 2500. ``preloaded``:
     ``count`` messages already wait on ``topic``/``bench`` (see :func:`preload_channel`)."""
     counter = Counter(count)
-    consumer = Consumer(topic, CHANNEL, counter, nsqd_tcp_addresses=[nsqd],
-                        config=_config())
+    consumer = Consumer(topic, CHANNEL, counter, nsqd=nsqd, config=_config())
     load = None if preloaded else lambda: preload(nsqd, topic, count)
     return await _measure("consume_fin", consumer, counter, load, limit=600)
 
@@ -154,16 +167,17 @@ async def partitioned(lookupd: str, count: int, partitions: int, ordered: bool) 
         per = count // partitions
         counter = Counter(per * partitions)
         cls = OrderedConsumer if ordered else Consumer
-        consumer = cls(topic, CHANNEL, counter, lookup=lookup, config=_config())
+        consumer = cls(topic, CHANNEL, counter, lookupd=lookup, config=_config())
 
         async def load() -> None:
             view = await lookup.lookup(topic, "r")
             await asyncio.gather(*(preload(view.partitions[p].address, topic, per, p)
                                    for p in range(partitions)))
 
-        return await _measure(f"{kind}_{partitions}", consumer, counter, load, limit=900)
+        return await _measure(f"{kind}_{partitions}", consumer, counter, load, limit=900,
+                              subscriptions=partitions)
     finally:
-        await lookup.close()
+        await lookup.stop()
 
 
 STOCK_CASES: list[tuple[str, int]] = [("consume_fin", 300_000)]
