@@ -13,7 +13,7 @@ import pytest
 import smartnsq.sync
 from smartnsq.config import ConsumerConfig
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import ClientClosedError, ConfigError
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.message import Message
 from smartnsq.sync import ThreadMessage, _loop
 from tests.consumer_support import bodies, fast_config, publish
@@ -223,7 +223,7 @@ def test_bad_input() -> None:
         smartnsq.sync.Consumer("bad topic", "c", print, nsqd=addr)
     c = smartnsq.sync.Consumer("t", "c", print, nsqd=addr)
     assert not c.is_closed
-    with pytest.raises(ClientClosedError):
+    with pytest.raises(NotStartedError, match="not started"):
         c.is_starved()  # never started
     c.stop()
     assert c.is_closed

@@ -319,7 +319,7 @@ class Consumer:
         """Wait until the consumer is stopped; raise the error that stopped it, if any."""
         check_loop(self._loop, "this Consumer")
         if not self._started:
-            raise ClientClosedError("the consumer was never started")
+            raise NotStartedError(f"consumer of {self.topic}/{self.channel} is not started")
         assert self._closed_event is not None
         await self._closed_event.wait()
         if self._error is not None:

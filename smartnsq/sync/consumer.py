@@ -37,7 +37,7 @@ from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
 from smartnsq.consumer.stats import ConsumerStats
-from smartnsq.errors import ClientClosedError, ConfigError
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
 from smartnsq.ordered.policy import DeadLetterCallback, OnBlocked, OnViolation
@@ -240,9 +240,12 @@ class Consumer:
 
     def _running_loop(self) -> BackgroundLoop:
         loop = self._loop
-        if loop is None or self._closed:
-            raise ClientClosedError("the consumer is not running (start() it; a stopped "
-                                    "consumer cannot be restarted)")
+        if self._closed:
+            raise ClientClosedError("the consumer is stopped (a stopped consumer cannot be "
+                                    "restarted)")
+        if loop is None:
+            raise NotStartedError("the consumer is not started: use 'with "
+                                  "smartnsq.sync.Consumer(...) as c:' or 'c.start()'")
         return loop
 
     def __enter__(self) -> Self:
