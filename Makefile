@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real lint bench chaos clean
+.PHONY: demo test test-real lint bench chaos docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cli,dev,speed,spark]'
+	$(BIN)/pip install -q -e '.[cli,dev,docs,speed,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +27,10 @@ test: lint
 # PYTEST_ARGS go to pytest.
 test-real: $(STAMP)
 	PYTHON=$(BIN)/python tests/run_real_servers.sh $(PYTEST_ARGS)
+
+# the documentation site on http://127.0.0.1:8000 (make test builds it with --strict)
+docs: $(STAMP)
+	$(BIN)/mkdocs serve -a 127.0.0.1:8000
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[cli,dev,speed,bench]'
