@@ -1,0 +1,200 @@
+"""The examples of README.md and of the documentation site (docs/**/*.md), found and run.
+
+A fenced ``python`` or ``bash`` block is an example; the marker comment right before it says
+what it needs (a marker may be indented with its block, inside a tab or an admonition):
+
+* ``<!-- example: standalone -->``: needs no cluster (it starts its own, or none);
+* ``<!-- example: stock -->``: a stock nsqd with an nsqlookupd;
+* ``<!-- example: youzan orders:3:billing -->``: a 3-node youzan cluster with these topics
+  (``topic:partitions:channel,channel``, ``:ordered`` after the channels for an ordered
+  topic): youzan topics are made by an operator, with a channel before the first publish;
+* ``publish=topic:count`` after either: messages already in the topic when the example runs;
+* ``spark`` before the rest: a Spark example (``tests/spark/test_doc_spark_examples.py``);
+* ``cli`` before the rest: a shell session (``bash -euo pipefail``, the ``smartnsq`` of this
+  environment on the PATH). ``session=NAME`` joins the page's blocks of that name into one
+  session, run in page order on one cluster and in one directory, as a reader would type
+  them; without it a block is a session of its own;
+* ``pytest``: a test module of a user, run by pytest with the plugin (``smartnsq.testing``);
+* ``peer``: another library's code shown for comparison (the migration pages): not run.
+
+Every example runs in a fresh interpreter (or shell), exactly as written except for the
+addresses: ``127.0.0.1:4150`` (nsqd TCP), ``127.0.0.1:4151`` (nsqd HTTP) and
+``127.0.0.1:4161`` (nsqlookupd HTTP) become the embedded cluster's. Commands shown but not run
+(installs, servers that run until Ctrl-C) are ``sh`` blocks, output is ``text``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from smartnsq import Producer
+from smartnsq.devcluster import DevCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+#: how long one example may run (a Spark one starts a JVM)
+EXAMPLE_TIMEOUT = 120.0
+#: the languages whose blocks are examples and need a marker
+EXAMPLE_LANGS = ("python", "bash")
+
+_BLOCK = re.compile(r"^(?P<indent>[ \t]*)<!-- example: (?P<kind>[^>]*?) -->\n"
+                    r"(?P=indent)```(?P<lang>\w*)\n(?P<code>.*?)^(?P=indent)```",
+                    re.S | re.M)
+_FENCE = re.compile(r"^[ \t]*```(?P<lang>\w+)[ \t]*$", re.M)
+
+
+def pages() -> list[Path]:
+    """README.md and every page of the site."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+@dataclass(frozen=True)
+class Example:
+    page: str
+    line: int
+    kind: str
+    lang: str
+    code: str
+
+    @property
+    def flavour(self) -> str:
+        return self.kind.split()[0]
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}:{self.flavour}"
+
+    def option(self, name: str) -> str | None:
+        for word in self.kind.split():
+            if word.startswith(name + "="):
+                return word.removeprefix(name + "=")
+        return None
+
+
+def examples(path: Path) -> list[Example]:
+    text = path.read_text()
+    page = path.relative_to(ROOT).as_posix()
+    found = []
+    for m in _BLOCK.finditer(text):
+        indent = m["indent"]
+        code = "".join(line.removeprefix(indent) for line in m["code"].splitlines(True))
+        found.append(Example(page, text.count("\n", 0, m.start()) + 2, m["kind"].strip(),
+                             m["lang"], textwrap.dedent(code)))
+    return found
+
+
+def unmarked(path: Path) -> list[int]:
+    """Lines of the example blocks (python, bash) of ``path`` that have no marker."""
+    text = path.read_text()
+    marked = {e.line for e in examples(path)}
+    return [line for m in _FENCE.finditer(text) if m["lang"] in EXAMPLE_LANGS
+            if (line := text.count("\n", 0, m.start()) + 1) not in marked]
+
+
+def all_examples() -> list[Example]:
+    return [e for page in pages() for e in examples(page)]
+
+
+def runnable(flavour: str) -> list[Example]:
+    """The examples of one kind: ``standalone``, ``stock`` and ``youzan`` together are
+    ``python``."""
+    if flavour == "python":
+        return [e for e in all_examples() if e.flavour in ("standalone", "stock", "youzan")]
+    return [e for e in all_examples() if e.flavour == flavour]
+
+
+def sessions() -> list[list[Example]]:
+    """The shell sessions: the blocks of one ``session=`` name on one page, in page order."""
+    grouped: dict[tuple[str, str], list[Example]] = {}
+    for e in runnable("cli"):
+        grouped.setdefault((e.page, e.option("session") or e.id), []).append(e)
+    return list(grouped.values())
+
+
+def with_addresses(code: str, cluster: DevCluster) -> str:
+    return (code.replace("127.0.0.1:4150", cluster.nsqd_tcp_addresses[0])
+            .replace("127.0.0.1:4151", cluster.nsqd_http_addresses[0])
+            .replace("127.0.0.1:4161", cluster.lookupd_http_addresses[0]))
+
+
+async def run_process(*args: str, cwd: Path | None = None, what: str = "the example",
+                      env: dict[str, str] | None = None) -> str:
+    """Run a process to its end within :data:`EXAMPLE_TIMEOUT`; its output (stdout and
+    stderr); it must exit 0."""
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=cwd,
+        env=env)
+    try:
+        async with asyncio.timeout(EXAMPLE_TIMEOUT):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"{what} ran past {EXAMPLE_TIMEOUT:.0f} s") from None
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{text}"
+    return text
+
+
+def cluster_spec(kind: str) -> str:
+    """The cluster part of a marker: without the leading ``spark`` / ``cli`` / ``pytest``
+    word and without ``session=``."""
+    words = kind.split()
+    if words and words[0] in ("spark", "cli", "pytest"):
+        words = words[1:]
+    return " ".join(w for w in words if not w.startswith("session="))
+
+
+@contextlib.asynccontextmanager
+async def example_cluster(kind: str) -> AsyncIterator[DevCluster]:
+    """The cluster a marker asks for (see the module docstring)."""
+    flavour, *specs = cluster_spec(kind).split()
+    assert flavour in ("stock", "youzan"), f"unknown example kind {kind!r}"
+    async with DevCluster(nodes=1 if flavour == "stock" else 3, flavour=flavour) as cluster:
+        publish: list[tuple[str, int]] = []
+        for spec in specs:
+            if spec.startswith("publish="):
+                topic, count = spec.removeprefix("publish=").split(":")
+                publish.append((topic, int(count)))
+                continue
+            name, partitions, channels, ordered = [*spec.split(":"), "", "", ""][:4]
+            assert ordered in ("", "ordered"), f"bad topic spec {spec!r}"
+            cluster.create_topic(name, partition_num=int(partitions or 1), replica=1,
+                                 ordered=ordered == "ordered",
+                                 channels=[c for c in channels.split(",") if c])
+        if publish:
+            async with Producer(lookupd=cluster.lookupd_http_addresses) as producer:
+                for topic, count in publish:
+                    await producer.publish_many(topic, [
+                        b'{"order": %d, "note": "published before the example"}' % i
+                        for i in range(count)])
+        yield cluster
+
+
+async def run_python(cluster: DevCluster, example: Example, cwd: Path | None = None) -> str:
+    return await run_process(sys.executable, "-c", with_addresses(example.code, cluster),
+                             cwd=cwd, what=example.id)
+
+
+def path_env() -> dict[str, str]:
+    """This environment with its own ``smartnsq`` (and python) first on the PATH."""
+    bindir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+
+
+async def run_session(cluster: DevCluster, blocks: Iterable[Example], cwd: Path) -> str:
+    """Each block with ``bash -euo pipefail`` in turn; their outputs, concatenated."""
+    out = []
+    for block in blocks:
+        assert block.lang == "bash", f"{block.id}: a cli example is a bash block"
+        out.append(await run_process("bash", "-euo", "pipefail", "-c",
+                                     with_addresses(block.code, cluster), cwd=cwd,
+                                     what=block.id, env=path_env()))
+    return "".join(out)

@@ -1,0 +1,72 @@
+"""Every example of README.md and of the documentation site runs, as written, against the
+embedded cluster (the markers and the harness: ``tests/doc_examples.py``; the Spark examples:
+``tests/spark/test_doc_spark_examples.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.doc_examples import (
+    ROOT,
+    Example,
+    all_examples,
+    cluster_spec,
+    example_cluster,
+    pages,
+    path_env,
+    run_process,
+    run_python,
+    run_session,
+    runnable,
+    sessions,
+    unmarked,
+)
+
+KINDS = ("standalone", "stock", "youzan", "spark", "cli", "pytest", "peer")
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_example_block_is_marked(page: Path) -> None:
+    """An unmarked example would silently go untested."""
+    lines = unmarked(page)
+    assert not lines, f"{page.name}: the python/bash blocks at lines {lines} need a marker"
+
+
+def test_every_marker_names_a_known_kind() -> None:
+    bad = [e.id for e in all_examples() if e.flavour not in KINDS]
+    assert not bad, f"unknown example kinds: {bad}"
+
+
+@pytest.mark.parametrize("example", runnable("python"), ids=lambda e: e.id)
+async def test_example_runs(example: Example) -> None:
+    assert example.lang == "python"
+    if example.flavour == "standalone":
+        out = await run_process(sys.executable, "-c", example.code, what=example.id)
+    else:
+        async with example_cluster(example.kind) as cluster:
+            out = await run_python(cluster, example)
+    assert out.strip(), "the example printed nothing"
+
+
+@pytest.mark.parametrize("blocks", sessions(), ids=lambda bs: bs[0].id)
+async def test_command_line_session_runs(blocks: list[Example], tmp_path: Path) -> None:
+    """A shell session: every command in order, each must succeed (``bash -e`` with
+    pipefail)."""
+    async with example_cluster(blocks[0].kind) as cluster:
+        out = await run_session(cluster, blocks, tmp_path)
+    assert out.strip(), "the session printed nothing"
+
+
+@pytest.mark.parametrize("example", runnable("pytest"), ids=lambda e: e.id)
+async def test_user_test_module_passes(example: Example, tmp_path: Path) -> None:
+    """A user's test module, with only the plugin's fixtures: pytest runs it and every test
+    in it passes."""
+    assert example.lang == "python"
+    assert not cluster_spec(example.kind), "a pytest example brings its own cluster"
+    (tmp_path / "test_user.py").write_text(example.code)
+    out = await run_process(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "test_user.py", cwd=tmp_path, what=example.id, env=path_env())
+    assert " passed" in out and "failed" not in out, out
