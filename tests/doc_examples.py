@@ -6,8 +6,9 @@ what it needs (a marker may be indented with its block, inside a tab or an admon
 * ``<!-- example: standalone -->``: needs no cluster (it starts its own, or none);
 * ``<!-- example: stock -->``: a stock nsqd with an nsqlookupd;
 * ``<!-- example: youzan orders:3:billing -->``: a 3-node youzan cluster with these topics
-  (``topic:partitions:channel,channel``, ``:ordered`` after the channels for an ordered
-  topic): youzan topics are made by an operator, with a channel before the first publish;
+  (``topic:partitions:channel,channel``, then ``:ordered``, ``:ext`` or ``:ordered+ext``
+  for an ordered topic, one with JSON headers): youzan topics are made by an operator,
+  with a channel before the first publish;
 * ``publish=topic:count`` after either: messages already in the topic when the example runs;
 * ``spark`` before the rest: a Spark example (``tests/spark/test_doc_spark_examples.py``);
 * ``cli`` before the rest: a shell session (``bash -euo pipefail``, the ``smartnsq`` of this
@@ -164,13 +165,17 @@ async def example_cluster(kind: str) -> AsyncIterator[DevCluster]:
                 topic, count = spec.removeprefix("publish=").split(":")
                 publish.append((topic, int(count)))
                 continue
-            name, partitions, channels, ordered = [*spec.split(":"), "", "", ""][:4]
-            assert ordered in ("", "ordered"), f"bad topic spec {spec!r}"
+            name, partitions, channels, flags = [*spec.split(":"), "", "", ""][:4]
+            kinds = {f for f in flags.split("+") if f}
+            assert kinds <= {"ordered", "ext"}, f"bad topic spec {spec!r}"
             cluster.create_topic(name, partition_num=int(partitions or 1), replica=1,
-                                 ordered=ordered == "ordered",
+                                 ordered="ordered" in kinds, ext="ext" in kinds,
                                  channels=[c for c in channels.split(",") if c])
         if publish:
-            async with Producer(lookupd=cluster.lookupd_http_addresses) as producer:
+            # a stock topic is made by its first publish to nsqd; youzan ones exist already
+            producer = (Producer(nsqd=cluster.nsqd_tcp_addresses) if flavour == "stock"
+                        else Producer(lookupd=cluster.lookupd_http_addresses))
+            async with producer:
                 for topic, count in publish:
                     await producer.publish_many(topic, [
                         b'{"order": %d, "note": "published before the example"}' % i
