@@ -191,12 +191,14 @@ class NsqCluster:
         channels: Iterable[str] = (),
         ordered: bool = False,
     ) -> None:
-        """Create a topic and its ``channels``, ready for writes and subscriptions at once.
+        """Create a topic and its ``channels`` at once (no wait for lookupd's topic check).
 
         youzan: ``partitions`` partitions with ``replicas`` replicas each, spread over the
         nodes as lookupd places them; ``ordered=True`` makes an ordered topic (for
-        ``publish_ordered`` and ``OrderedConsumer``). stock: the topic and channels are made
-        on every running nsqd and the youzan-only arguments are ignored.
+        ``publish_ordered`` and ``OrderedConsumer``). As on the real servers, lookupd offers
+        a youzan topic for writes only once it has a channel: give at least one. stock: the
+        topic and channels are made on every running nsqd and the youzan-only arguments are
+        ignored.
 
         A channel made here keeps every message published from now on for its consumer
         (on youzan a channel made later starts at the end of each partition, like the real
