@@ -33,16 +33,18 @@ def run_user_tests(pytester: pytest.Pytester, source: str, *args: str) -> pytest
     the cluster threads are all gone afterwards."""
     pytester.makepyfile(test_user=source)
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    before = cluster_threads()
     result = pytester.runpytest(*PLUGIN_ARGS, "-p", "no:cacheprovider", *args)
     deadline = time.monotonic() + 10
-    while cluster_threads() and time.monotonic() < deadline:
+    while cluster_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert cluster_threads() == [], "a cluster outlived its fixture"
+    assert cluster_threads() - before == set(), "a cluster outlived its fixture"
     return result
 
 
-def cluster_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("smartnsq-testing-")]
+def cluster_threads() -> set[threading.Thread]:
+    """The threads of the clusters running in this process (this session's own included)."""
+    return {t for t in threading.enumerate() if t.name.startswith("smartnsq-testing-")}
 
 
 def test_the_entry_point_names_the_plugin() -> None:
@@ -307,6 +309,7 @@ def test_user_assertion_fails(nsq_stock):
 
 
 def test_the_cluster_outside_pytest_starts_once_and_refuses_calls_when_stopped() -> None:
+    before = cluster_threads()
     nsq = NsqCluster("stock")
     with pytest.raises(RuntimeError, match="not running"):
         nsq.create_topic("early")
@@ -318,7 +321,7 @@ def test_the_cluster_outside_pytest_starts_once_and_refuses_calls_when_stopped()
     with pytest.raises(RuntimeError, match="not running"):
         nsq.kill_node(0)
     nsq.stop()  # idempotent
-    assert cluster_threads() == []
+    assert cluster_threads() - before == set()
 
 
 def test_the_package_needs_no_pytest_and_nothing_else_imports_it() -> None:
