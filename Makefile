@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/python -m smartnsq.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check smartnsq tests benchmarks
+	$(BIN)/ruff check smartnsq tests benchmarks examples docs/hooks
 	$(BIN)/mypy --strict smartnsq
 
 test: lint
