@@ -232,6 +232,66 @@ async def test_giving_up_callback_sync_and_async() -> None:
     assert got == [2, 2]
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_failing_giving_up_callback_keeps_the_message(
+        kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    # a dead-letter publish that fails must not lose the message: it is requeued, not FINed
+    calls: list[int] = []
+
+    def sync_cb(msg: Message) -> None:
+        calls.append(msg.attempts)
+        raise ConnectionError("dead-letter topic unreachable")
+
+    async def async_cb(msg: Message) -> None:
+        calls.append(msg.attempts)
+        await asyncio.sleep(0)
+        raise ConnectionError("dead-letter topic unreachable")
+
+    async def handler(msg: Message) -> None:
+        raise AssertionError("a given-up message must not reach the handler")
+
+    caplog.set_level(logging.ERROR, logger="smartnsq.consumer")
+    Rig.extra = {"giving_up": sync_cb if kind == "sync" else async_cb}
+    try:
+        rig = Rig(handler, max_attempts=2)
+    finally:
+        Rig.extra = {}
+    rig.deliver(1, attempts=3)
+    await turns(4)
+    assert calls == [3]
+    assert rig.sent("FIN") == [] and [v[0] for v in rig.sent("REQ")] == [b"%016x" % 0]
+    assert "giving_up callback failed" in caplog.text and "requeued" in caplog.text
+    st = rig.consumer.stats()
+    assert st.given_up == 0 and st.in_flight == 0
+
+
+async def test_an_async_giving_up_callback_is_finished_after_it_returned() -> None:
+    release = asyncio.Event()
+    stored: list[bytes] = []
+
+    async def dead_letter(msg: Message) -> None:
+        await release.wait()
+        stored.append(msg.body)
+
+    async def handler(msg: Message) -> None:
+        return None
+
+    Rig.extra = {"giving_up": dead_letter}
+    try:
+        rig = Rig(handler, max_attempts=1)
+    finally:
+        Rig.extra = {}
+    rig.deliver(1, attempts=2)
+    await turns(4)
+    assert rig.sent("FIN") == [] and stored == []  # not finished while the callback runs
+    assert rig.consumer.stats().in_flight == 1
+    release.set()
+    await turns(4)
+    assert stored == [b"body-0"] and rig.sent("FIN") == [b"%016x" % 0]
+    st = rig.consumer.stats()
+    assert st.given_up == 1 and st.in_flight == 0
+
+
 async def test_one_read_mixing_messages_over_and_under_the_attempt_cap() -> None:
     handled: list[bytes] = []
 

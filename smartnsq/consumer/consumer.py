@@ -93,8 +93,9 @@ class Consumer:
     returning finishes the message, raising requeues it) or, without a handler, to
     ``async for message in consumer`` (then answer each message yourself).
 
-    ``giving_up`` receives messages delivered more than ``config.max_attempts`` times; they
-    are finished without reaching the handler (default: a warning is logged).
+    ``giving_up`` receives messages delivered more than ``config.max_attempts`` times, instead
+    of the handler; each is finished once the callback returned, and requeued if it raised
+    (default: a warning is logged and the message finished).
     ``start_at`` (youzan, lookups only) positions the channel once per partition at start,
     exactly: the position is checked on the leader and retried within a bound, and nothing
     below it reaches the handler (``stats().dropped_before_start`` counts what nsqd's

@@ -12,8 +12,9 @@ messages in place and answers nsqd's twin deliveries.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from smartnsq.config import ConsumerConfig
@@ -25,7 +26,8 @@ __all__ = ["AttemptsPolicy", "DeliveryPolicy", "GivingUpCallback", "PolicyHost"]
 
 log = logging.getLogger("smartnsq.consumer")
 
-#: called with a message given up after ``max_attempts`` (already finished); may be async
+#: called with a message given up after ``max_attempts``, before it is finished; may be
+#: async. If it raises, the message is requeued instead (given up again next time)
 GivingUpCallback = Callable[[Message], object]
 
 
@@ -133,16 +135,50 @@ class AttemptsPolicy:
     def give_up(self, sub: Sub, msg: Message) -> None:
         host = self._host
         assert host is not None
-        host.hold(sub, msg, track=False)
-        msg.finish()
-        sub.given_up += 1
         cb = self._giving_up
         if cb is None:
+            host.hold(sub, msg, track=False)
+            msg.finish()
+            sub.given_up += 1
             log.warning("giving up on message %s of %s/%s after %d attempts (max_attempts "
                         "%d); finished it", msg.id.hex(), host.topic, host.channel,
                         msg.attempts, self.max_attempts)
             return
-        host.call_user(cb, msg, what="giving_up callback")
+        # the callback first, the FIN once it returned: a dead-letter store that fails keeps
+        # the message in the channel instead of losing it. Tracked meanwhile, so that stop()
+        # answers it if the callback is still running then.
+        host.hold(sub, msg, track=True)
+        try:
+            result = cb(msg)
+        except Exception as exc:
+            self._kept(sub, msg, exc)
+            return
+        if inspect.isawaitable(result):
+            host.spawn(self._after(sub, msg, result))
+            return
+        self._given_up(sub, msg)
+
+    async def _after(self, sub: Sub, msg: Message, pending: Awaitable[object]) -> None:
+        try:
+            await pending
+        except Exception as exc:
+            self._kept(sub, msg, exc)
+            return
+        self._given_up(sub, msg)
+
+    def _given_up(self, sub: Sub, msg: Message) -> None:
+        sub.given_up += 1
+        if not msg.has_responded:  # the callback may have answered it itself
+            msg.finish()
+
+    def _kept(self, sub: Sub, msg: Message, exc: Exception) -> None:
+        host = self._host
+        assert host is not None
+        log.error("giving_up callback failed for message %s of %s/%s (attempt %d): %r; "
+                  "requeued it (it is given up again on its next delivery)", msg.id.hex(),
+                  host.topic, host.channel, msg.attempts, exc, exc_info=exc)
+        if not msg.has_responded:
+            msg.requeue(None, backoff=False)
 
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         pass
