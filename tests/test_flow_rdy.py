@@ -400,6 +400,44 @@ def test_backoff_disabled() -> None:
     assert rdys(ctl) == {"a": 5, "b": 5}
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_probe_goes_to_the_connection_whose_requeue_backed_off(seed: int) -> None:
+    # the failed message comes back on its own connection: a random probe could sit on an idle
+    # one for low_rdy_idle_timeout while the failed one waited (an ordered partition stalled)
+    ctl = controller(seed=seed, max_in_flight=4)
+    for key in "abcd":
+        ctl.add_connection(key, 2500, 0.0)
+    ctl.message_received("c", 0.1)
+    ctl.message_requeued("c", 0.2)
+    assert rdys(ctl) == {"a": 0, "b": 0, "c": 0, "d": 0}
+    assert sends(ctl.timer_fired(1, 2.0)) == [SendRdy("c", 1)]
+
+
+def test_a_neutral_requeue_does_not_choose_the_probe() -> None:
+    picks = set()
+    for seed in range(30):
+        ctl = controller(seed=seed, max_in_flight=4)
+        for key in "abcd":
+            ctl.add_connection(key, 2500, 0.0)
+        ctl.message_received("a", 0.1)
+        ctl.message_received("d", 0.1)
+        ctl.message_requeued("a", 0.2)            # the backoff failure
+        ctl.message_requeued("d", 0.3, backoff=False)  # neutral: not a failure
+        (probe,) = sends(ctl.timer_fired(1, 2.0))
+        picks.add(probe.conn)
+    assert picks == {"a"}
+
+
+def test_a_removed_connection_is_not_the_probe() -> None:
+    ctl = controller(seed=3, max_in_flight=4)
+    for key in "ab":
+        ctl.add_connection(key, 2500, 0.0)
+    ctl.message_received("a", 0.1)
+    ctl.message_requeued("a", 0.2)
+    ctl.remove_connection("a", 0.5)
+    assert sends(ctl.timer_fired(1, 2.0)) == [SendRdy("b", 1)]
+
+
 def test_window_end_without_connections_probes_the_next_one() -> None:
     ctl = controller(max_in_flight=4)
     ctl.add_connection("a", 2500, 0.0)

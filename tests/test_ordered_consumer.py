@@ -5,12 +5,14 @@ policies, start positions, leader moves."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
+from smartnsq.config import ConsumerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import BlockedMessageError, ConfigError, OrderViolationError
 from smartnsq.message import Message
@@ -299,3 +301,28 @@ def test_bad_input() -> None:
     with pytest.raises(ConfigError, match="on_blocked"):
         OrderedConsumer(TOPIC, CHANNEL, Collector(), lookupd=["127.0.0.1:1"],
                         on_blocked="skip")  # type: ignore[arg-type]
+
+
+async def test_a_failing_message_is_retried_promptly_with_backoff_on(
+        cluster: DevCluster) -> None:
+    # backoff on (the default): the window's probe RDY goes to the partition whose message
+    # failed, not to a random idle one that would hold it for low_rdy_idle_timeout (10 s)
+    # while the failed message waited (before: 1 run in 4 took over 10 s per retry)
+    await publish(leader_address(cluster, 2), TOPIC, [b"flaky"], partition=2)
+    attempts: list[float] = []
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def handler(msg: Message) -> None:
+        attempts.append(loop.time())
+        if len(attempts) < 3:
+            raise RuntimeError("downstream hiccup")
+        done.set()
+
+    config = ConsumerConfig(max_in_flight=PARTITIONS, backoff_multiplier=0.05,
+                            ordered_retry_pause=0.05, lookupd_poll_interval=0.5,
+                            low_rdy_idle_timeout=10.0, reconnect_min=0.05, reconnect_max=0.3)
+    async with consumer(cluster, handler, config=config, start_at="earliest"):
+        await asyncio.wait_for(done.wait(), 20)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert len(attempts) == 3 and max(gaps) < 5.0, gaps

@@ -24,8 +24,11 @@ Rules, in the words of the contract:
   (at least 1); **rotating** (``max_in_flight < n``): exactly ``max_in_flight`` connections
   hold RDY 1, and :meth:`RdyController.redistribute` takes it back from idle ones and gives
   it to random others, so an nsqd with messages is eventually found;
-* **backoff**: during a window every connection has RDY 0; when it ends exactly one random
-  connection gets RDY 1 ("test the waters"), and rotates like above while it stays idle;
+* **backoff**: during a window every connection has RDY 0; when it ends exactly one
+  connection gets RDY 1 ("test the waters"): the one whose requeue last raised the backoff,
+  which holds at least that message again (go-nsq picks at random, and an idle pick held the
+  probe for ``low_rdy_idle_timeout``: an ordered partition retrying in place stalled that
+  long), else a random one; it rotates like above while it stays idle;
   when the level is back to 0 every connection gets its target again.
 """
 
@@ -152,6 +155,9 @@ class RdyController(Generic[K]):
         self._total = 0
         self._timer_token: int | None = None
         self._tokens = 0
+        #: the connection whose requeue last counted as a backoff failure: the probe's first
+        #: choice when a window ends
+        self._failed_on: K | None = None
         # per event: RDY of each changed connection before the event, and timers to start
         self._before: dict[K, int] = {}
         self._timers: list[ScheduleTimer] = []
@@ -221,6 +227,8 @@ class RdyController(Generic[K]):
         conn = self._conns.pop(key, None)
         if conn is None:
             return []
+        if self._failed_on == key:
+            self._failed_on = None
         self._total -= conn.rdy
         self._before.pop(key, None)
         self._rebalance()
@@ -289,7 +297,11 @@ class RdyController(Generic[K]):
     def message_requeued(self, key: K, now: float, *, backoff: bool = True) -> list[Action[K]]:
         """The message was REQueued: a backoff failure, or neutral with ``backoff=False``."""
         self._message_done(key)
-        self._apply(self._backoff.failure() if backoff else self._backoff.neutral())
+        if backoff:
+            self._failed_on = key
+            self._apply(self._backoff.failure())
+        else:
+            self._apply(self._backoff.neutral())
         return self._commit(now)
 
     def timer_fired(self, token: int, now: float) -> list[Action[K]]:
@@ -386,6 +398,11 @@ class RdyController(Generic[K]):
         if self._backoff.in_backoff:
             cap = min(1, self._max_in_flight)
             self._shed(cap)
+            failed = self._failed_on
+            if failed is not None and failed not in given_up and self._total < cap:
+                probe = self._conns.get(failed)
+                if probe is not None and probe.rdy == 0:
+                    self._set(failed, probe, 1)
             self._fill(cap, given_up)
             return
         n = len(self._conns)
