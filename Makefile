@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real lint bench chaos docs clean
+.PHONY: demo test test-real test-spark-cluster lint bench chaos docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,18 @@ test: lint
 # PYTEST_ARGS go to pytest.
 test-real: $(STAMP)
 	PYTHON=$(BIN)/python tests/run_real_servers.sh $(PYTEST_ARGS)
+
+# The Spark source and sink on a Spark standalone cluster (a master and two one-core workers
+# from pyspark's spark-class, executors on a venv-packed environment, tests/spark/cluster.py)
+# against the real servers: already running ones when SMARTNSQ_REAL_YOUZAN_LOOKUPD is set,
+# else started and stopped as by test-real (which runs these tests too).
+test-spark-cluster: $(STAMP)
+	$(BIN)/python -c 'import venv_pack' 2>/dev/null || $(BIN)/pip install -q venv-pack
+	if [ -n "$$SMARTNSQ_REAL_YOUZAN_LOOKUPD" ]; then \
+	  SMARTNSQ_SPARK_CLUSTER=1 $(BIN)/python -m pytest -q -m spark_cluster tests/spark $(PYTEST_ARGS); \
+	else \
+	  SMARTNSQ_SPARK_CLUSTER=1 PYTHON=$(BIN)/python tests/run_real_servers.sh -m spark_cluster $(PYTEST_ARGS); \
+	fi
 
 # the documentation site on http://127.0.0.1:8000 (make test builds it with --strict)
 docs: $(STAMP)

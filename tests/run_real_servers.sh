@@ -10,7 +10,8 @@
 # beside this checkout). youzan needs etcd: when it is missing and apt-get can run (root), it
 # installs Debian's etcd-server; otherwise it stops with a message saying what to install.
 # Exported for the tests (tests/real_servers.py): SMARTNSQ_REAL_NSQD, SMARTNSQ_REAL_NSQD_HTTP,
-# SMARTNSQ_REAL_LOOKUPD, SMARTNSQ_REAL_YOUZAN_LOOKUPD. Extra arguments go to pytest.
+# SMARTNSQ_REAL_LOOKUPD, SMARTNSQ_REAL_YOUZAN_LOOKUPD, and SMARTNSQ_SPARK_CLUSTER=1 (unless set).
+# Extra arguments go to pytest.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 REALNSQ_DIR=${REALNSQ_DIR:-$HERE/../shared/realnsq}
@@ -68,5 +69,7 @@ for v in SMARTNSQ_REAL_NSQD SMARTNSQ_REAL_NSQD_HTTP SMARTNSQ_REAL_LOOKUPD \
 done
 
 cd "$HERE"
-# every real-server test in tests/, whoever wrote it (their double variants run too: cheap)
-"$PYTHON" -m pytest -q -m "real_nsqd or real_youzan" tests/ "$@"
+# every real-server test in tests/, whoever wrote it (their double variants run too: cheap),
+# and the Spark standalone cluster tests (a few minutes; SMARTNSQ_SPARK_CLUSTER=0 leaves them out)
+export SMARTNSQ_SPARK_CLUSTER=${SMARTNSQ_SPARK_CLUSTER:-1}
+"$PYTHON" -m pytest -q -m "real_nsqd or real_youzan or spark_cluster" tests/ "$@"

@@ -24,7 +24,7 @@ __all__ = ["check_worker_python", "java_missing_reason", "prepare_spark_environm
 log = logging.getLogger(__name__)
 
 #: what the nsq source and sink import in Spark's Python workers (pyspark comes from Spark)
-_WORKER_MODULES = ("smartnsq", "pyarrow")
+_WORKER_MODULES = ("smartnsq", "pyarrow", "numpy")
 #: run by the workers' interpreter: its version, then the modules it cannot find (no import)
 _PROBE = ("import importlib.util as u, sys; print('%d.%d' % sys.version_info[:2]); "
           f"print(','.join(m for m in {_WORKER_MODULES!r} if u.find_spec(m) is None))")
@@ -77,9 +77,10 @@ def check_worker_python(spark: Any) -> None:
     source = ("PYSPARK_PYTHON" if os.environ.get("PYSPARK_PYTHON") == python else
               "python3 on the PATH: PYSPARK_PYTHON was not set when the SparkSession started"
               if python == "python3" else "PYSPARK_PYTHON when the SparkSession started")
-    fix = (f"set PYSPARK_PYTHON to {sys.executable} (this interpreter) before the "
-           "SparkSession starts, or call smartnsq.spark.env.prepare_spark_environment() "
-           "first, or give that interpreter smartnsq[spark]")
+    fix = _relative_fix(python) or (
+        f"set PYSPARK_PYTHON to {sys.executable} (this interpreter) before the "
+        "SparkSession starts, or call smartnsq.spark.env.prepare_spark_environment() "
+        "first, or give that interpreter smartnsq[spark]")
     text = f"Spark's Python workers run {python} ({source}), {problem}; {fix}"
     shipped = [str(f) for f in getattr(context, "_python_includes", None) or ()]
     if certain and not shipped:
@@ -89,16 +90,34 @@ def check_worker_python(spark: Any) -> None:
     log.warning("%s", text)
 
 
-@functools.cache
+def _relative_fix(python: str) -> str | None:
+    """The fix for a relative interpreter path (a packed environment shipped to executors
+    with ``spark.archives``), or None for an absolute path or a bare command name."""
+    if os.sep not in python or os.path.isabs(python):
+        return None
+    top = python.split(os.sep)[1 if python.startswith("." + os.sep) else 0]
+    return (f"the executors resolve {python} in their working directory, where spark.archives "
+            "unpacks the environment, but the data source's planning workers that this driver "
+            f"starts resolve it in the driver's working directory {os.getcwd()}: unpack the "
+            f"same archive there before the query (mkdir {top} && tar -xzf <archive> -C {top}) "
+            "or make it a link to a Python that has smartnsq[spark]")
+
+
 def _worker_problem(python: str, path: str, pythonpath: str, cwd: str
                     ) -> tuple[str, bool] | None:
     """What is wrong with ``python`` as Spark's worker interpreter and whether that is
-    certain, or None. ``path``, ``pythonpath`` and ``cwd`` are part of the key: they decide
-    which interpreter and which modules the workers find (they start in the driver's
-    directory, which ``python -m`` puts on their path)."""
+    certain, or None. ``path``, ``pythonpath`` and ``cwd`` decide which interpreter and which
+    modules the workers find (they start in the driver's directory, which ``python -m`` puts
+    on their path). A missing interpreter is not remembered: it may be unpacked next."""
     found = python if os.sep in python else shutil.which(python, path=path)
-    if found is None or not os.path.exists(found):
+    if found is None or not os.path.exists(os.path.join(cwd, found)):
         return "which does not exist", True
+    return _probe(os.path.join(cwd, found), pythonpath, cwd)
+
+
+@functools.cache
+def _probe(found: str, pythonpath: str, cwd: str) -> tuple[str, bool] | None:
+    """:func:`_worker_problem` for an interpreter that exists, asked once per key."""
     try:
         done = subprocess.run([found, "-c", _PROBE], capture_output=True, text=True,
                               timeout=_PROBE_TIMEOUT, check=False, cwd=cwd,

@@ -13,8 +13,14 @@ import pytest
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
+from tests.spark.cluster import spark_standalone  # noqa: F401  (the cluster tests' fixture)
 
 T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spark_cluster: runs on a Spark standalone cluster "
+                            "when SMARTNSQ_SPARK_CLUSTER=1 (make test-spark-cluster)")
 
 
 class ThreadedCluster:
