@@ -9,17 +9,22 @@ smartnsq`` under a Java trace: :func:`check_worker_python` says so at ``register
 
 from __future__ import annotations
 
+import builtins
 import functools
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import types
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from smartnsq.errors import WorkerPythonError
 
-__all__ = ["check_worker_python", "java_missing_reason", "prepare_spark_environment"]
+__all__ = ["check_executor_python", "check_worker_python", "java_missing_reason",
+           "prepare_spark_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,8 @@ _PROBE = ("import importlib.util as u, sys; print('%d.%d' % sys.version_info[:2]
           f"print(','.join(m for m in {_WORKER_MODULES!r} if u.find_spec(m) is None))")
 #: seconds for that interpreter to start and answer (a cold start on a loaded machine)
 _PROBE_TIMEOUT = 30.0
+#: seconds for the executors to answer (they may still be starting); then the probe is dropped
+_EXECUTOR_PROBE_TIMEOUT = 120.0
 
 
 def prepare_spark_environment() -> None:
@@ -59,7 +66,8 @@ def check_worker_python(spark: Any) -> None:
     on this host. Asked once per interpreter (it is started once, ~30 ms). When the session
     ships Python files to the workers (``--py-files``, ``addPyFile``), smartnsq may come in
     one of them, and when the interpreter does not answer nothing is known: the finding is
-    then logged as a warning instead. Spark Connect sessions (no SparkContext here) are not
+    then logged as a warning instead. On a cluster the executors' interpreter is asked next
+    (:func:`check_executor_python`). Spark Connect sessions (no SparkContext here) are not
     checked.
     """
     try:
@@ -71,6 +79,7 @@ def check_worker_python(spark: Any) -> None:
     finding = _worker_problem(python, os.environ.get("PATH", ""),
                               os.environ.get("PYTHONPATH", ""), os.getcwd())
     if finding is None:
+        check_executor_python(spark)
         return
     problem, certain = finding
     # the context read PYSPARK_PYTHON when it started; it may have changed since
@@ -88,6 +97,77 @@ def check_worker_python(spark: Any) -> None:
     if shipped:
         text += f" (unless a Python file shipped to the workers provides it: {', '.join(shipped)})"
     log.warning("%s", text)
+
+
+def check_executor_python(spark: Any, timeout: float = _EXECUTOR_PROBE_TIMEOUT) -> None:
+    """On a cluster (a master other than ``local[...]``), raise :class:`WorkerPythonError`
+    naming the interpreter the executors run, as they see it, if it cannot import smartnsq
+    (or pyarrow, numpy) or is another Python version than the driver.
+
+    The executors may run another Python than the driver (a packed environment shipped with
+    ``spark.archives``, an image's own); without this the first query fails with
+    ``ModuleNotFoundError`` inside a Java trace that names no interpreter. It runs one task per
+    core with a function shipped by value (it needs nothing from smartnsq there); when that job
+    does not finish within ``timeout`` seconds (no executor yet) or fails, the finding is
+    logged as a warning instead. Called by :func:`check_worker_python` once the driver's side
+    passed.
+    """
+    try:
+        context = spark.sparkContext
+        master = str(context.master)
+    except Exception as exc:  # Spark Connect: the workers are the server's business
+        log.debug("not checking the executors' Python: %r", exc)
+        return
+    if master.startswith("local"):
+        return  # the executors are the driver's own Python workers, checked already
+    tasks = max(1, int(context.defaultParallelism))
+    tag = f"smartnsq-executor-python-{os.getpid()}-{threading.get_ident()}"
+    context.addJobTag(tag)
+    timer = threading.Timer(timeout, context.cancelJobsWithTag, (tag,))
+    timer.start()
+    try:
+        answers = (context.parallelize(range(tasks), tasks)
+                   .mapPartitions(_shipped_by_value(_executor_answer)).collect())
+    except Exception as exc:
+        log.warning("could not ask the executors' Python what it imports (%s)",
+                    str(exc).splitlines()[0][:300])
+        return
+    finally:
+        timer.cancel()
+        context.removeJobTag(tag)
+    driver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for python, version, missing in sorted(set(answers)):
+        if missing:
+            problem = (f"which cannot import {missing.replace(',', ' or ')} (the nsq source "
+                       "and sink run there)")
+        elif version != driver:
+            problem = (f"which is Python {version}; the driver runs Python {driver} and Spark "
+                       "needs the same in both")
+        else:
+            continue
+        raise WorkerPythonError(
+            f"Spark's executors run {python} (the path {context.pythonExec} as they resolve "
+            f"it), {problem}; ship them an environment with smartnsq[spark] (spark.archives "
+            "with a packed virtual environment, see the Spark guide's Cluster deployment) or "
+            "install smartnsq[spark] into that Python on every executor")
+
+
+def _executor_answer(_: Iterable[int], modules: tuple[str, ...] = _WORKER_MODULES
+                     ) -> Iterator[tuple[str, str, str]]:
+    """Run on an executor: its interpreter, its version, the modules it cannot find."""
+    import importlib.util
+    import sys
+
+    found = importlib.util.find_spec
+    yield (sys.executable, f"{sys.version_info[0]}.{sys.version_info[1]}",
+           ",".join(m for m in modules if found(m) is None))
+
+
+def _shipped_by_value(fn: Any) -> Any:
+    """``fn`` as a function of no module, which Spark's pickler ships by value: executors
+    without smartnsq can still run it."""
+    return types.FunctionType(fn.__code__, {"__builtins__": builtins}, fn.__name__,
+                              fn.__defaults__)
 
 
 def _relative_fix(python: str) -> str | None:

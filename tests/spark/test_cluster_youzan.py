@@ -226,3 +226,25 @@ def test_driver_without_the_environment_names_the_interpreter(
     assert "does not exist" in text and f"working directory {cwd}" in text
     assert "tar -xzf <archive> -C environment" in text
 
+
+
+def test_executors_without_smartnsq_name_their_interpreter(
+        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
+    # the driver's directory has smartnsq, the archive shipped to the executors does not:
+    # Spark's own error would be a ModuleNotFoundError (pyarrow, then smartnsq) naming no
+    # interpreter; register(spark) asks the executors first
+    from tests.spark.cluster import packed_environment, run_driver
+
+    bare = packed_environment("bare", with_smartnsq=False)
+    cwd = tmp_path / "driver"
+    _unpack(packed.archive, cwd)
+    got = run_driver(__name__, "drive_register", _args(
+        spark_standalone, bare.archive, lookupd, "unused", "smartnsq-cluster-bare"),
+        cwd, _driver_env())
+    text = got["register"]
+    assert text is not None, got
+    executor_python = text.split("Spark's executors run ", 1)[1].split(" ", 1)[0]
+    assert executor_python.startswith(str(spark_standalone.base)), text
+    assert executor_python.endswith("/environment/bin/python"), text
+    assert f"(the path {DRIVER_PYTHON} as they resolve it)" in text
+    assert "cannot import smartnsq or pyarrow or numpy" in text
