@@ -77,6 +77,7 @@ class StandaloneCluster:
     url: str = ""
     ui_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    worker_ui: dict[str, int] = field(default_factory=dict)  # name -> web UI port
     started_in: float = 0.0
 
     def start(self, workers: int = 2) -> None:
@@ -86,19 +87,34 @@ class StandaloneCluster:
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(port), "--webui-port", str(self.ui_port))
         for i in range(1, workers + 1):
-            work = self.base / f"worker{i}"
-            work.mkdir(parents=True, exist_ok=True)
-            self._spawn(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url,
-                        "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
-                        "--webui-port", str(_free_port()), "--work-dir", str(work))
-        deadline = began + START_SECONDS
-        while self.alive_workers() < workers:
+            self._spawn_worker(f"worker{i}")
+        self._wait_workers(began + START_SECONDS)
+        self.started_in = time.monotonic() - began
+
+    def _spawn_worker(self, name: str) -> None:
+        work = self.base / name
+        work.mkdir(parents=True, exist_ok=True)
+        self.worker_ui[name] = _free_port()
+        self._spawn(name, "org.apache.spark.deploy.worker.Worker", self.url,
+                    "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
+                    "--webui-port", str(self.worker_ui[name]), "--work-dir", str(work))
+
+    def _wait_workers(self, deadline: float) -> None:
+        # by web UI port: a killed worker stays ALIVE on the master until its timeout
+        while not set(self.worker_ui.values()) <= self.alive_workers():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 why = f"{dead} exited" if dead else f"not up within {START_SECONDS:.0f} s"
                 raise RuntimeError(f"Spark standalone cluster: {why}\n{self.logs()}")
             time.sleep(0.5)
-        self.started_in = time.monotonic() - began
+
+    def restart_dead_workers(self) -> None:
+        """Start again the workers a test killed; wait until all are registered."""
+        dead = [n for n, p in self.procs.items() if n != "master" and p.poll() is not None]
+        for name in dead:
+            (self.base / f"{name}.log").rename(self.base / f"{name}.killed.log")
+            self._spawn_worker(name)
+        self._wait_workers(time.monotonic() + START_SECONDS)
 
     def _spawn(self, name: str, cls: str, *args: str) -> None:
         out = (self.base / f"{name}.log").open("wb")
@@ -110,14 +126,16 @@ class StandaloneCluster:
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.base)
         out.close()
 
-    def alive_workers(self) -> int:
+    def alive_workers(self) -> set[int]:
+        """The web UI ports of the workers the master lists as ALIVE."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/",
                                         timeout=2) as answer:
                 state = json.load(answer)
         except (OSError, ValueError):
-            return 0
-        return sum(w.get("state") == "ALIVE" for w in state.get("workers", ()))
+            return set()
+        return {int(str(w.get("webuiaddress", ":0")).rsplit(":", 1)[1])
+                for w in state.get("workers", ()) if w.get("state") == "ALIVE"}
 
     def executor_logs(self) -> str:
         """The last lines of every executor's stderr (under the workers' work dirs)."""
@@ -130,7 +148,7 @@ class StandaloneCluster:
     def logs(self) -> str:
         parts = []
         for name in self.procs:
-            f = self.base / f"{name}.log"
+            f = self.base / f"{name}.log"  # the current run's (a killed one's is .killed.log)
             text = f.read_text(errors="replace") if f.exists() else ""
             parts.append(f"--- {name}\n" + "\n".join(text.splitlines()[-30:]))
         return "\n".join(parts)

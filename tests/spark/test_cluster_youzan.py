@@ -6,13 +6,15 @@ Each test runs its driver in a process of its own (:func:`tests.spark.cluster.ru
 a fresh working directory, with ``PYSPARK_PYTHON=./environment/bin/python``: the executors
 resolve it in their work directories, where Spark unpacks the archive; the driver's data
 source planning workers resolve it in the driver's directory, where the recipe unpacks the same
-archive. Run with ``make test-spark-cluster`` (``SMARTNSQ_SPARK_CLUSTER=1`` and a real youzan
+archive. A worker killed and a leader moved during a stream leave its output exactly once.
+Run with ``make test-spark-cluster`` (``SMARTNSQ_SPARK_CLUSTER=1`` and a real youzan
 lookupd in ``SMARTNSQ_REAL_YOUZAN_LOOKUPD``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tarfile
 import time
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.spark_cluster
 DRIVER_PYTHON = "./environment/bin/python"
 ROWS = 3000
 PER_TRIGGER = 700
+FAULT_ROWS = 8000
+FAULT_BATCH = 500
 
 
 # --- the drivers (run in their own process; they import only pyspark and smartnsq) --------
@@ -126,9 +130,56 @@ def drive_register(args: dict[str, Any]) -> dict[str, Any]:
     return {"register": None, "write": None}
 
 
+def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
+    """A checkpointed stream over a filled topic, in small batches: a worker is killed after
+    the first batch (SIGKILL; its executor goes with it) and partition 0's leader is moved
+    after the third; the output is read back."""
+    import signal
+
+    import aiohttp
+    from pyspark.sql import functions as sf
+
+    import smartnsq.spark
+    from tests.real_servers import HTTP_TIMEOUT, YouzanCluster
+
+    async def move_leader() -> None:
+        async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+            yc = YouzanCluster("real", args["lookupd"], session)
+            _, new_id = await yc.move_leader(args["topic"], 0)
+            await yc.wait_leader(args["topic"], 0, new_id)
+
+    spark = _session(args)
+    smartnsq.spark.register(spark)
+    query = (spark.readStream.format("nsq")
+             .options(lookupd=args["lookupd"], topic=args["topic"],
+                      startingOffsets="earliest", maxMessagesPerTrigger=str(FAULT_BATCH))
+             .load().select(sf.col("body").cast("string").alias("b"))
+             .writeStream.format("parquet").option("path", args["out"])
+             .option("checkpointLocation", args["checkpoint"])
+             .trigger(availableNow=True).start())
+    killed_after = moved_after = 0
+    deadline = time.monotonic() + 400
+    while query.isActive and time.monotonic() < deadline:
+        done = len([p for p in query.recentProgress if p["numInputRows"]])
+        if done >= 1 and not killed_after:
+            os.kill(args["kill_pid"], signal.SIGKILL)
+            killed_after = done
+        elif done >= 3 and not moved_after:
+            asyncio.run(move_leader())
+            moved_after = done
+        query.awaitTermination(0.5)
+    finished = query.awaitTermination(1)
+    error = query.exception()
+    batches = [int(p["numInputRows"]) for p in query.recentProgress]
+    rows = sorted(r.b for r in spark.read.parquet(args["out"]).collect()) if finished else []
+    spark.stop()
+    return {"finished": finished, "error": str(error) if error else None, "rows": rows,
+            "batches": batches, "killed_after": killed_after, "moved_after": moved_after}
+
+
 # --- the tests ------------------------------------------------------------------------------
 
-def _topic(lookupd: str, prefix: str, partitions: int) -> str:
+def _topic(lookupd: str, prefix: str, partitions: int, replicator: int = 1) -> str:
     import aiohttp
 
     from tests.real_servers import HTTP_TIMEOUT, YouzanCluster
@@ -136,7 +187,8 @@ def _topic(lookupd: str, prefix: str, partitions: int) -> str:
     async def create() -> str:
         async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
             yc = YouzanCluster("real", lookupd, session)
-            topic = await yc.create_topic(prefix, partition_num=partitions, replicator=1)
+            topic = await yc.create_topic(prefix, partition_num=partitions,
+                                          replicator=replicator)
             return str(topic.name)
 
     return asyncio.run(create())
@@ -248,3 +300,44 @@ def test_executors_without_smartnsq_name_their_interpreter(
     assert executor_python.endswith("/environment/bin/python"), text
     assert f"(the path {DRIVER_PYTHON} as they resolve it)" in text
     assert "cannot import smartnsq or pyarrow or numpy" in text
+
+
+def test_worker_killed_and_leader_moved_during_a_stream(
+        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
+    # Spark reschedules the killed worker's tasks on the other; the source follows the new
+    # leader from the same offsets; the checkpointed output has every message exactly once
+    from smartnsq import Producer
+    from tests.spark.cluster import run_driver
+
+    # one partition with a replica to move to (three nsqd cannot place two such partitions)
+    topic = _topic(lookupd, "sparkfault", 1, replicator=2)
+
+    async def fill() -> None:
+        async with Producer(lookupd=lookupd) as p:
+            for i in range(0, FAULT_ROWS, 500):
+                await p.publish_many(topic, [f"f{j}".encode() for j in range(i, i + 500)],
+                                     partition=0)
+
+    asyncio.run(fill())
+    cwd = tmp_path / "driver"
+    _unpack(packed.archive, cwd)
+    worker = spark_standalone.procs["worker1"]
+    try:
+        got = run_driver(__name__, "drive_faults", _args(
+            spark_standalone, packed.archive, lookupd, topic, "smartnsq-cluster-faults",
+            out=str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
+            kill_pid=worker.pid), cwd, _driver_env())
+    except AssertionError:
+        print(spark_standalone.executor_logs())
+        raise
+    finally:
+        spark_standalone.restart_dead_workers()  # the next tests get two workers again
+    assert worker.poll() is not None, "the worker was not killed"
+    print(f"\nfaults: {len(got['batches'])} batches, worker killed after "
+          f"{got['killed_after']}, leader moved after {got['moved_after']}, "
+          f"driver process {got['driver_seconds']} s")
+    assert got["finished"] and got["error"] is None, got["error"]
+    non_empty = [b for b in got["batches"] if b]
+    assert got["killed_after"] and got["moved_after"] and got["moved_after"] < len(non_empty)
+    assert got["rows"] == sorted(f"f{i}" for i in range(FAULT_ROWS))  # exactly once
+    assert max(got["batches"]) <= FAULT_BATCH
