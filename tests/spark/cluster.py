@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -39,8 +40,10 @@ SKIP_REASON = ("SMARTNSQ_SPARK_CLUSTER=1 is not set: the Spark standalone cluste
 CACHE = REPO / ".venv-spark-exec"
 #: what executors import besides smartnsq (the spark extra without pyspark, which Spark ships)
 EXECUTOR_PACKAGES = ("pyarrow", "numpy", "pandas<3")
-#: the name the archive is unpacked under, on executors and in the driver's directory
+#: the name the archive is unpacked under, on executors and in the driver's directory, and
+#: the interpreter inside it that the drivers give Spark (PYSPARK_PYTHON)
 ENV_NAME = "environment"
+DRIVER_PYTHON = f"./{ENV_NAME}/bin/python"
 #: bounds: the master and workers up (JVM starts on a loaded 2-core machine), one driver run
 START_SECONDS = 120.0
 DRIVER_SECONDS = 600.0
@@ -208,6 +211,41 @@ def packed_environment(name: str = "smartnsq", with_smartnsq: bool = True) -> Pa
     return PackedEnv(target, time.monotonic() - began)
 
 
+def unpack(archive: Path, cwd: Path) -> None:
+    """The recipe's driver step: the archive the executors get, unpacked in the driver's
+    working directory (the data source's planning workers run its interpreter there)."""
+    target = cwd / ENV_NAME
+    target.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="tar")
+
+
+def driver_env() -> dict[str, str]:
+    return spark_env(PYSPARK_PYTHON=DRIVER_PYTHON)
+
+
+def driver_session(args: dict[str, Any]) -> Any:
+    """In a driver process: a SparkSession on ``args["master"]`` shipping ``args["archive"]``
+    to the executors as ``environment``."""
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(args["master"]).appName(args["app"])
+             .config("spark.archives", f"{args['archive']}#{ENV_NAME}")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.executor.memory", "512m")
+             .config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def driver_args(cluster: StandaloneCluster, archive: Path, app: str,
+                **more: Any) -> dict[str, Any]:
+    return {"master": cluster.url, "archive": str(archive), "app": app, **more}
+
+
 def run_driver(module: str, function: str, args: dict[str, Any], cwd: Path,
                env: dict[str, str]) -> dict[str, Any]:
     """Run ``module.function(args)`` as a Spark driver in its own Python process, in ``cwd``;
@@ -245,3 +283,13 @@ def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_packed_env() -> PackedEnv:
+    if not ENABLED:
+        pytest.skip(SKIP_REASON)
+    env = packed_environment()
+    print(f"\npacked executor environment {env.archive.name}: "
+          f"{env.archive.stat().st_size / 2**20:.0f} MiB, built in {env.seconds:.1f} s")
+    return env

@@ -13,7 +13,10 @@ import pytest
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
-from tests.spark.cluster import spark_standalone  # noqa: F401  (the cluster tests' fixture)
+from tests.spark.cluster import (  # noqa: F401  (the cluster tests' fixtures)
+    spark_packed_env,
+    spark_standalone,
+)
 
 T = TypeVar("T")
 

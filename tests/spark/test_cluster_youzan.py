@@ -16,16 +16,24 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.spark.cluster import (
+    DRIVER_PYTHON,
+    driver_args,
+    driver_env,
+    driver_session,
+    packed_environment,
+    run_driver,
+    unpack,
+)
+
 pytestmark = pytest.mark.spark_cluster
 
-DRIVER_PYTHON = "./environment/bin/python"
 ROWS = 3000
 PER_TRIGGER = 700
 FAULT_ROWS = 8000
@@ -34,28 +42,13 @@ FAULT_BATCH = 500
 
 # --- the drivers (run in their own process; they import only pyspark and smartnsq) --------
 
-def _session(args: dict[str, Any]) -> Any:
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(args["master"]).appName(args["app"])
-             .config("spark.archives", f"{args['archive']}#environment")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.executor.memory", "512m")
-             .config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def drive_pipeline(args: dict[str, Any]) -> dict[str, Any]:
     """Sink -> batch read -> a checkpointed stream stopped and restarted; where each ran."""
     from pyspark.sql import functions as sf
 
     import smartnsq.spark
 
-    spark = _session(args)
+    spark = driver_session(args)
     smartnsq.spark.register(spark)  # checks the driver's ./environment/bin/python
     took: dict[str, float] = {}
 
@@ -114,7 +107,7 @@ def drive_register(args: dict[str, Any]) -> dict[str, Any]:
     import smartnsq.spark
     from smartnsq.errors import WorkerPythonError
 
-    spark = _session(args)
+    spark = driver_session(args)
     try:
         smartnsq.spark.register(spark)
     except WorkerPythonError as exc:
@@ -148,7 +141,7 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
             _, new_id = await yc.move_leader(args["topic"], 0)
             await yc.wait_leader(args["topic"], 0, new_id)
 
-    spark = _session(args)
+    spark = driver_session(args)
     smartnsq.spark.register(spark)
     query = (spark.readStream.format("nsq")
              .options(lookupd=args["lookupd"], topic=args["topic"],
@@ -194,14 +187,6 @@ def _topic(lookupd: str, prefix: str, partitions: int, replicator: int = 1) -> s
     return asyncio.run(create())
 
 
-def _unpack(archive: Path, cwd: Path) -> None:
-    # the recipe's driver step: the archive the executors get, unpacked in the driver's directory
-    target = cwd / "environment"
-    target.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(target, filter="tar")
-
-
 @pytest.fixture(scope="module")
 def lookupd() -> str:
     from tests.real_servers import REAL_YOUZAN_LOOKUPD
@@ -211,41 +196,20 @@ def lookupd() -> str:
     return str(REAL_YOUZAN_LOOKUPD)
 
 
-@pytest.fixture(scope="module")
-def packed() -> Any:
-    from tests.spark.cluster import ENABLED, SKIP_REASON, packed_environment
-
-    if not ENABLED:
-        pytest.skip(SKIP_REASON)
-    env = packed_environment()
-    print(f"\npacked executor environment {env.archive.name}: "
-          f"{env.archive.stat().st_size / 2**20:.0f} MiB, built in {env.seconds:.1f} s")
-    return env
-
-
 def _args(cluster: Any, archive: Path, lookupd: str, topic: str, app: str,
-          **more: str) -> dict[str, Any]:
-    return {"master": cluster.url, "archive": str(archive), "lookupd": lookupd,
-            "topic": topic, "app": app, **more}
-
-
-def _driver_env() -> dict[str, str]:
-    from tests.spark.cluster import spark_env
-
-    return spark_env(PYSPARK_PYTHON=DRIVER_PYTHON)
+          **more: Any) -> dict[str, Any]:
+    return driver_args(cluster, archive, app, lookupd=lookupd, topic=topic, **more)
 
 
 def test_sink_batch_read_and_stream_on_the_packed_environment(
-        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
-    from tests.spark.cluster import run_driver
-
+        spark_standalone: Any, spark_packed_env: Any, lookupd: str, tmp_path: Path) -> None:
     topic = _topic(lookupd, "sparkcl", 2)
     cwd = tmp_path / "driver"
-    _unpack(packed.archive, cwd)
+    unpack(spark_packed_env.archive, cwd)
     try:
         got = run_driver(__name__, "drive_pipeline", _args(
-            spark_standalone, packed.archive, lookupd, topic, "smartnsq-cluster-pipeline",
-            out=str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt")), cwd, _driver_env())
+            spark_standalone, spark_packed_env.archive, lookupd, topic, "smartnsq-cluster-pipeline",
+            out=str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt")), cwd, driver_env())
     except AssertionError:
         print(spark_standalone.executor_logs())
         raise
@@ -263,15 +227,13 @@ def test_sink_batch_read_and_stream_on_the_packed_environment(
 
 
 def test_driver_without_the_environment_names_the_interpreter(
-        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
+        spark_standalone: Any, spark_packed_env: Any, lookupd: str, tmp_path: Path) -> None:
     # the issue's failure: executors get the archive, the driver's directory does not have it
-    from tests.spark.cluster import run_driver
-
     cwd = tmp_path / "driver"
     cwd.mkdir()
     got = run_driver(__name__, "drive_register", _args(
-        spark_standalone, packed.archive, lookupd, "unused", "smartnsq-cluster-noenv"),
-        cwd, _driver_env())
+        spark_standalone, spark_packed_env.archive, lookupd, "unused", "smartnsq-cluster-noenv"),
+        cwd, driver_env())
     text = got["register"]
     assert text is not None, got
     assert f"Spark's Python workers run {DRIVER_PYTHON} (PYSPARK_PYTHON)" in text
@@ -281,18 +243,16 @@ def test_driver_without_the_environment_names_the_interpreter(
 
 
 def test_executors_without_smartnsq_name_their_interpreter(
-        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
+        spark_standalone: Any, spark_packed_env: Any, lookupd: str, tmp_path: Path) -> None:
     # the driver's directory has smartnsq, the archive shipped to the executors does not:
     # Spark's own error would be a ModuleNotFoundError (pyarrow, then smartnsq) naming no
     # interpreter; register(spark) asks the executors first
-    from tests.spark.cluster import packed_environment, run_driver
-
     bare = packed_environment("bare", with_smartnsq=False)
     cwd = tmp_path / "driver"
-    _unpack(packed.archive, cwd)
+    unpack(spark_packed_env.archive, cwd)
     got = run_driver(__name__, "drive_register", _args(
         spark_standalone, bare.archive, lookupd, "unused", "smartnsq-cluster-bare"),
-        cwd, _driver_env())
+        cwd, driver_env())
     text = got["register"]
     assert text is not None, got
     executor_python = text.split("Spark's executors run ", 1)[1].split(" ", 1)[0]
@@ -303,12 +263,10 @@ def test_executors_without_smartnsq_name_their_interpreter(
 
 
 def test_worker_killed_and_leader_moved_during_a_stream(
-        spark_standalone: Any, packed: Any, lookupd: str, tmp_path: Path) -> None:
+        spark_standalone: Any, spark_packed_env: Any, lookupd: str, tmp_path: Path) -> None:
     # Spark reschedules the killed worker's tasks on the other; the source follows the new
     # leader from the same offsets; the checkpointed output has every message exactly once
     from smartnsq import Producer
-    from tests.spark.cluster import run_driver
-
     # one partition with a replica to move to (three nsqd cannot place two such partitions)
     topic = _topic(lookupd, "sparkfault", 1, replicator=2)
 
@@ -320,13 +278,13 @@ def test_worker_killed_and_leader_moved_during_a_stream(
 
     asyncio.run(fill())
     cwd = tmp_path / "driver"
-    _unpack(packed.archive, cwd)
+    unpack(spark_packed_env.archive, cwd)
     worker = spark_standalone.procs["worker1"]
     try:
         got = run_driver(__name__, "drive_faults", _args(
-            spark_standalone, packed.archive, lookupd, topic, "smartnsq-cluster-faults",
+            spark_standalone, spark_packed_env.archive, lookupd, topic, "smartnsq-cluster-faults",
             out=str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
-            kill_pid=worker.pid), cwd, _driver_env())
+            kill_pid=worker.pid), cwd, driver_env())
     except AssertionError:
         print(spark_standalone.executor_logs())
         raise
