@@ -148,6 +148,20 @@ class StandaloneCluster:
                          "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
         return "\n".join(parts)
 
+    def unfinished_tasks(self, worker: str) -> set[str]:
+        """Task ids an executor of ``worker`` started and never finished (per its log)."""
+        started: set[str] = set()
+        finished: set[str] = set()
+        for f in self.base.glob(f"{worker}/app-*/*/stderr"):
+            for line in f.read_text(errors="replace").splitlines():
+                if "(TID " in line:
+                    tid = line.rsplit("(TID ", 1)[1].split(")", 1)[0]
+                    if "Executor: Running task" in line:
+                        started.add(tid)
+                    elif "Executor: Finished task" in line:
+                        finished.add(tid)
+        return started - finished
+
     def logs(self) -> str:
         parts = []
         for name in self.procs:

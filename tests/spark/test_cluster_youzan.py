@@ -145,22 +145,25 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
     smartnsq.spark.register(spark)
     query = (spark.readStream.format("nsq")
              .options(lookupd=args["lookupd"], topic=args["topic"],
-                      startingOffsets="earliest", maxMessagesPerTrigger=str(FAULT_BATCH))
+                      startingOffsets="earliest", maxMessagesPerTrigger=str(FAULT_BATCH),
+                      minPartitions="2")
              .load().select(sf.col("body").cast("string").alias("b"))
              .writeStream.format("parquet").option("path", args["out"])
              .option("checkpointLocation", args["checkpoint"])
              .trigger(availableNow=True).start())
+    tracker = spark.sparkContext.statusTracker()
     killed_after = moved_after = 0
     deadline = time.monotonic() + 400
     while query.isActive and time.monotonic() < deadline:
         done = len([p for p in query.recentProgress if p["numInputRows"]])
-        if done >= 1 and not killed_after:
+        # the kill lands while a batch's tasks run (one per executor: minPartitions=2)
+        if done >= 1 and not killed_after and tracker.getActiveStageIds():
             os.kill(args["kill_pid"], signal.SIGKILL)
             killed_after = done
         elif done >= 3 and not moved_after:
             asyncio.run(move_leader())
             moved_after = done
-        query.awaitTermination(0.5)
+        query.awaitTermination(0.05 if done >= 1 and not killed_after else 0.5)
     finished = query.awaitTermination(1)
     error = query.exception()
     batches = [int(p["numInputRows"]) for p in query.recentProgress]
@@ -289,8 +292,11 @@ def test_worker_killed_and_leader_moved_during_a_stream(
         print(spark_standalone.executor_logs())
         raise
     finally:
+        lost = spark_standalone.unfinished_tasks("worker1")  # before the restart's new logs
         spark_standalone.restart_dead_workers()  # the next tests get two workers again
     assert worker.poll() is not None, "the worker was not killed"
+    # it died inside a batch: Spark ran that task again on the other executor
+    assert lost, "no task was running on the killed worker"
     print(f"\nfaults: {len(got['batches'])} batches, worker killed after "
           f"{got['killed_after']}, leader moved after {got['moved_after']}, "
           f"driver process {got['driver_seconds']} s")
