@@ -217,7 +217,18 @@ def test_request_timeout_is_validated(bad: Any) -> None:
         ProducerConfig(request_timeout=bad)
 
 
-def test_request_timeout_default() -> None:
+async def test_with_the_defaults_a_silent_nsqd_costs_one_request_timeout(
+        stock: DevCluster) -> None:
+    # the default request_timeout leaves room to fail over within the default publish
+    # timeout: a publish sent to the silent node waits request_timeout, then succeeds on
+    # the other node, well before its own timeout
     cfg = ProducerConfig()
-    # a few seconds, and room for a failover within the default publish timeout
-    assert 1.0 <= cfg.request_timeout < cfg.publish_timeout
+    async with Producer(nsqd=stock.nsqd_tcp_addresses, config=cfg) as p:
+        await warm_up(p, stock)
+        stock.delay_responses(1, SILENCE)
+        results = await spaced(lambda body: p.publish("t", body), 4, 0.05)
+    errors = [exc for exc, _ in results if exc is not None]
+    assert not errors, errors
+    slowest = max(took for _, took in results)
+    # at least one went to the silent node first (round-robin over two warm pools)
+    assert cfg.request_timeout * 0.9 <= slowest < cfg.publish_timeout - 2.0, results
