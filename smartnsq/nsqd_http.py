@@ -34,7 +34,6 @@ import aiohttp
 
 from smartnsq.config import USER_AGENT
 from smartnsq.errors import (
-    SERVER_ERRORS,
     BodyTooLargeError,
     ClientClosedError,
     ConfigError,
@@ -47,6 +46,7 @@ from smartnsq.errors import (
     ServerNotLeaderError,
     TopicNotExistError,
 )
+from smartnsq.errors.server import SERVER_ERRORS
 from smartnsq.http_limits import nsqd_limit, read_body
 from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.protocol.commands import OffsetSpec

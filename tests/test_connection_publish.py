@@ -13,7 +13,6 @@ from smartnsq.conn import Connection
 from smartnsq.errors import (
     BadTopicError,
     ClientClosedError,
-    CommandKind,
     ConfigError,
     ConnectionClosedError,
     ExtNotSupportError,
@@ -24,6 +23,7 @@ from smartnsq.errors import (
     ServerNotLeaderError,
     UnsupportedFeatureError,
 )
+from smartnsq.errors.base import CommandKind
 from smartnsq.protocol import commands
 from smartnsq.protocol.responses import TraceResponse, encode_trace_response
 from tests.scripted_server import YOUZAN_VERSION, Peer, ScriptedServer, leftover_tasks

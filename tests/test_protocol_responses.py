@@ -7,7 +7,9 @@ import json
 import pytest
 
 from smartnsq import errors as e
-from smartnsq.errors import CommandKind, Flavour, ProtocolError, error_from_frame, is_fatal
+from smartnsq.errors import Flavour, ProtocolError
+from smartnsq.errors.base import CommandKind
+from smartnsq.errors.server import SERVER_ERRORS, error_from_frame, is_fatal
 from smartnsq.protocol import (
     FRAME_ERROR,
     FRAME_RESPONSE,
@@ -219,5 +221,5 @@ def test_hierarchy() -> None:
     assert issubclass(e.ConnectionClosedError, ConnectionError)
     assert issubclass(e.NSQTimeoutError, TimeoutError)
     assert issubclass(e.CompressionError, e.ProtocolError)
-    for cls in e.SERVER_ERRORS.values():
+    for cls in SERVER_ERRORS.values():
         assert issubclass(cls, e.ServerError) and issubclass(cls, e.NSQError)

@@ -37,7 +37,6 @@ from smartnsq.conn.transport import Wire
 from smartnsq.conn.waiters import ResponseQueue
 from smartnsq.errors import (
     ClientClosedError,
-    CommandKind,
     CompressionError,
     ConfigError,
     ConnectionClosedError,
@@ -47,6 +46,7 @@ from smartnsq.errors import (
     ServerError,
     UnsupportedFeatureError,
 )
+from smartnsq.errors.base import CommandKind
 from smartnsq.protocol.messages import MessageLayout
 from smartnsq.protocol.responses import IdentifyResponse
 

@@ -22,15 +22,9 @@ from typing import Literal, NamedTuple
 
 from smartnsq.config import ConnectionConfig
 from smartnsq.conn.transport import Wire, tls_context
-from smartnsq.errors import (
-    CommandKind,
-    ConfigError,
-    Flavour,
-    NSQError,
-    ProtocolError,
-    TLSError,
-    error_from_frame,
-)
+from smartnsq.errors import ConfigError, Flavour, NSQError, ProtocolError, TLSError
+from smartnsq.errors.base import CommandKind
+from smartnsq.errors.server import error_from_frame
 from smartnsq.protocol import commands
 from smartnsq.protocol.compression import (
     DeflateDecoder,

@@ -20,13 +20,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from smartnsq.errors import (
-    CommandKind,
-    Flavour,
-    NSQError,
-    ProtocolError,
-    UnsupportedFeatureError,
-)
+from smartnsq.errors import Flavour, NSQError, ProtocolError, UnsupportedFeatureError
+from smartnsq.errors.base import CommandKind
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import OK
 from smartnsq.protocol.responses import TraceResponse, decode_trace_response

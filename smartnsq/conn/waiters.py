@@ -28,15 +28,9 @@ from collections import deque
 from collections.abc import Callable
 
 from smartnsq._checks import check_duration
-from smartnsq.errors import (
-    CommandKind,
-    Flavour,
-    NSQError,
-    NSQTimeoutError,
-    ProtocolError,
-    ServerError,
-    error_from_frame,
-)
+from smartnsq.errors import Flavour, NSQError, NSQTimeoutError, ProtocolError, ServerError
+from smartnsq.errors.base import CommandKind
+from smartnsq.errors.server import error_from_frame
 
 __all__ = ["ResponseQueue", "Waiter"]
 

@@ -5,6 +5,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+#: exported by smartnsq.errors and smartnsq (CommandKind is internal)
+__all__ = [
+    "BlockedMessageError", "BodyTooLargeError", "ClientClosedError", "CompressionError",
+    "ConfigError", "ConnectionClosedError", "DataLossError", "EventLoopError", "Flavour",
+    "InvalidNameError", "LookupFailedError", "LookupRefusedError", "LookupdError",
+    "NSQConnectionError", "NSQError", "NSQTimeoutError", "NoLeaderKnownError",
+    "NotStartedError", "NsqdHttpError", "NsqdUnavailableError", "OrderViolationError",
+    "ProtocolError", "PublishError", "PublishTimeoutError", "SourceOptionError",
+    "StartPositionError", "TLSError", "TopicNotFoundError", "UnsupportedFeatureError",
+    "WorkerPythonError",
+]
+
 
 class Flavour(StrEnum):
     """Which nsqd implementation a connection talks to."""

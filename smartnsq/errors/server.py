@@ -8,6 +8,21 @@ from typing import ClassVar
 
 from smartnsq.errors.base import CommandKind, Flavour, NSQError
 
+#: the error classes, exported by smartnsq.errors and smartnsq; the tables and the
+#: frame helpers below are imported from this module by the connection code
+__all__ = [
+    "AuthDisabledError", "AuthErrorError", "AuthFailedError", "AuthFirstError", "BadBodyError",
+    "BadChannelError", "BadExtError", "BadMessageError", "BadPartitionError",
+    "BadProtocolError", "BadTagError", "BadTopicError", "CreateTopicFailedError",
+    "DPubFailedError", "ExtNotSupportError", "FinFailedError", "HttpServerError",
+    "IdentifyFailedError", "InvalidError", "InvalidJsonHeaderError", "InvalidTraceIdError",
+    "MPubFailedError", "NotWritableError", "PubFailedError", "PubTooMuchWaitingError",
+    "ReqFailedError", "ServerError", "ServerNotLeaderError", "SubChannelNotRegisteredError",
+    "SubExtendForbiddenError", "SubExtendNeedError", "SubFailedError", "SubOrderIsMustError",
+    "TagNotSupportError", "TooManyConnectionsError", "TopicNotExistError", "TouchFailedError",
+    "UnauthorizedError",
+]
+
 
 class ServerError(NSQError):
     """An error frame from nsqd.

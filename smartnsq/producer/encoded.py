@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from smartnsq.conn import Connection
-from smartnsq.errors import CommandKind, ConfigError, Flavour
+from smartnsq.errors import ConfigError, Flavour
+from smartnsq.errors.base import CommandKind
 from smartnsq.producer.checks import check_body
 from smartnsq.producer.ops import MPub, MPubExt, MPubTrace, Op, check_trace_id
 from smartnsq.producer.types import PublishReceipt
