@@ -16,7 +16,7 @@ Every client (:class:`~smartnsq.Producer`, :class:`~smartnsq.HttpProducer`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,9 +65,10 @@ def _addresses(value: object, name: str, client: str) -> tuple[str, ...]:
 
 def _check(addresses: tuple[str, ...], kind: Literal["tcp", "http"], name: str,
            client: str) -> None:
+    parse: Callable[[str], object] = parse_tcp_address if kind == "tcp" else parse_http_address
     for a in addresses:
         try:
-            parse_tcp_address(a) if kind == "tcp" else parse_http_address(a)
+            parse(a)
         except ConfigError as exc:
             raise ConfigError(f"{client}: {name}=: {exc}") from None
 

@@ -195,6 +195,15 @@ async def test_flow_events_are_batched_per_turn() -> None:
     assert rig.sent("RDY") == [1, 2000]
 
 
+def rig_giving_up(handler: Any, giving_up: Any, **config: Any) -> Rig:
+    """A rig whose consumer has ``giving_up``."""
+    Rig.extra = {"giving_up": giving_up}
+    try:
+        return Rig(handler, **config)
+    finally:
+        Rig.extra = {}
+
+
 @pytest.mark.parametrize("batch", [False, True])
 async def test_giving_up_default_logs_and_finishes(caplog: pytest.LogCaptureFixture,
                                                    batch: bool) -> None:
@@ -222,11 +231,7 @@ async def test_giving_up_callback_sync_and_async() -> None:
     async def handler(msg: Message) -> None:
         return None
 
-    Rig.extra = {"giving_up": Cb()}
-    try:
-        rig = Rig(handler, max_attempts=1)
-    finally:
-        Rig.extra = {}
+    rig = rig_giving_up(handler, Cb(), max_attempts=1)
     rig.deliver(2, attempts=2)
     await turns(4)
     assert got == [2, 2]
@@ -251,11 +256,7 @@ async def test_a_failing_giving_up_callback_keeps_the_message(
         raise AssertionError("a given-up message must not reach the handler")
 
     caplog.set_level(logging.ERROR, logger="smartnsq.consumer")
-    Rig.extra = {"giving_up": sync_cb if kind == "sync" else async_cb}
-    try:
-        rig = Rig(handler, max_attempts=2)
-    finally:
-        Rig.extra = {}
+    rig = rig_giving_up(handler, sync_cb if kind == "sync" else async_cb, max_attempts=2)
     rig.deliver(1, attempts=3)
     await turns(4)
     assert calls == [3]
@@ -276,11 +277,7 @@ async def test_an_async_giving_up_callback_is_finished_after_it_returned() -> No
     async def handler(msg: Message) -> None:
         return None
 
-    Rig.extra = {"giving_up": dead_letter}
-    try:
-        rig = Rig(handler, max_attempts=1)
-    finally:
-        Rig.extra = {}
+    rig = rig_giving_up(handler, dead_letter, max_attempts=1)
     rig.deliver(1, attempts=2)
     await turns(4)
     assert rig.sent("FIN") == [] and stored == []  # not finished while the callback runs
