@@ -38,11 +38,12 @@ from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
+from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
 from smartnsq.message import Message
 from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
 from smartnsq.ordered.policy import DeadLetterCallback, OnBlocked, OnViolation
 from smartnsq.sync._exit import at_main_thread_end
-from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
+from smartnsq.sync._loop import acquire, release
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
 

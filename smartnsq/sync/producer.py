@@ -15,11 +15,12 @@ from smartnsq._checks import check_optional_duration
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, NotStartedError
+from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.trace import TraceSwitch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.sharding import ShardKey, ShardRule
-from smartnsq.sync._loop import BackgroundLoop, acquire, check_blocking_allowed, release
+from smartnsq.sync._loop import acquire, release
 
 
 class Producer:

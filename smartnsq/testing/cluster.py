@@ -11,7 +11,7 @@ from smartnsq.devcluster.lookupd.faulting import LookupdFaultKind
 from smartnsq.devcluster.meta import Flavour
 from smartnsq.devcluster.nsqd.options import NsqdOptions
 from smartnsq.errors import ConfigError, UnsupportedFeatureError
-from smartnsq.testing.loop_thread import LoopThread
+from smartnsq.loop_thread import BackgroundLoop
 
 __all__ = ["ClusterFactory", "NsqCluster"]
 
@@ -76,7 +76,7 @@ class NsqCluster:
             topic_check_delay=topic_check_delay,
             leader_move_seconds=leader_move_seconds,
         )
-        self._thread: LoopThread | None = None
+        self._thread: BackgroundLoop | None = None
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -90,9 +90,9 @@ class NsqCluster:
         """Start the lookupds and nodes; returns once they all listen."""
         if self._thread is not None or self._stopped:
             raise RuntimeError("an NsqCluster starts once")
-        self._thread = LoopThread(f"smartnsq-testing-{self._flavour}")
+        self._thread = BackgroundLoop(f"smartnsq-testing-{self._flavour}")
         try:
-            self._thread.run(self._cluster.start(), self.timeout)
+            self._run(self._thread, self._cluster.start())
         except BaseException:
             self.stop()
             raise
@@ -108,9 +108,9 @@ class NsqCluster:
             return
         try:
             if thread.alive:
-                thread.run(self._cluster.stop(), self.timeout)
+                self._run(thread, self._cluster.stop())
         finally:
-            thread.close(self.timeout)
+            thread.stop(self.timeout)
 
     @property
     def is_running(self) -> bool:
@@ -141,7 +141,10 @@ class NsqCluster:
     def call(self, fn: Callable[[], T]) -> T:
         """Run the plain function ``fn`` on the cluster's thread and return its result, e.g.
         ``nsq.call(lambda: nsq.devcluster.set_cluster_writable(False))``."""
-        return self._running().call(fn, self.timeout)
+        async def on_loop() -> T:
+            return fn()
+
+        return self.run(on_loop())
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run the coroutine ``coro`` on the cluster's event loop and return its result, e.g.
@@ -151,9 +154,17 @@ class NsqCluster:
         except RuntimeError:
             coro.close()  # made by the caller's argument, never to run
             raise
-        return thread.run(coro, self.timeout)
+        return self._run(thread, coro)
 
-    def _running(self) -> LoopThread:
+    def _run(self, thread: BackgroundLoop, coro: Coroutine[Any, Any, T]) -> T:
+        # a test's own loop may call: the cluster answers from its thread at once
+        try:
+            return thread.run(coro, self.timeout, from_running_loop=True)
+        except TimeoutError:
+            raise TimeoutError(f"the embedded cluster did not answer within {self.timeout} s"
+                               ) from None
+
+    def _running(self) -> BackgroundLoop:
         if self._thread is None or not self._thread.alive:
             raise RuntimeError("the NsqCluster is not running (start() it, or it was stopped)")
         return self._thread
