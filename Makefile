@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cli,dev,docs,speed,spark]'
+	$(BIN)/pip install -q -e '.[cli,dev,docs,speed,spark,prometheus,otel]'
 	touch $(STAMP)
 
 demo: $(STAMP)

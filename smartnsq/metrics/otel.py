@@ -1,0 +1,149 @@
+"""The OpenTelemetry metrics exporter (``pip install 'smartnsq[otel]'``).
+
+Depends on ``opentelemetry-api`` only; figures reach a backend once the application
+configures an SDK ``MeterProvider`` (or passes one here)::
+
+    from smartnsq.metrics import set_metrics
+    from smartnsq.metrics.otel import OpenTelemetryMetrics
+
+    set_metrics(OpenTelemetryMetrics())    # the global MeterProvider
+
+Counters and gauges are aggregated in process and reported through observable instruments
+(read at each export, nothing per message). Histograms have no observable form in the OTel
+API, so each observation is recorded on an OTel histogram: its cost per message is the
+SDK's own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from opentelemetry import metrics as otel_metrics
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+from smartnsq.metrics.api import GaugeRead, MetricSpec
+from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
+from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
+
+__all__ = ["OpenTelemetryMetrics", "attributes"]
+
+Attributes = dict[str, str | int]
+
+
+def attributes(spec: MetricSpec, values: tuple[str, ...]) -> Attributes:
+    """The OTel attributes for a child's label values (semantic-convention keys)."""
+    attrs: Attributes = {"messaging.system": "nsq"}
+    for label, value in zip(spec.labels, values, strict=True):
+        if label == "nsqd":
+            host, _, port = value.rpartition(":")
+            attrs["server.address"] = host or value
+            if port.isdigit():
+                attrs["server.port"] = int(port)
+        elif label == "result":
+            if value != "ok":
+                attrs["error.type"] = value
+        elif label == "partition":
+            if value != "":
+                attrs[OTEL_ATTRIBUTES[label]] = value
+        else:
+            attrs[OTEL_ATTRIBUTES.get(label, f"smartnsq.{label}")] = value
+    return attrs
+
+
+def _observations(spec: MetricSpec,
+                  samples: Callable[[], Iterable[tuple[tuple[str, ...], float]]]
+                  ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, attributes(spec, values)) for values, value in samples()]
+    return callback
+
+
+class _HistogramChild:
+    __slots__ = ("_attrs", "_record")
+
+    def __init__(self, record: Callable[..., None], attrs: Attributes) -> None:
+        self._record = record
+        self._attrs = attrs
+
+    def observe(self, value: float) -> None:
+        self._record(value, self._attrs)
+
+
+class _Histogram:
+    def __init__(self, spec: MetricSpec, instrument: Any) -> None:
+        self._spec = spec
+        self._record = instrument.record
+        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+
+    def labels(self, *values: str) -> _HistogramChild:
+        child = self._children.get(values)
+        if child is None:
+            # dict.setdefault: two threads binding at once end with one child
+            child = self._children.setdefault(
+                values, _HistogramChild(self._record, attributes(self._spec, values)))
+        return child
+
+
+def _version() -> str:
+    try:
+        return version("smartnsq")
+    except PackageNotFoundError:  # a source checkout that was not installed
+        return "0"
+
+
+class OpenTelemetryMetrics:
+    """Metrics through the OpenTelemetry API, on ``meter_provider`` (the global one unless
+    given), instrumentation scope ``smartnsq``."""
+
+    enabled = True
+
+    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+        self._meter: Meter = otel_metrics.get_meter(
+            "smartnsq", _version(), meter_provider=meter_provider)
+        self._store = LocalStore()
+        self._histograms: dict[str, _Histogram] = {}
+        # instruments are made once per metric even when clients on two threads bind at once
+        self._lock = threading.Lock()
+
+    def counter(self, spec: MetricSpec) -> Counter:
+        fam = self._store.counters.get(spec.name)
+        if fam is not None:
+            return fam
+        with self._lock:
+            if spec.name in self._store.counters:
+                return self._store.counters[spec.name]
+            fam = self._store.counter(spec)
+            self._meter.create_observable_counter(
+                spec.otel_name, [_observations(spec, fam.samples)], spec.otel_unit,
+                spec.description)
+        return fam
+
+    def histogram(self, spec: MetricSpec) -> _Histogram:
+        fam = self._histograms.get(spec.name)
+        if fam is not None:
+            return fam
+        with self._lock:
+            fam = self._histograms.get(spec.name)
+            if fam is None:
+                instrument = self._meter.create_histogram(
+                    spec.otel_name, spec.otel_unit, spec.description,
+                    explicit_bucket_boundaries_advisory=list(spec.buckets))
+                fam = self._histograms[spec.name] = _Histogram(spec, instrument)
+        return fam
+
+    def gauge(self, spec: MetricSpec, read: GaugeRead) -> GaugeReader:
+        with self._lock:
+            gauges = self._store.gauges.get(spec.name)
+            if gauges is None:
+                gauges = self._store.gauge(spec)
+                self._meter.create_observable_gauge(
+                    spec.otel_name, [_observations(spec, gauges.samples)], spec.otel_unit,
+                    spec.description)
+        return gauges.add(read)
+
+    def __repr__(self) -> str:
+        return "OpenTelemetryMetrics()"
+
