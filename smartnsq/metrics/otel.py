@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
@@ -87,13 +86,6 @@ class _Histogram:
         return child
 
 
-def _version() -> str:
-    try:
-        return version("smartnsq")
-    except PackageNotFoundError:  # a source checkout that was not installed
-        return "0"
-
-
 class OpenTelemetryMetrics:
     """Metrics through the OpenTelemetry API, on ``meter_provider`` (the global one unless
     given), instrumentation scope ``smartnsq``."""
@@ -101,8 +93,10 @@ class OpenTelemetryMetrics:
     enabled = True
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+        from smartnsq import __version__
+
         self._meter: Meter = otel_metrics.get_meter(
-            "smartnsq", _version(), meter_provider=meter_provider)
+            "smartnsq", __version__, meter_provider=meter_provider)
         self._store = LocalStore()
         self._histograms: dict[str, _Histogram] = {}
         # instruments are made once per metric even when clients on two threads bind at once
