@@ -35,6 +35,7 @@ from smartnsq.errors import DataLossError, NSQError
 from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
+from smartnsq.spark.lag import PartitionLag, measure_lag, progress_offsets
 from smartnsq.spark.offsets import (
     PartitionState,
     check_data_loss,
@@ -151,7 +152,8 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.channel = opts.channel_for("")
         self._target: dict[int, int] | None = None
-        self._latest: dict[int, int] | None = None
+        #: behind how much the last planned batch leaves the query (reportLatestOffset)
+        self._lag: dict[int, PartitionLag] | None = None
         #: the driver's channel for finding the exact ends of limited batches
         self._probe = self.channel[:58] + "_probe"
         self._probed = False
@@ -178,8 +180,10 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap = self._snapshot()
         self._target = {p: s.end for p, s in snap.partitions.items()}
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        return None if self._latest is None else encode_offsets(self._latest)
+    def reportLatestOffset(self) -> dict[str, dict[str, int | None]] | None:
+        """The progress's ``latestOffset``: per partition the queue's end and the messages and
+        bytes behind it after the batch just planned (:mod:`smartnsq.spark.lag`)."""
+        return None if self._lag is None else progress_offsets(self._lag)
 
     def _effective_start(self, start: Mapping[int, int], snap: Snapshot) -> dict[int, int]:
         """Start positions after the data-loss rule; new partitions start at the earliest;
@@ -210,7 +214,6 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for p, off in begin.items():
             # leaderless for now: no new data this batch, but its offset stays in the map
             latest.setdefault(p, off)
-        self._latest = latest
         if self._target is not None:
             latest = {p: min(e, self._target.get(p, begin[p])) for p, e in latest.items()}
         latest = {p: max(e, begin[p]) for p, e in latest.items()}
@@ -218,10 +221,19 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMinRows):
             # only bytes are known up front: wait until the backlog may hold min_rows
             if sum(backlog.values()) < limit.min_rows * MIN_RECORD and self._target is None:
-                return encode_offsets(decode_offsets(start))
+                unchanged = decode_offsets(start)
+                self._measure_lag(snap, unchanged)
+                return encode_offsets(unchanged)
         elif isinstance(limit, ReadMaxRows | ReadMaxBytes):
             latest = self._limited(begin, latest, backlog, snap, limit)
+        self._measure_lag(snap, latest)
         return encode_offsets(latest)
+
+    def _measure_lag(self, snap: Snapshot, ends: dict[int, int]) -> None:
+        if any(ends.get(p, st.end) < st.end for p, st in snap.partitions.items()):
+            self._probed = True  # the probe channel is moved to the batch's end
+        self._lag = asyncio.run(measure_lag(self.opts.topic, snap.partitions, ends,
+                                            self._probe))
 
     def _limited(self, begin: dict[int, int], latest: dict[int, int],
                  backlog: dict[int, int], snap: Snapshot, limit: ReadLimit) -> dict[int, int]:

@@ -61,15 +61,20 @@ def test_limits_split_by_backlog_and_land_on_boundaries(tc: ThreadedCluster) -> 
     end = r.latestOffset(start, ReadMaxRows(40))
     # 40 messages split 3:1 like the backlogs; each end is a message boundary
     assert end == {"0": p0[30].offset, "1": p1[10].offset}
-    assert r.reportLatestOffset() == {"0": p0[-1].offset + p0[-1].raw_size,
-                                      "1": p1[-1].offset + p1[-1].raw_size}
+    ends = {"0": p0[-1].offset + p0[-1].raw_size, "1": p1[-1].offset + p1[-1].raw_size}
+    # the progress's latestOffset: the queue ends, and what this batch leaves behind them
+    assert r.reportLatestOffset() == {
+        "0": {"offset": ends["0"], "lagMessages": 30, "lagBytes": ends["0"] - end["0"]},
+        "1": {"offset": ends["1"], "lagMessages": 10, "lagBytes": ends["1"] - end["1"]}}
     # a byte budget: never more than the budget (here three records of partition 0)
     size = p0[0].raw_size
     by_bytes = r.latestOffset(end, ReadMaxBytes(4 * size + size // 2))
     assert by_bytes == {"0": p0[33].offset, "1": p1[11].offset}
     # Spark may ask for everything regardless of the default limit
     everything = r.latestOffset(start, ReadAllAvailable())
-    assert everything == r.reportLatestOffset()
+    assert everything == ends
+    assert r.reportLatestOffset() == {p: {"offset": e, "lagMessages": 0, "lagBytes": 0}
+                                      for p, e in ends.items()}
     parts = r.partitions(start, end)
     assert [(t.task.partition, t.task.start, t.task.end) for t in parts] == [
         (0, 0, p0[30].offset), (1, 0, p1[10].offset)]
