@@ -32,6 +32,8 @@ from pyspark.sql.streaming.datasource import (
 
 from smartnsq.config import ConnectionConfig
 from smartnsq.errors import DataLossError, NSQError
+from smartnsq.metrics import Registration, get_metrics
+from smartnsq.metrics.catalog import SPARK_LAG_BYTES, SPARK_LAG_MESSAGES
 from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.spark.fetch import RangeFetcher, RangeTask
@@ -154,6 +156,8 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[int, int] | None = None
         #: behind how much the last planned batch leaves the query (reportLatestOffset)
         self._lag: dict[int, PartitionLag] | None = None
+        #: the lag gauges (registered with the first figures, removed at stop)
+        self._gauges: list[Registration] = []
         #: the driver's channel for finding the exact ends of limited batches
         self._probe = self.channel[:58] + "_probe"
         self._probed = False
@@ -234,6 +238,21 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._probed = True  # the probe channel is moved to the batch's end
         self._lag = asyncio.run(measure_lag(self.opts.topic, snap.partitions, ends,
                                             self._probe))
+        if not self._gauges:
+            metrics = get_metrics()
+            if metrics.enabled:
+                self._gauges = [metrics.gauge(SPARK_LAG_MESSAGES, self._lag_messages),
+                                metrics.gauge(SPARK_LAG_BYTES, self._lag_bytes)]
+
+    # the gauges' readings (on the exporter's thread: self._lag is replaced, never changed)
+
+    def _lag_messages(self) -> list[tuple[tuple[str, ...], float]]:
+        return [((self.opts.topic, self.channel, str(p)), float(lag.messages))
+                for p, lag in (self._lag or {}).items() if lag.messages is not None]
+
+    def _lag_bytes(self) -> list[tuple[tuple[str, ...], float]]:
+        return [((self.opts.topic, self.channel, str(p)), float(lag.bytes))
+                for p, lag in (self._lag or {}).items()]
 
     def _limited(self, begin: dict[int, int], latest: dict[int, int],
                  backlog: dict[int, int], snap: Snapshot, limit: ReadLimit) -> dict[int, int]:
@@ -305,6 +324,9 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                       OffsetSpec.virtual_queue(off))
 
     def stop(self) -> None:
+        for gauge in self._gauges:
+            gauge.close()
+        self._gauges = []
         if self._probed:
             try:
                 asyncio.run(self._drop_probe_channel())

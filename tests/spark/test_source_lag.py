@@ -128,3 +128,55 @@ def test_lag_on_real_cluster(spark: Any) -> None:
         check_lag(run_until_caught_up(spark, lookupd, topic))
     finally:
         asyncio.run(delete())
+
+
+def test_lag_gauges_through_the_metrics_interface(youzan_cluster: ThreadedCluster) -> None:
+    """The stream reader (what Spark's planning worker runs) reports its lag per partition as
+    the catalog's gauges, read at collection, and removes them when the query stops."""
+    pytest.importorskip("pyspark")
+    from prometheus_client import CollectorRegistry
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from smartnsq.metrics import set_metrics
+    from smartnsq.metrics.prometheus import PrometheusMetrics
+    from smartnsq.spark.options import parse_source_options
+    from smartnsq.spark.source_youzan import YouzanStreamReader
+
+    tc = youzan_cluster
+    topic = "lag_gauges"
+    tc.sync(tc.cluster.create_topic, topic, partition_num=2, replica=1, channels=["app"])
+
+    def publish(partition: int, bodies: list[bytes]) -> None:
+        async def run() -> None:
+            async with Producer(lookupd=tc.cluster.lookupd_http_addresses) as p:
+                await p.publish_many(topic, bodies, partition=partition)
+        tc.call(run())
+
+    publish_all(publish)
+    metrics = PrometheusMetrics(CollectorRegistry())
+    previous = set_metrics(metrics)
+    try:
+        r = YouzanStreamReader(parse_source_options(
+            {"lookupd": tc.cluster.lookupd_http_addresses[0], "topic": topic,
+             "startingOffsets": "earliest"}, streaming=True))
+
+        def gauge(name: str) -> dict[str, float | None]:
+            return {str(p): metrics.registry.get_sample_value(
+                f"smartnsq_spark_source_lag_{name}",
+                {"topic": topic, "channel": r.channel, "partition": str(p)}) for p in COUNTS}
+
+        assert gauge("messages") == {"0": None, "1": None}  # nothing planned yet
+        start = r.initialOffset()
+        end = r.latestOffset(start, ReadMaxRows(PER_TRIGGER))
+        assert sum(v or 0 for v in gauge("messages").values()) == 200
+        progress = r.reportLatestOffset()
+        assert progress is not None
+        assert gauge("bytes") == {p: float(st["lagBytes"]) for p, st in progress.items()}
+        while end != start:  # bounded: each batch takes 100 of 300
+            start, end = end, r.latestOffset(end, ReadMaxRows(PER_TRIGGER))
+        assert gauge("messages") == gauge("bytes") == {"0": 0.0, "1": 0.0}
+        r.stop()
+        assert gauge("messages") == {"0": None, "1": None}
+    finally:
+        set_metrics(previous)
+        metrics.close()
