@@ -46,6 +46,7 @@ from smartnsq.cli.common import (
     topic_argument,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
+from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
@@ -265,6 +266,7 @@ def _fsync_dir(path: Path) -> None:
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True,
               help="messages held at once; a sync also happens when half of them are waiting")
 @connect_timeout_option()
+@metrics_options
 @command_runner
 async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
                   nsqd: tuple[str, ...], channel: str, partitions: tuple[int, ...],

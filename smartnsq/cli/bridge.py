@@ -31,6 +31,7 @@ from smartnsq.cli.common import (
     topic_argument,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
+from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.publish import _check_topic
 from smartnsq.cli.tail import topic_view
 from smartnsq.config import ConsumerConfig, ProducerConfig
@@ -130,6 +131,7 @@ class Forwarder:
 @click.option("-n", "count", type=click.IntRange(min=1),
               help="exit after forwarding COUNT messages")
 @connect_timeout_option()
+@metrics_options
 @command_runner
 async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ...],
                  from_nsqd: tuple[str, ...], to_lookupd: tuple[str, ...],

@@ -25,6 +25,7 @@ from smartnsq.cli.common import (
     topic_argument,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
+from smartnsq.cli.metrics import metrics_options
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
@@ -188,6 +189,7 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
                    "id, attempts, timestamp, ext and body")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
 @connect_timeout_option()
+@metrics_options
 @command_runner
 async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], channel: str | None,
                partitions: tuple[int, ...], ordered: bool, start: StartAt | None,
