@@ -6,6 +6,12 @@ bytes (youzan), topic depth (stock), publishing clients and the publish rate. Pe
 depth (messages waiting) and its bytes (youzan ``depth_size``), in flight, deferred,
 requeued, timed out, connected clients, the consume rate and the lag: every message not yet
 finished (depth + in flight + deferred). Rates are the difference between two refreshes.
+
+``--client-metrics URL`` (repeatable: the Prometheus endpoints of running smartnsq processes,
+``--metrics-port`` or an application's exporter) adds the client side beside it: per channel,
+what those clients received, finished, requeued and gave up, what they hold in flight and
+their finish rate, next to the channel's depth and in flight on nsqd
+(:mod:`smartnsq.cli.client_metrics`).
 """
 
 from __future__ import annotations
@@ -16,12 +22,22 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from smartnsq.cli.client_metrics import (
+    ClientCounts,
+    Key,
+    check_installed,
+    endpoint_url,
+    endpoints_json,
+    scrape,
+    sum_counts,
+)
 from smartnsq.cli.common import (
     CliError,
     cluster_options,
@@ -33,13 +49,14 @@ from smartnsq.cli.common import (
 )
 from smartnsq.errors import NsqdHttpError, ServerError
 from smartnsq.nsqd_http import NsqdHttpClient
-from smartnsq.protocol.validation import NO_PARTITION
+from smartnsq.protocol.validation import NO_PARTITION, parse_http_address
 
 EPILOG = """\b
 Examples:
   smartnsq stat --lookupd 127.0.0.1:4161
   smartnsq stat orders --lookupd 127.0.0.1:4161 --interval 5
   smartnsq stat --nsqd 127.0.0.1:4151 --nsqd 127.0.0.1:4251 --once --json
+  smartnsq stat orders --lookupd 127.0.0.1:4161 --client-metrics 127.0.0.1:9108
 """
 
 
@@ -55,6 +72,24 @@ class Sample:
     at: float
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    #: the clients' side (None without --client-metrics), their endpoints and failures
+    clients: dict[Key, ClientCounts] | None = None
+    endpoints: tuple[str, ...] = ()
+    client_errors: dict[str, str] = field(default_factory=dict)
+    #: nsqd HTTP address (as asked) -> its TCP address, which the clients' metrics name
+    tcp: dict[str, str] = field(default_factory=dict)
+
+    def client(self, topic: str, channel: str, part: int, node: str
+               ) -> tuple[ClientCounts | None, list[Key]]:
+        """The clients' counts for a channel row, and the subscriptions they sum: a youzan
+        partition's whichever nsqd led it, a stock row's those on its nsqd."""
+        if self.clients is None:
+            return None, []
+        if part != NO_PARTITION:
+            keys = [k for k in self.clients if k[:3] == (topic, channel, str(part))]
+        else:
+            keys = [k for k in self.clients if k == (topic, channel, "", self.tcp.get(node))]
+        return sum_counts(self.clients[k] for k in keys), keys
 
 
 def _rate(now: int, before: int | None, dt: float | None) -> float | None:
@@ -82,6 +117,7 @@ def build_doc(sample: Sample, previous: Sample | None) -> dict[str, Any]:
             groups.setdefault(key, []).append((node, t))
 
     topics = []
+    matched: set[Key] = set()
     for (name, part, _), entries in sorted(groups.items()):
         leaders = [n for n, t in entries if t.get("is_leader", part == NO_PARTITION)]
         leader = leaders[0] if leaders else None
@@ -111,6 +147,11 @@ def build_doc(sample: Sample, previous: Sample | None) -> dict[str, Any]:
                 "rate": _rate(_int(c, "message_count"),
                               _int(pc, "message_count") if pc is not None else None, dt),
             })
+            if sample.clients is not None:
+                mine, keys = sample.client(name, cname, part, node)
+                matched.update(keys)
+                before_c = previous.client(name, cname, part, node)[0] if previous else None
+                channels[-1]["client"] = _client_json(mine, before_c, dt)
         topics.append({
             "topic": name,
             "partition": part if youzan else None,
@@ -130,7 +171,24 @@ def build_doc(sample: Sample, previous: Sample | None) -> dict[str, Any]:
              for n in sorted(sample.stats)]
     nodes += [{"http_address": n, "version": None, "error": e}
               for n, e in sorted(sample.errors.items())]
-    return {"at": sample.at, "nodes": nodes, "topics": topics}
+    doc = {"at": sample.at, "nodes": nodes, "topics": topics}
+    if sample.clients is not None:
+        doc["client_metrics"] = endpoints_json(sample.endpoints, sample.client_errors)
+        # what the clients report that no row of the server side matched (a channel gone
+        # from nsqd, an nsqd not asked): shown, not dropped
+        doc["unmatched_clients"] = [
+            {"topic": k[0], "channel": k[1], "partition": k[2], "nsqd": k[3],
+             **sample.clients[k].as_json()}
+            for k in sorted(sample.clients) if k not in matched]
+    return doc
+
+
+def _client_json(now: ClientCounts | None, before: ClientCounts | None,
+                 dt: float | None) -> dict[str, Any] | None:
+    if now is None:
+        return None
+    return {**now.as_json(),
+            "rate": _rate(int(now.finished), int(before.finished) if before else None, dt)}
 
 
 def _partition(t: dict[str, Any]) -> int:
@@ -168,10 +226,43 @@ def render(doc: dict[str, Any]) -> Group:
                           _fmt(c["depth_bytes"]), _fmt(c["in_flight"]), _fmt(c["deferred"]),
                           _fmt(c["lag"]), _fmt(c["clients"]), _fmt(c["rate"]))
     errors = [f"[red]{n['http_address']}: {n['error']}[/]" for n in doc["nodes"] if n["error"]]
+    if "client_metrics" not in doc:
+        return Group(table, *errors)
+    return Group(table, *errors, render_clients(doc))
+
+
+def render_clients(doc: dict[str, Any]) -> Group:
+    """The clients' side: per channel row, nsqd's depth and in flight beside what the
+    clients of the given endpoints counted."""
+    endpoints = doc["client_metrics"]
+    table = Table("topic", "part", "channel", "depth", "in flight", "received", "finished",
+                  "requeued", "given up", "client in flight", "fin/s",
+                  title=f"client side ({len(endpoints)} endpoint(s))")
+    for t in doc["topics"]:
+        for c in t["channels"]:
+            mine = c["client"]
+            theirs = [_fmt(mine[k]) for k in ("received", "finished", "requeued", "given_up",
+                                              "in_flight", "rate")] if mine else ["-"] * 6
+            table.add_row(t["topic"], _fmt(t["partition"]), c["channel"], _fmt(c["depth"]),
+                          _fmt(c["in_flight"]), *theirs)
+    for u in doc["unmatched_clients"]:
+        table.add_row(u["topic"], u["partition"] or "-", f"{u['channel']} @ {u['nsqd']}",
+                      "-", "-", *(_fmt(u[k]) for k in ("received", "finished", "requeued",
+                                                       "given_up", "in_flight")), "-")
+    errors = [f"[red]{e['url']}: {e['error']}[/]" for e in endpoints if e["error"]]
     return Group(table, *errors)
 
 
-async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None) -> Sample:
+@dataclass(frozen=True)
+class ClientSide:
+    """``--client-metrics``: the endpoints' URLs, and the TCP address of each nsqd asked."""
+
+    urls: tuple[str, ...]
+    tcp: dict[str, str]
+
+
+async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None,
+                      clients: ClientSide | None = None) -> Sample:
     sample = Sample(at=time.time())
 
     async def one(addr: str) -> None:
@@ -182,8 +273,42 @@ async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None)
         except ServerError as exc:
             sample.errors[addr] = str(exc)
 
-    await asyncio.gather(*(one(a) for a in nodes))
+    async def client_side(side: ClientSide) -> None:
+        counts, sample.client_errors = await scrape(side.urls)
+        sample.clients = {k: v for k, v in counts.items() if topic is None or k[0] == topic}
+        sample.endpoints = side.urls
+        sample.tcp = side.tcp
+
+    await asyncio.gather(*(one(a) for a in nodes),
+                         *([client_side(clients)] if clients is not None else []))
     return sample
+
+
+def _endpoint(ctx: click.Context, param: click.Parameter,
+              value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(endpoint_url(v) for v in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+async def tcp_addresses(http: NsqdHttpClient, nodes: list[str]) -> dict[str, str]:
+    """Each nsqd's TCP address (the host it was asked at, its ``/info`` TCP port); one that
+    does not answer is left out (its rows get no client side)."""
+    out: dict[str, str] = {}
+
+    async def one(addr: str) -> None:
+        try:
+            info = await http.info(addr)
+        except (NsqdHttpError, ServerError):
+            return
+        port = info.get("tcp_port")
+        if isinstance(port, int) and not isinstance(port, bool):
+            host = urlsplit(parse_http_address(addr)).hostname or ""
+            out[addr] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    await asyncio.gather(*(one(a) for a in nodes))
+    return out
 
 
 @click.command(epilog=EPILOG)
@@ -193,28 +318,47 @@ async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None)
               help="seconds between refreshes")
 @click.option("--once", is_flag=True, help="print one snapshot and exit")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table")
+@click.option("--client-metrics", "client_metrics", multiple=True, metavar="URL",
+              callback=_endpoint,
+              help="the Prometheus endpoint of a running smartnsq process (HOST:PORT or a URL; "
+                   "repeatable): show what its consumers counted beside each channel "
+                   "(needs pip install 'smartnsq[prometheus]')")
 @command_runner
 async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...],
-               interval: float, once: bool, as_json: bool) -> None:
+               interval: float, once: bool, as_json: bool,
+               client_metrics: tuple[str, ...]) -> None:
     """Live statistics of every topic (or TOPIC) on every nsqd: partitions, leaders and
-    replicas, depths, in flight, deferred, rates, lag, clients. Ctrl-C ends it."""
+    replicas, depths, in flight, deferred, rates, lag, clients; with --client-metrics, the
+    consuming clients' own counts beside them. Ctrl-C ends it."""
     cluster = pick_cluster(lookupd, nsqd)
+    if client_metrics:
+        try:
+            check_installed()
+        except ImportError as exc:
+            raise CliError(str(exc)) from None
+    tcp: dict[str, str] = {}
     if cluster.nsqd:
         nodes = list(cluster.nsqd)
     else:
         async with cluster.lookup() as lk:
             entries = await lk.admin.nodes()
-        nodes = sorted({n.http_address for n in entries if n.http_port})
+        tcp = {n.http_address: n.tcp_address for n in entries if n.http_port}
+        nodes = sorted(tcp)
         if not nodes:
             raise CliError(f"no nsqd registered with lookupd {', '.join(cluster.lookupd)}")
     async with NsqdHttpClient() as http:
-        await _show(http, nodes, topic, interval, once, as_json)
+        clients = None
+        if client_metrics:
+            if cluster.nsqd:
+                tcp = await tcp_addresses(http, nodes)
+            clients = ClientSide(client_metrics, tcp)
+        await _show(http, nodes, topic, interval, once, as_json, clients)
 
 
 async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
-                once: bool, as_json: bool) -> None:
+                once: bool, as_json: bool, clients: ClientSide | None) -> None:
     stop = stop_event()
-    sample = await take_sample(http, nodes, topic)
+    sample = await take_sample(http, nodes, topic, clients)
     if not sample.stats:
         raise CliError("no nsqd answered /stats: " + "; ".join(
             f"{a}: {e}" for a, e in sample.errors.items()))
@@ -224,7 +368,7 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
     async def after() -> Sample:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
-        return await take_sample(http, nodes, topic)
+        return await take_sample(http, nodes, topic, clients)
 
     if once and not as_json:
         # a one-off snapshot shows rates too: measured over the interval
