@@ -11,16 +11,26 @@ de-duplicate; streaming writes take the batch id from the task's local property
 Each Spark task runs one :class:`smartnsq.Producer` in a private event loop
 (``asyncio.run``), takes the rows as Arrow batches (``DataSourceArrowWriter``), groups them by
 topic and partition and publishes each group as MPUBs built from the Arrow buffers
-(:mod:`smartnsq.spark.sink_arrow`). The MPUBs of one (topic, partition) go out one after
-another, so rows of one shard key keep their order within a task; every MPUB goes through the
-producer's own retry loop (leader changes, refreshes, ``maxAttempts``, ``publishTimeout``).
-A publish that fails for good fails the task with the producer's error: nothing is dropped.
+(:mod:`smartnsq.spark.sink_arrow`). Every MPUB goes through the producer's own retry loop
+(leader changes, refreshes, ``maxAttempts``, ``publishTimeout``). A publish that fails for good
+fails the task with the producer's error: nothing is dropped.
+
+Rows with a partition (a ``partition`` or ``shard_key`` column) go through a lane per (topic,
+partition) that keeps up to :data:`PIPELINE_DEPTH` MPUBs in flight, in row order: waiting for
+each answer before sending the next left the leader idle for a round trip and the task's turn
+per MPUB. Order holds because the task's producer then keeps one connection per nsqd, nsqd
+stores a connection's MPUBs in the order they come and answers them in that order. An MPUB
+whose answer comes after those of MPUBs sent behind it was retried (a leader move, a timeout):
+they were stored before it, so the lane lets the window settle and publishes them again after
+it, and the last copy of every row is in row order (duplicates, as at-least-once allows, that
+``deterministicTraceIds`` lets consumers drop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +55,8 @@ from smartnsq.spark.sink_arrow import (
 )
 from smartnsq.spark.sink_options import SinkOptions, parse_sink_options
 
-__all__ = ["NsqBatchWriter", "NsqCommitMessage", "NsqStreamWriter", "publish_task"]
+__all__ = ["PIPELINE_DEPTH", "NsqBatchWriter", "NsqCommitMessage", "NsqStreamWriter",
+           "publish_task"]
 
 logger = logging.getLogger("smartnsq.spark.sink")
 
@@ -53,6 +64,8 @@ logger = logging.getLogger("smartnsq.spark.sink")
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: MPUBs waiting per (topic, partition) before the task stops taking input (backpressure)
 _QUEUE_DEPTH = 4
+#: MPUBs of one (topic, partition) in flight at once (see the module docstring)
+PIPELINE_DEPTH = 4
 #: concurrent MPUBs for rows without partition or shard key (no order promised for those)
 _ROUND_ROBIN_WIDTH = 4
 #: concurrent DPUBs of one task
@@ -79,7 +92,9 @@ class NsqCommitMessage(WriterCommitMessage):
         self.rows += count
         self.counts[key] = self.counts.get(key, 0) + count
         if receipt is not None:
-            self.first_offsets.setdefault(key, receipt.offset)
+            first = self.first_offsets.get(key)
+            self.first_offsets[key] = receipt.offset if first is None else \
+                min(first, receipt.offset)
             self.end_offsets[key] = max(self.end_offsets.get(key, 0), receipt.next_offset)
 
 
@@ -95,8 +110,20 @@ def summarize(messages: list[NsqCommitMessage | None]) -> dict[PartitionKey, int
 
 # ---------------------------------------------------------------------------- one task
 
+class _Sent:
+    """One MPUB of a lane: its unit, its publish, and the rank of its answer in the task."""
+
+    __slots__ = ("answered", "task", "unit")
+
+    def __init__(self, unit: Unit, task: asyncio.Task[None]) -> None:
+        self.unit = unit
+        self.task = task
+        self.answered = 0  # 0: not answered yet
+
+
 class _TaskPublisher:
-    """Publishes one task's units: a lane per (topic, partition), MPUBs in order per lane."""
+    """Publishes one task's units: a lane per (topic, partition), MPUBs in order per lane
+    (see the module docstring)."""
 
     def __init__(self, producer: Producer, opts: SinkOptions, message: NsqCommitMessage) -> None:
         self.producer = producer
@@ -105,6 +132,8 @@ class _TaskPublisher:
         self.error: BaseException | None = None
         self._queues: dict[PartitionKey, asyncio.Queue[Unit | None]] = {}
         self._workers: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._answers = 0
         self._partition_nums: dict[str, int] = {}
 
     async def partition_num(self, topic: str) -> int:
@@ -138,11 +167,20 @@ class _TaskPublisher:
             q = self._queues.get(key)
             if q is None:
                 q = self._queues[key] = asyncio.Queue(_QUEUE_DEPTH)
-                width = _ROUND_ROBIN_WIDTH if unit.partition is None else 1
-                self._workers.extend(asyncio.create_task(self._work(q)) for _ in range(width))
+                if unit.partition is None:
+                    self._workers.extend(asyncio.create_task(self._work(q))
+                                         for _ in range(_ROUND_ROBIN_WIDTH))
+                else:
+                    self._workers.append(asyncio.create_task(self._lane(q)))
             await q.put(unit)
 
+    def _failed(self, exc: BaseException) -> None:
+        # the task fails with the first error (raised by finish)
+        if self.error is None:
+            self.error = exc
+
     async def _work(self, q: asyncio.Queue[Unit | None]) -> None:
+        """A round-robin worker: rows without a partition, no order promised."""
         while True:
             unit = await q.get()
             if unit is None:
@@ -151,11 +189,72 @@ class _TaskPublisher:
                 continue  # a publish failed: the task fails; only drain so producers unblock
             try:
                 await self._publish(unit)
-            except Exception as exc:  # the task fails with this error (raised by finish)
-                if self.error is None:
-                    self.error = exc
+            except Exception as exc:
+                self._failed(exc)
 
-    async def _publish(self, unit: Unit) -> None:
+    async def _lane(self, q: asyncio.Queue[Unit | None]) -> None:
+        """One (topic, partition): up to PIPELINE_DEPTH MPUBs in flight, in row order. The
+        window opens once an MPUB was answered in turn: the first ones of a lane (or after a
+        retry) wait for a lookup or a dial, and those waits do not end in the order begun."""
+        window: deque[_Sent] = deque()
+        depth = 1
+        while True:
+            unit = await q.get()
+            if unit is None:
+                break
+            if self.error is not None:
+                continue
+            window.append(self._send(unit))
+            while len(window) >= depth:
+                depth = PIPELINE_DEPTH if await self._settle(window) else 1
+        while window:
+            await self._settle(window)
+
+    def _send(self, unit: Unit) -> _Sent:
+        task = asyncio.create_task(self._publish(unit))
+        sent = _Sent(unit, task)
+        self._in_flight.add(task)
+
+        def answered(t: asyncio.Task[None]) -> None:
+            # done callbacks run in the order the answers came: each one's rank
+            self._in_flight.discard(t)
+            self._answers += 1
+            sent.answered = self._answers
+
+        task.add_done_callback(answered)
+        return sent
+
+    async def _settle(self, window: deque[_Sent]) -> bool:
+        """Wait for the oldest MPUB of a lane; when MPUBs sent behind it were answered first
+        (it was retried), publish those again after it, one at a time. True: it was answered
+        in turn."""
+        head = window.popleft()
+        try:
+            await head.task
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        if not any(0 < s.answered < head.answered for s in window):
+            return True
+        behind = list(window)
+        window.clear()
+        for result in await asyncio.gather(*(s.task for s in behind), return_exceptions=True):
+            if isinstance(result, Exception):
+                self._failed(result)
+        logger.info("nsq sink: an MPUB to topic %r partition %s was answered after %d sent "
+                    "behind it (retried); publishing those again after it", head.unit.topic,
+                    head.unit.partition, len(behind))
+        for s in behind:
+            if self.error is not None:
+                break
+            try:
+                await self._publish(s.unit, again=True)
+            except Exception as exc:
+                self._failed(exc)
+        return False
+
+    async def _publish(self, unit: Unit, *, again: bool = False) -> None:
+        """Publish ``unit``; ``again``: a copy of one already counted (its offsets count)."""
         p = self.producer
         if isinstance(unit, DeferredRows):
             rows = unit.rows
@@ -175,7 +274,7 @@ class _TaskPublisher:
         else:
             sent = await p.publish_encoded(unit.topic, unit.body, partition=unit.partition,
                                            traced=unit.traced, timeout=timeout)
-        self.message.add((unit.topic, sent.partitions[0]), unit.count,
+        self.message.add((unit.topic, sent.partitions[0]), 0 if again else unit.count,
                          sent.receipts[0] if sent.receipts else None)
 
     def check(self) -> None:
@@ -191,7 +290,7 @@ class _TaskPublisher:
         self.check()
 
     def cancel(self) -> None:
-        for t in self._workers:
+        for t in (*self._workers, *self._in_flight):
             t.cancel()
 
 
@@ -201,28 +300,32 @@ def _next(it: Iterator[Any]) -> Any:
 
 async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqCommitMessage,
                         trace_base: int | None) -> NsqCommitMessage:
+    # Spark's iterator blocks on its socket: a thread lets acks flow meanwhile
+    batch = await asyncio.to_thread(_next, batches)
+    if batch is None:
+        return message
+    more: dict[str, Any] = {}
+    if {"partition", "shard_key"} & set(batch.schema.names):
+        # one connection per nsqd: a lane's pipelined MPUBs are stored in the order sent
+        more["connections_per_nsqd"] = 1
     config = ProducerConfig(publish_timeout=opts.publishTimeout, max_attempts=opts.maxAttempts,
                             max_body_size=max(opts.maxBatchBytes, opts.maxMessageBytes),
-                            max_msg_size=opts.maxMessageBytes)
+                            max_msg_size=opts.maxMessageBytes, **more)
     producer = Producer(nsqd=opts.nsqd, config=config) if opts.nsqd is not None else \
         Producer(lookupd=opts.lookupd, config=config)
     async with producer:
         pub = _TaskPublisher(producer, opts, message)
         row = 0
         try:
-            while True:
-                # Spark's iterator blocks on its socket: a thread lets acks flow meanwhile
-                batch = await asyncio.to_thread(_next, batches)
-                if batch is None:
-                    break
+            while batch is not None:
                 pub.check()
-                if batch.num_rows == 0:
-                    continue
-                plan = BatchPlan(batch, opts, row_base=row, trace_base=trace_base)
-                nums = {t: await pub.partition_num(t) for t in plan.topics} \
-                    if plan.needs_partition_num else {}
-                await pub.submit(plan.units(nums))
-                row += plan.rows
+                if batch.num_rows:
+                    plan = BatchPlan(batch, opts, row_base=row, trace_base=trace_base)
+                    nums = {t: await pub.partition_num(t) for t in plan.topics} \
+                        if plan.needs_partition_num else {}
+                    await pub.submit(plan.units(nums))
+                    row += plan.rows
+                batch = await asyncio.to_thread(_next, batches)
             await pub.finish()
         finally:
             pub.cancel()
