@@ -183,6 +183,13 @@ class Message:
             self._ext = doc
         return dict(self._ext)
 
+    def _set_body(self, body: bytes) -> None:
+        """Replace the body as received (the consumer removes a trace envelope this way,
+        before anyone sees the message)."""
+        r = self._raw
+        self._raw = (r[TIMESTAMP], r[ATTEMPTS], r[ID], body, r[EXT_VERSION], r[EXT], r[OFFSET],
+                     r[RAW_SIZE])
+
     # -- responding ----------------------------------------------------------------------
 
     @property

@@ -8,11 +8,13 @@ import inspect
 from collections.abc import Collection, Mapping
 from typing import Literal
 
+from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.discovery import Discovery
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.commands import OffsetSpec
 
-__all__ = ["StartAt", "check_partitions", "check_start_at", "is_async_callable"]
+__all__ = ["StartAt", "check_config", "check_handler", "check_partitions", "check_start_at",
+           "check_trace", "is_async_callable"]
 
 #: a start position for every partition ("earliest", "end" or an OffsetSpec), or per
 #: partition id
@@ -33,6 +35,32 @@ def is_async_callable(fn: object) -> bool:
                for k in type(fn).__mro__)
 
 
+def check_handler(handler: object) -> None:
+    if handler is None:
+        return
+    if not callable(handler):
+        raise ConfigError(f"handler must be an async callable, got {type(handler).__name__}")
+    if not is_async_callable(handler):
+        raise ConfigError("handler must be an async function (async def) taking one "
+                          "Message; for a plain function use smartnsq.sync.Consumer")
+
+
+def check_config(config: ConsumerConfig | None) -> ConsumerConfig:
+    if config is None:
+        return ConsumerConfig()
+    if not isinstance(config, ConsumerConfig):
+        raise ConfigError(f"config must be a ConsumerConfig, got {type(config).__name__}")
+    return config
+
+
+def check_trace(trace: object, trace_switch: object) -> None:
+    if not isinstance(trace, bool):
+        raise ConfigError(f"trace must be True or False, got {trace!r} (a trace switch "
+                          "goes to trace_switch=)")
+    if trace_switch is not None and not callable(getattr(trace_switch, "is_on", None)):
+        raise ConfigError("trace_switch must be a trace switch (smartnsq.trace.TraceSwitch)")
+
+
 def check_partitions(partitions: Collection[int] | None) -> frozenset[int] | None:
     if partitions is None:
         return None
@@ -44,6 +72,7 @@ def check_partitions(partitions: Collection[int] | None) -> frozenset[int] | Non
     if not partitions:
         raise ConfigError("partitions must not be empty (None subscribes to all)")
     return frozenset(partitions)
+
 
 def check_start_at(start_at: StartAt | None,
                     discovery: Discovery) -> dict[int, OffsetSpec] | OffsetSpec | None:

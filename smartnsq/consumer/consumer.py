@@ -21,7 +21,7 @@ import logging
 import random
 import types
 from collections.abc import Callable, Collection
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
@@ -29,9 +29,11 @@ from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, lookup_of, resolve
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import (
     StartAt,
+    check_config,
+    check_handler,
     check_partitions,
     check_start_at,
-    is_async_callable,
+    check_trace,
 )
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import (
@@ -41,6 +43,7 @@ from smartnsq.consumer.discovery import (
     Topology,
 )
 from smartnsq.consumer.dispatch import Dispatcher, Handler
+from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.stats import ConsumerStats
@@ -66,7 +69,11 @@ from smartnsq.errors import (
 )
 from smartnsq.flow import RdyController
 from smartnsq.message import Message
+from smartnsq.metrics.api import Metrics
 from smartnsq.protocol.validation import check_channel, check_topic
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Consumer", "GivingUpCallback", "Handler", "StartAt", "Sub"]
 
@@ -106,6 +113,11 @@ class Consumer:
     is logged to ``smartnsq.trace``. ``trace_switch`` (default: the process-wide
     ``smartnsq.trace.switch``; any object with ``is_on(topic)``) only turns that logging
     on for other consumers too; it never changes what goes on the wire.
+    ``metrics`` (default: :func:`smartnsq.metrics.get_metrics` at ``start()``) receives the
+    consumer's figures (:mod:`smartnsq.metrics.catalog`); ``tracer_provider`` (default: the
+    global OpenTelemetry one) makes a ``process {topic}`` span per message, child of the
+    producer's when the message carries its context (youzan ext topics; on stock nsqd with
+    ``trace_envelope=True`` on both sides, which also removes the envelope from the body).
 
     Use ``async with Consumer(...) as c:`` or ``await start()`` / ``await stop()``; iterating
     (``async for``) needs a started consumer.
@@ -125,6 +137,9 @@ class Consumer:
         trace: bool = False,
         trace_switch: _trace.TraceToggle | None = None,
         partitions: Collection[int] | None = None,
+        metrics: Metrics | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_envelope: bool = False,
     ) -> None:
         def policy(config: ConsumerConfig) -> DeliveryPolicy:
             if giving_up is not None and not callable(giving_up):
@@ -133,7 +148,8 @@ class Consumer:
 
         self._setup(topic, channel, handler, policy, resolve_source("Consumer", nsqd, lookupd),
                     config=config, start_at=start_at, trace=trace, trace_switch=trace_switch,
-                    partitions=partitions)
+                    partitions=partitions,
+                    observe=Observability(metrics, tracer_provider, trace_envelope))
 
     def _setup(
         self,
@@ -148,28 +164,16 @@ class Consumer:
         trace: bool,
         trace_switch: _trace.TraceToggle | None,
         partitions: Collection[int] | None,
+        observe: Observability,
     ) -> None:
         """Check the arguments and build the parts; ``make_policy`` decides what happens to
         deliveries besides the handler call (the ordered consumer passes its own)."""
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        if handler is not None:
-            if not callable(handler):
-                raise ConfigError(f"handler must be an async callable, got "
-                                  f"{type(handler).__name__}")
-            if not is_async_callable(handler):
-                raise ConfigError("handler must be an async function (async def) taking one "
-                                  "Message; for a plain function use smartnsq.sync.Consumer")
-        if config is None:
-            config = ConsumerConfig()
-        elif not isinstance(config, ConsumerConfig):
-            raise ConfigError(f"config must be a ConsumerConfig, got {type(config).__name__}")
+        check_handler(handler)
+        config = check_config(config)
         policy = make_policy(config)
-        if not isinstance(trace, bool):
-            raise ConfigError(f"trace must be True or False, got {trace!r} (a trace switch "
-                              "goes to trace_switch=)")
-        if trace_switch is not None and not callable(getattr(trace_switch, "is_on", None)):
-            raise ConfigError("trace_switch must be a trace switch (smartnsq.trace.TraceSwitch)")
+        check_trace(trace, trace_switch)
         only = check_partitions(partitions)
         if only is not None and source.direct:
             raise ConfigError("partitions= needs lookupd= (the partition leaders come from "
@@ -189,6 +193,7 @@ class Consumer:
         self._config = config
         self._handler = handler
         self._policy = policy
+        self._observe = observe
         #: the trace switch whose setting turns logging on (default: the process-wide one)
         self.trace_switch: _trace.TraceToggle = (
             trace_switch if trace_switch is not None else _trace.switch)
@@ -279,6 +284,11 @@ class Consumer:
         self._starting = True
         self._bind_loop(asyncio.get_running_loop())
         self._closed_event = asyncio.Event()
+        obs, driver = self._observe, self._driver
+        obs.start(self.topic, self.channel, lambda: list(self._subs),
+                  lambda: driver.flow is not None and driver.flow.in_backoff)
+        self._subscriptions.meters = obs.meters
+        self._dispatch.observe(obs.meters, obs.spans)
         try:
             self._subscriptions.follow(await self._discovery.start(self._on_topology))
             await self._conns.wait_first_attempts(self._subscriptions.start_bound())
@@ -393,6 +403,7 @@ class Consumer:
         await self._dispatch.stop_workers(close_deadline)
         if self._driver.flow is not None:
             self._driver.flush()
+        self._observe.stop()
         self._closed = True
         if self._closed_event is not None:
             self._closed_event.set()

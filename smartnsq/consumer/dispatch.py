@@ -32,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smartnsq import trace as _trace
 from smartnsq.consumer.iteration import IteratorBuffer
+from smartnsq.consumer.meters import APPLICATION, CLOSED, STOP, ConsumerMeters, RequeueReason
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
@@ -45,8 +47,13 @@ from smartnsq.consumer.trace import log_consumed
 from smartnsq.consumer.unseen import unseen
 from smartnsq.consumer.work_queue import WorkQueue
 from smartnsq.consumer.workers import HandlerWorkers
-from smartnsq.message import FINISHED, REQUEUED, Message
-from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord
+from smartnsq.message import FINISHED, PENDING, REQUEUED, Message
+from smartnsq.protocol.messages import ATTEMPTS, ID, TIMESTAMP, MessageRecord
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from smartnsq.consumer.process_spans import ProcessSpans
 
 __all__ = ["Dispatcher", "Handler"]
 
@@ -121,12 +128,32 @@ class Dispatcher:
         self.returned_unseen = 0
         #: stop() ended
         self.closed = False
+        #: metrics and process spans, when the consumer started with them on (observe())
+        self.meters: ConsumerMeters | None = None
+        self._spans: ProcessSpans | None = None
+        #: iterated messages handed out and not answered yet, with their hand-over time
+        #: and span (only while metrics or spans are on)
+        self._handed: dict[Message, tuple[float, Span | None]] = {}
         policy.attach(self)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         if self.workers is not None:
             self.workers.loop = loop
+
+    def observe(self, meters: ConsumerMeters | None, spans: ProcessSpans | None) -> None:
+        """Caller: the consumer's start, with what is on. The handler workers time each
+        message and run the handler inside its span; iterated messages are timed and
+        spanned from hand-over to answer."""
+        self.meters = meters
+        self._spans = spans
+        workers = self.workers
+        if workers is None:
+            return
+        if spans is not None:
+            workers.handler = spans.wrap(workers.handler)
+        if meters is not None:
+            workers.timer = (meters.process.observe, meters.latency.observe)
 
     # ------------------------------------------------------------------ receiving
 
@@ -223,13 +250,18 @@ class Dispatcher:
         log.debug("%s/%s partition %s: finished message at offset %s before the start "
                   "position quietly", self.topic, self.channel, sub.partition, msg.offset)
         self.dropped_before_start += 1
+        if sub.meters is not None:
+            sub.meters.dropped.inc()
         self.outstanding += 1
         sub.outstanding += 1
         msg._state = FINISHED
         self._fin(sub, msg)
 
-    def answer_copy(self, sub: Sub, msg: Message, *, fin: bool) -> None:
+    def answer_copy(self, sub: Sub, msg: Message, *, fin: bool,
+                    reason: RequeueReason) -> None:
         self.dropped_before_start += 1
+        if sub.meters is not None:
+            sub.meters.dropped.inc()
         msg._state = FINISHED if fin else REQUEUED
         if fin:
             self._fin(sub, msg)
@@ -237,7 +269,7 @@ class Dispatcher:
             subscriber = sub.subscriber
             if subscriber is not None:
                 subscriber.req(msg.id, 0)
-            self._requeued(sub, msg, False)
+            self._requeued(sub, msg, False, reason)
 
     def fatal(self, exc: BaseException) -> None:
         self._fatal(exc)
@@ -265,6 +297,8 @@ class Dispatcher:
             self.tracked.discard(msg)
         if self.drain_watch or sub.drained is not None:
             self.settled(sub)
+        if self._handed:
+            self._answered(msg)
         return ok
 
     def finish(self, sub: Sub, msg: Message) -> bool:
@@ -276,32 +310,49 @@ class Dispatcher:
         self._policy.failed(msg, exc)
 
     def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
-        return self._policy.requeue(sub, msg, delay, backoff)
+        """The application's ``message.requeue()``."""
+        return self._policy.requeue(sub, msg, delay, backoff, APPLICATION)
 
-    def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool) -> bool:
+    def requeue_as(self, msg: Message, reason: RequeueReason, delay: float | None = None,
+                   backoff: bool = True) -> bool:
+        """``message.requeue()`` on the library's behalf, for ``reason``."""
+        if msg._state != PENDING:
+            return False
+        msg._state = REQUEUED
+        return self._policy.requeue(msg._owner, msg, delay, backoff,  # type: ignore[arg-type]
+                                    reason)
+
+    def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool,
+            reason: RequeueReason) -> bool:
         subscriber = sub.subscriber
         ok = subscriber is not None and subscriber.req(msg._raw[ID], delay_ms)
-        self._requeued(sub, msg, backoff)
+        self._requeued(sub, msg, backoff, reason)
         return ok
 
-    def _requeued(self, sub: Sub, msg: Message, backoff: bool) -> None:
+    def _requeued(self, sub: Sub, msg: Message, backoff: bool, reason: RequeueReason) -> None:
         sub.requeued += 1
+        if sub.meters is not None:
+            sub.meters.requeued[reason].inc()
         sub.outstanding -= 1
         self.outstanding -= 1
         self.tracked.discard(msg)
         self._driver.requeued(sub, backoff)
         self.settled(sub)
+        if self._handed:
+            self._answered(msg)
 
     def return_unseen(self, msg: Message) -> None:
         """REQ 0 for a message the application never saw (see :mod:`.unseen`)."""
         self.returned_unseen += 1
         unseen.returned(self.topic, self.channel, msg._raw[ID])
-        msg.requeue(0, backoff=False)
+        self.requeue_as(msg, STOP, 0, backoff=False)
 
     def discard(self, sub: Sub, msg_id: bytes) -> None:
         """A queued message whose connection is gone: the server redelivers it, unseen."""
         self.returned_unseen += 1
         unseen.returned(self.topic, self.channel, msg_id)
+        if sub.meters is not None:
+            sub.meters.requeued[CLOSED].inc()
         sub.outstanding -= 1
         self.outstanding -= 1
         self.settled(sub)
@@ -321,7 +372,34 @@ class Dispatcher:
     async def next_message(self) -> Message | None:
         """The next iterated message; None once stop() began and the buffer is empty."""
         assert self.loop is not None
-        return await self.iterator.next(self.loop, lambda: self.stopping or self.closed)
+        msg = await self.iterator.next(self.loop, lambda: self.stopping or self.closed)
+        if msg is not None and (self.meters is not None or self._spans is not None):
+            self._hand_over(msg)
+        return msg
+
+    def _hand_over(self, msg: Message) -> None:
+        """An iterated message goes to the application: its processing starts."""
+        span = None
+        if self._spans is not None:
+            opened = self._spans.open(msg)
+            span = opened[0] if opened is not None else None
+        start = 0.0
+        if self.meters is not None:
+            start = time.perf_counter()
+            self.meters.latency.observe(time.time() - msg._raw[TIMESTAMP] * 1e-9)
+        if span is not None or self.meters is not None:
+            self._handed[msg] = (start, span)
+
+    def _answered(self, msg: Message) -> None:
+        """A handed-out message was answered: its processing ended."""
+        entry = self._handed.pop(msg, None)
+        if entry is None:
+            return
+        start, span = entry
+        if self.meters is not None:
+            self.meters.process.observe(time.perf_counter() - start)
+        if span is not None and self._spans is not None:
+            self._spans.close(span)
 
     # ------------------------------------------------------------------ stop steps
 
@@ -361,7 +439,7 @@ class Dispatcher:
             else:
                 self.return_unseen(msg)
         for msg in list(self.tracked):
-            msg.requeue(0, backoff=False)
+            self.requeue_as(msg, STOP, 0, backoff=False)
 
     async def stop_workers(self, deadline: float) -> None:
         """Caller: stop(), last. Cancel the workers and wait for them until ``deadline``

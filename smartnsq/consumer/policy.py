@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.meters import HANDLER_ERROR, ConsumerMeters, RequeueReason
 from smartnsq.consumer.sub import Sub
 from smartnsq.flow import AttemptPolicy
 from smartnsq.message import PENDING, Message
@@ -38,6 +39,8 @@ class PolicyHost(Protocol):
 
     topic: str
     channel: str
+    #: the consumer's metrics (None: off)
+    meters: ConsumerMeters | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -58,12 +61,20 @@ class PolicyHost(Protocol):
     def drop(self, sub: Sub, msg: Message) -> None:
         """FIN a delivery the handler must not see (counted as dropped before start)."""
 
-    def answer_copy(self, sub: Sub, msg: Message, *, fin: bool) -> None:
+    def answer_copy(self, sub: Sub, msg: Message, *, fin: bool,
+                    reason: RequeueReason) -> None:
         """Answer a held second copy with FIN or REQ 0 (counted as dropped before start);
         no policy hook runs for it."""
 
-    def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool) -> bool:
-        """Write REQ and account for it (flow control, counts); True when written."""
+    def req(self, sub: Sub, msg: Message, delay_ms: int, backoff: bool,
+            reason: RequeueReason) -> bool:
+        """Write REQ and account for it (flow control, counts by ``reason``); True when
+        written."""
+
+    def requeue_as(self, msg: Message, reason: RequeueReason, delay: float | None = None,
+                   backoff: bool = True) -> bool:
+        """Requeue a pending message on the library's behalf (through the policy's
+        :meth:`DeliveryPolicy.requeue`); False if it was answered already."""
 
     def fatal(self, exc: BaseException) -> None:
         """Stop the consumer with ``exc``."""
@@ -100,7 +111,8 @@ class DeliveryPolicy(Protocol):
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         """``msg`` was finished (``written``: the FIN went out)."""
 
-    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool,
+                reason: RequeueReason) -> bool:
         """Requeue ``msg`` (through :meth:`PolicyHost.req`, now or later)."""
 
     def failed(self, msg: Message, exc: BaseException) -> None:
@@ -139,7 +151,7 @@ class AttemptsPolicy:
         if cb is None:
             host.hold(sub, msg, track=False)
             msg.finish()
-            sub.given_up += 1
+            self._count_given_up(sub)
             log.warning("giving up on message %s of %s/%s after %d attempts (max_attempts "
                         "%d); finished it", msg.id.hex(), host.topic, host.channel,
                         msg.attempts, self.max_attempts)
@@ -167,9 +179,15 @@ class AttemptsPolicy:
         self._given_up(sub, msg)
 
     def _given_up(self, sub: Sub, msg: Message) -> None:
-        sub.given_up += 1
+        self._count_given_up(sub)
         if not msg.has_responded:  # the callback may have answered it itself
             msg.finish()
+
+    @staticmethod
+    def _count_given_up(sub: Sub) -> None:
+        sub.given_up += 1
+        if sub.meters is not None:
+            sub.meters.given_up.inc()
 
     def _kept(self, sub: Sub, msg: Message, exc: Exception) -> None:
         host = self._host
@@ -177,16 +195,16 @@ class AttemptsPolicy:
         log.error("giving_up callback failed for message %s of %s/%s (attempt %d): %r; "
                   "requeued it (it is given up again on its next delivery)", msg.id.hex(),
                   host.topic, host.channel, msg.attempts, exc, exc_info=exc)
-        if not msg.has_responded:
-            msg.requeue(None, backoff=False)
+        host.requeue_as(msg, HANDLER_ERROR, None, backoff=False)
 
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         pass
 
-    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool,
+                reason: RequeueReason) -> bool:
         assert self._host is not None
         delay_ms = self._attempts.requeue_delay_ms(msg.attempts, delay)
-        return self._host.req(sub, msg, delay_ms, backoff)
+        return self._host.req(sub, msg, delay_ms, backoff, reason)
 
     def failed(self, msg: Message, exc: BaseException) -> None:
         host = self._host
@@ -196,7 +214,7 @@ class AttemptsPolicy:
                     exc_info=exc)
         if msg._state == PENDING:
             if msg._auto:
-                msg.requeue()
+                host.requeue_as(msg, HANDLER_ERROR)
             else:
                 host.track(msg)
 

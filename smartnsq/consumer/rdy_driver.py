@@ -178,15 +178,20 @@ class RdyDriver:
         self._dirty = []
         for sub in dirty:
             sub.dirty = False
+            meters = sub.meters
             n = sub.recv_pending
             if n:
                 sub.recv_pending = 0
                 sub.received += n
+                if meters is not None:
+                    meters.received.inc(n)
                 self.exec(flow.message_received(sub, now, n))
             n = sub.fin_pending
             if n:
                 sub.fin_pending = 0
                 sub.finished += n
+                if meters is not None:
+                    meters.finished.inc(n)
                 self.exec(flow.message_finished(sub, now, n))
 
     def _backoff_ended(self, token: int) -> None:

@@ -20,6 +20,7 @@ from typing import Protocol
 from smartnsq._checks import check_loop
 from smartnsq.conn import Connection, Subscriber
 from smartnsq.consumer.discovery import NO_PARTITION, Endpoint
+from smartnsq.consumer.meters import SubMeters
 from smartnsq.consumer.positions import StartGuard
 from smartnsq.errors import ServerError
 from smartnsq.message import Message
@@ -28,6 +29,9 @@ from smartnsq.protocol.messages import MessageRecord
 __all__ = ["Answers", "Sub"]
 
 log = logging.getLogger("smartnsq.consumer")
+
+#: answers to FIN / REQ / TOUCH that came too late (the message had timed out on nsqd)
+_ANSWER_FAILED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 
 class Answers(Protocol):
@@ -49,8 +53,8 @@ class Sub:
     __slots__ = (
         "_ended", "_retire", "address", "answers", "channel", "closed", "conn", "dirty",
         "drained", "endpoint", "error", "fin_pending", "finished", "given_up", "guard",
-        "local_address", "outstanding", "partition", "received", "recv_pending", "registered",
-        "requeued", "retiring", "seeked", "subscriber", "topic", "youzan",
+        "local_address", "meters", "outstanding", "partition", "received", "recv_pending",
+        "registered", "requeued", "retiring", "seeked", "subscriber", "topic", "youzan",
     )
 
     def __init__(self, endpoint: Endpoint, topic: str, channel: str, answers: Answers,
@@ -91,6 +95,8 @@ class Sub:
         self.dirty = False
         #: set while retiring, once nothing is outstanding
         self.drained: asyncio.Event | None = None
+        #: its counters when the consumer's metrics are on
+        self.meters: SubMeters | None = None
 
     def __repr__(self) -> str:
         return f"<subscription {self.endpoint}>"
@@ -102,8 +108,10 @@ class Sub:
 
     def on_error(self, conn: Connection, exc: ServerError) -> None:
         # E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED: the message timed out on the
-        # server and went to someone else; nothing to do
+        # server and went to someone else; nothing to do but count it
         log.debug("nsqd %s: %s", conn.address, exc)
+        if self.meters is not None and exc.server_code in _ANSWER_FAILED:
+            self.meters.fin_failed.inc()
 
     def on_close(self, conn: Connection, exc: BaseException | None) -> None:
         """The connection is closed: this subscription is over (the subscription set moves
@@ -124,7 +132,10 @@ class Sub:
     def touch(self, msg: Message) -> bool:
         check_loop(self.answers.loop, "this message's consumer")
         subscriber = self.subscriber
-        return subscriber is not None and subscriber.touch(msg.id)
+        sent = subscriber is not None and subscriber.touch(msg.id)
+        if sent and self.meters is not None:
+            self.meters.touched.inc()
+        return sent
 
     # -- Session
     async def wait_closed(self) -> None:

@@ -23,6 +23,7 @@ from smartnsq.conn import Connection, SubscribeMode
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import NO_PARTITION, Discovery, Endpoint, Topology
 from smartnsq.consumer.dispatch import Dispatcher
+from smartnsq.consumer.meters import ConsumerMeters
 from smartnsq.consumer.policy import DeliveryPolicy
 from smartnsq.consumer.positions import Positioner, StartGuard
 from smartnsq.consumer.rdy_driver import RdyDriver
@@ -82,9 +83,14 @@ class SubscriptionSet:
         self._discovery = discovery
         #: the last topology had nothing to subscribe to (said once, and when it ends)
         self._waiting = False
+        #: the consumer's metrics, set at start when they are on
+        self.meters: ConsumerMeters | None = None
 
     def new_sub(self, ep: Endpoint) -> Sub:
-        return Sub(ep, self.topic, self.channel, self._dispatch, self._retire, self._ended)
+        sub = Sub(ep, self.topic, self.channel, self._dispatch, self._retire, self._ended)
+        if self.meters is not None:
+            sub.meters = self.meters.sub(sub.address, sub.partition)
+        return sub
 
     # ------------------------------------------------------------------ topology
 
@@ -225,6 +231,8 @@ class SubscriptionSet:
                 f"nsqd {ep.address} closed the connection right after SUB")
         self.subs.add(sub)
         self.connects += 1
+        if sub.meters is not None:
+            sub.meters.connects.inc()
         sub.registered = True
         self._policy.on_subscribed(sub)
         self._driver.added(sub, conn.max_rdy_count)

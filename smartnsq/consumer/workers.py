@@ -6,6 +6,10 @@ loop); the worker then stays with that handler and other workers take over the q
 slow handlers run concurrently (at most the effective ``max_in_flight`` of them, which is all
 RDY can let in anyway). Returning finishes the message (FIN), raising hands it to the policy.
 
+With metrics on (``timer``), each message's processing time (hand-over to answer) and
+end-to-end latency (hand-over time minus the message's timestamp) are observed: one clock
+read before the handler, one after its answer, the wall clock derived from the first.
+
 This object owns the worker tasks, the idle workers' futures and the pumping/waking counts.
 It reaches the dispatcher only through :class:`WorkerHost`; what the per-message loop needs
 is bound once per worker.
@@ -14,6 +18,7 @@ is bound once per worker.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -21,7 +26,7 @@ from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.work_queue import WorkQueue
 from smartnsq.message import FINISHED, PENDING, Message
-from smartnsq.protocol.messages import ID
+from smartnsq.protocol.messages import ID, TIMESTAMP
 
 __all__ = ["HandlerWorkers", "WorkerHost"]
 
@@ -74,7 +79,10 @@ class HandlerWorkers:
     def __init__(self, host: WorkerHost, handler: Callable[[Message], Awaitable[object]],
                  queue: WorkQueue, driver: RdyDriver, *, hooked_finish: bool) -> None:
         self._host = host
-        self._handler = handler
+        #: the user's handler (inside its process span when tracing is on)
+        self.handler = handler
+        #: (processing duration, latency) observers when metrics are on
+        self.timer: tuple[Callable[[float], None], Callable[[float], None]] | None = None
         self._queue = queue
         self._driver = driver
         #: FIN goes through host.finish (a policy hook on FIN), else it is inlined
@@ -133,8 +141,12 @@ class HandlerWorkers:
         queue = self._queue
         items = queue.items
         popleft = items.popleft
-        handler = self._handler
+        handler = self.handler
         host = self._host
+        observe_process, observe_latency = self.timer or (None, None)
+        clock = time.perf_counter
+        # the wall clock as clock() + wall (nsqd's timestamps are wall-clock nanoseconds)
+        wall = t0 = 0.0
         # with a policy hook on FIN, host.finish runs it; without, the FIN is inlined below
         finish = host.finish if self._hooked_finish else None
         failed = host.failed
@@ -164,6 +176,8 @@ class HandlerWorkers:
             self.pumping += 1
             st.batch += 1
             st.stalled = False
+            if observe_latency is not None:
+                wall = time.time() - clock()
             # runs at the next loop turn: if this batch is still going then, a handler
             # suspended (inline handlers never yield to the loop)
             loop.call_soon(self._stall_check, st, st.batch)
@@ -189,6 +203,9 @@ class HandlerWorkers:
                             host.discard(sub, msg._raw[ID])
                             continue
                     st.msg = msg
+                    if observe_latency is not None:
+                        t0 = clock()
+                        observe_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
                     try:
                         await handler(msg)
                     except asyncio.CancelledError as exc:
@@ -220,6 +237,8 @@ class HandlerWorkers:
                                         host.settled(sub)
                             else:
                                 tracked.add(msg)
+                    if observe_process is not None:
+                        observe_process(clock() - t0)
                     if st.stalled:
                         # back from a suspension: pumping again, watched again
                         st.stalled = False

@@ -87,9 +87,11 @@ CONSUMER_RECEIVED = _c("consumer_messages_received", "Messages delivered by nsqd
 CONSUMER_FINISHED = _c("consumer_messages_finished", "Messages finished (FIN sent).", _SUB)
 CONSUMER_REQUEUED = _c(
     "consumer_messages_requeued",
-    "Messages requeued (REQ sent), by reason: handler_error (the handler raised), "
-    "application (msg.requeue()), stop (returned unseen when the consumer stopped), "
-    "closed (its subscription closed before the handler saw it).", (*_SUB, "reason"))
+    "Messages requeued, by reason: handler_error (the handler, or a giving_up / "
+    "dead-letter callback, raised), application (msg.requeue()), stop (returned as the "
+    "consumer stopped: never handed out, or unanswered after the drain), closed (its "
+    "connection closed before the handler saw it: nsqd requeues it, no REQ sent).",
+    (*_SUB, "reason"))
 CONSUMER_TOUCHED = _c("consumer_messages_touched", "TOUCH commands sent.", _SUB)
 CONSUMER_GIVEN_UP = _c("consumer_messages_given_up",
                        "Messages given up after max_attempts (finished unhandled).", _SUB)
@@ -109,10 +111,12 @@ CONSUMER_BACKOFF = _g("consumer_backoff_active",
                       "1 while the consumer is in backoff (RDY held low), else 0.",
                       ("topic", "channel"), unit="1")
 CONSUMER_PROCESS = _h("consumer_process_duration_seconds",
-                      "Time the handler took per message (or iteration to answer).",
+                      "Time from handing a message to the handler (or to async for) to its "
+                      "answer.",
                       ("topic", "channel"), _DURATION, "messaging.process.duration")
 CONSUMER_LATENCY = _h("consumer_end_to_end_latency_seconds",
-                      "Receive time minus the message's timestamp (publish time on nsqd).",
+                      "Time the handler (or async for) got the message minus its timestamp "
+                      "(its publish time on nsqd; redeliveries keep it).",
                       ("topic", "channel"), _LATENCY)
 ORDERED_GAPS = _c("consumer_ordered_offset_gaps",
                   "Ordered consumption: deliveries whose queue offset skipped ahead.",

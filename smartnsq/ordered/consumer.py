@@ -23,16 +23,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from smartnsq import trace as _trace
 from smartnsq.addresses import LookupdSpec, NsqdSpec, resolve_source
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.consumer import Consumer, Handler, StartAt
+from smartnsq.consumer.meters import APPLICATION, HANDLER_ERROR, STOP, RequeueReason
+from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import DeliveryPolicy, PolicyHost
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.unseen import unseen
 from smartnsq.errors import BlockedMessageError, ConfigError, OrderViolationError
 from smartnsq.message import PENDING, Message
+from smartnsq.metrics.api import Metrics
 from smartnsq.ordered.offsets import Check, CheckKind, OffsetValidator, Position
 from smartnsq.ordered.policy import (
     BlockedAction,
@@ -43,6 +47,9 @@ from smartnsq.ordered.policy import (
     decide,
 )
 from smartnsq.protocol.messages import ATTEMPTS, ID, OFFSET, RAW_SIZE, split_youzan_id
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["OrderedConsumer", "OrderedPolicy"]
 
@@ -68,7 +75,9 @@ class OrderedConsumer(Consumer):
     retry). ``dead_letter(message)`` receives a message before it is skipped; if it raises,
     the message is not skipped. ``on_violation(message, error) -> "accept" | "skip" |
     "stop"`` decides about a delivery whose position went backwards (default: stop with the
-    error). Callbacks may be sync or async.
+    error). Callbacks may be sync or async. ``metrics``, ``tracer_provider`` and
+    ``trace_envelope`` as for :class:`~smartnsq.consumer.Consumer` (offset gaps and order
+    violations are counted too).
 
     ``start_at`` positions the channel once per partition (``POST /channel/setoffset`` on the
     leader before the first RDY; SUB_ADVANCED cannot be used on ordered subscriptions).
@@ -90,6 +99,9 @@ class OrderedConsumer(Consumer):
         trace_switch: _trace.TraceToggle | None = None,
         partitions: Collection[int] | None = None,
         nsqd: NsqdSpec | None = None,
+        metrics: Metrics | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_envelope: bool = False,
     ) -> None:
         for name, cb in (("on_blocked", on_blocked), ("dead_letter", dead_letter),
                          ("on_violation", on_violation)):
@@ -108,7 +120,8 @@ class OrderedConsumer(Consumer):
 
         self._setup(topic, channel, handler, make_policy, source, config=config,
                     start_at=start_at, trace=trace, trace_switch=trace_switch,
-                    partitions=partitions)
+                    partitions=partitions,
+                    observe=Observability(metrics, tracer_provider, trace_envelope))
         self._ordered_policy = made[0]
 
     @property
@@ -148,7 +161,7 @@ class OrderedPolicy:
         self._on_violation = on_violation
         self._host: PolicyHost | None = None
         self._validators: dict[int, OffsetValidator] = {}
-        self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool]] = {}
+        self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool, RequeueReason]] = {}
         #: per partition, the last message handed over on the current connection
         self._last: dict[int, Message] = {}
         #: a second copy of a pending message (see _twin), answered with the first
@@ -211,8 +224,12 @@ class OrderedPolicy:
             v.accept(check)
             if check.kind is CheckKind.GAP or check.kind is CheckKind.REWIND:
                 log.warning("topic %s: %s", host.topic, check.describe())
+                if check.kind is CheckKind.GAP and host.meters is not None:
+                    host.meters.gap(sub.partition)
             return True
         # a violation: hold the message (it counts as in flight) until decided
+        if host.meters is not None:
+            host.meters.violation(sub.partition)
         host.hold(sub, msg, track=True)
         error = OrderViolationError(f"topic {host.topic!r} channel {host.channel!r} "
                                     f"{check.describe()}")
@@ -220,7 +237,7 @@ class OrderedPolicy:
         if self._on_violation is None:
             v.reject(check)
             host.fatal(error)
-            msg.requeue(0, backoff=False)
+            host.requeue_as(msg, STOP, 0, backoff=False)
         else:
             host.spawn(self._violation(msg, check, error))
         return False
@@ -249,14 +266,15 @@ class OrderedPolicy:
         self._twins[first] = (sub, msg)
         return True
 
-    def _answer_twin(self, first: Message, *, fin: bool) -> None:
+    def _answer_twin(self, first: Message, *, fin: bool,
+                     reason: RequeueReason = APPLICATION) -> None:
         entry = self._twins.pop(first, None)
         if entry is None:
             return
         sub, twin = entry
         log.debug("%s/%s partition %s: answering the second copy of message at offset %s",
                   self.host.topic, self.host.channel, sub.partition, twin.offset)
-        self.host.answer_copy(sub, twin, fin=fin)
+        self.host.answer_copy(sub, twin, fin=fin, reason=reason)
 
     async def _violation(self, msg: Message, check: Check,
                          error: OrderViolationError) -> None:
@@ -280,7 +298,7 @@ class OrderedPolicy:
         else:
             v.reject(check)
             self.host.fatal(error)
-            msg.requeue(0, backoff=False)
+            self.host.requeue_as(msg, STOP, 0, backoff=False)
 
     # ------------------------------------------------------------------ failures
 
@@ -302,7 +320,7 @@ class OrderedPolicy:
             host.track(msg)
             host.spawn(self._blocked(msg))
             return
-        msg.requeue()
+        host.requeue_as(msg, HANDLER_ERROR)
 
     async def _blocked(self, msg: Message) -> None:
         assert self._on_blocked is not None
@@ -314,7 +332,7 @@ class OrderedPolicy:
         if msg._state != PENDING:
             return
         if action is BlockedAction.RETRY:
-            msg.requeue()
+            self.host.requeue_as(msg, HANDLER_ERROR)
             return
         if action is BlockedAction.STOP:
             host = self.host
@@ -322,7 +340,7 @@ class OrderedPolicy:
                 f"on_blocked stopped the consumer of {host.topic}/{host.channel} at message "
                 f"{msg.id.hex()} (partition {msg.partition}, offset {msg.offset}) after "
                 f"{msg.attempts} attempts"))
-            msg.requeue(0, backoff=False)
+            host.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
             return
         if self._dead_letter is not None:
             try:
@@ -332,8 +350,7 @@ class OrderedPolicy:
             except Exception:
                 log.exception("dead_letter failed for message %s; not skipping it",
                               msg.id.hex())
-                if msg._state == PENDING:
-                    msg.requeue()
+                self.host.requeue_as(msg, HANDLER_ERROR)
                 return
         if msg._state != PENDING:
             return
@@ -343,7 +360,8 @@ class OrderedPolicy:
         msg.finish()
         self.skipped += 1
 
-    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool:
+    def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool,
+                reason: RequeueReason) -> bool:
         # a delayed REQ is ignored on ordered channels: wait here, then REQ <id> 0
         pause = self._config.ordered_retry_pause if delay is None else delay
         conn = sub.conn
@@ -353,27 +371,27 @@ class OrderedPolicy:
         host = self.host
         loop = host.loop
         if pause <= 0 or host.stopping or loop is None:
-            return self._req_now(sub, msg, backoff)
+            return self._req_now(sub, msg, backoff, reason)
         host.track(msg)
         handle = loop.call_later(pause, self._retry_due, msg)
-        self._retries[msg] = (handle, sub, backoff)
+        self._retries[msg] = (handle, sub, backoff, reason)
         return True
 
-    def _req_now(self, sub: Sub, msg: Message, backoff: bool) -> bool:
-        ok = self.host.req(sub, msg, 0, backoff)
+    def _req_now(self, sub: Sub, msg: Message, backoff: bool, reason: RequeueReason) -> bool:
+        ok = self.host.req(sub, msg, 0, backoff, reason)
         if self._twins:
-            self._answer_twin(msg, fin=False)
+            self._answer_twin(msg, fin=False, reason=reason)
         return ok
 
     def _retry_due(self, msg: Message) -> None:
         entry = self._retries.pop(msg, None)
         if entry is not None:
-            _, sub, backoff = entry
-            self._req_now(sub, msg, backoff)
+            _, sub, backoff, reason = entry
+            self._req_now(sub, msg, backoff, reason)
 
     def before_drain(self) -> None:
         # retries waiting for their pause go now: nobody is going to handle them here
-        for msg, (handle, sub, _) in list(self._retries.items()):
+        for msg, (handle, sub, _, reason) in list(self._retries.items()):
             handle.cancel()
             del self._retries[msg]
-            self._req_now(sub, msg, False)
+            self._req_now(sub, msg, False, reason)

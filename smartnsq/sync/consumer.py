@@ -21,6 +21,7 @@ are the parent's), and the exit hook leaves it alone.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
@@ -28,7 +29,7 @@ import os
 import threading
 from collections.abc import Callable, Collection
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from smartnsq._checks import check_count, check_optional_duration
 from smartnsq.addresses import LookupdSpec, NsqdSpec
@@ -36,16 +37,21 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
+from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
 from smartnsq.message import Message
+from smartnsq.metrics.api import Metrics
 from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
 from smartnsq.ordered.policy import DeadLetterCallback, OnBlocked, OnViolation
 from smartnsq.sync._exit import at_main_thread_end
 from smartnsq.sync._loop import acquire, release
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Consumer", "OrderedConsumer", "ThreadMessage"]
 
@@ -137,8 +143,9 @@ class ThreadMessage:
 class Consumer:
     """``with smartnsq.sync.Consumer("t", "c", handle, lookupd="127.0.0.1:4161") as c:
     c.wait()``: the arguments of :class:`smartnsq.Consumer`, and ``threads`` for a plain
-    (not async) handler, which runs in a pool of that many threads. Methods block; all of
-    them may be called from any thread but the loop's own.
+    (not async) handler, which runs in a pool of that many threads (with the context of
+    the loop's handler call: its process span, when tracing, is the current span there too).
+    Methods block; all of them may be called from any thread but the loop's own.
     """
 
     def __init__(
@@ -156,12 +163,16 @@ class Consumer:
         trace_switch: TraceToggle | None = None,
         partitions: Collection[int] | None = None,
         threads: int | None = None,
+        metrics: Metrics | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_envelope: bool = False,
     ) -> None:
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncConsumer(
                 topic, channel, wrapped, nsqd=nsqd, lookupd=lookupd, config=config,
                 giving_up=giving_up, start_at=start_at, trace=trace, trace_switch=trace_switch,
-                partitions=partitions)
+                partitions=partitions, metrics=metrics, tracer_provider=tracer_provider,
+                trace_envelope=trace_envelope)
 
         self._setup(handler, config, threads, make)
 
@@ -211,24 +222,29 @@ class Consumer:
             raise _AwaitableReturned(type(result).__name__)
 
     async def _in_thread(self, msg: Message) -> None:
+        dispatch = self._async._dispatch
         if self._exiting:
-            msg.requeue(0, backoff=False)
+            dispatch.requeue_as(msg, STOP, 0, backoff=False)
             return
         loop = asyncio.get_running_loop()
         assert self._pool is not None
+        # the handler thread runs in this task's context (as asyncio.to_thread does), so the
+        # process span and the application's context variables are current there too
+        run = contextvars.copy_context().run
         try:
-            await loop.run_in_executor(self._pool, self._call_handler, ThreadMessage(msg, loop))
+            await loop.run_in_executor(self._pool, run, self._call_handler,
+                                       ThreadMessage(msg, loop))
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if self._exiting and me is not None and not me.cancelling():
                 # cancelled in the pool before it started: give the message back now
-                msg.requeue(0, backoff=False)
+                dispatch.requeue_as(msg, STOP, 0, backoff=False)
                 return
             raise
         except _AwaitableReturned as exc:
             # the message was not processed: requeue it, and stop (every message would
             # meet the same fate)
-            msg.requeue(0, backoff=False)
+            dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
             err = ConfigError(f"the handler returned a {exc} instead of processing the "
                               "message; pass an async function itself (it is run on the "
                               "loop), or a plain function that does the work")
@@ -414,11 +430,15 @@ class OrderedConsumer(Consumer):
         partitions: Collection[int] | None = None,
         nsqd: NsqdSpec | None = None,
         threads: int | None = None,
+        metrics: Metrics | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_envelope: bool = False,
     ) -> None:
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncOrderedConsumer(
                 topic, channel, wrapped, lookupd=lookupd, config=config, on_blocked=on_blocked,
                 dead_letter=dead_letter, on_violation=on_violation, start_at=start_at,
-                trace=trace, trace_switch=trace_switch, partitions=partitions, nsqd=nsqd)
+                trace=trace, trace_switch=trace_switch, partitions=partitions, nsqd=nsqd,
+                metrics=metrics, tracer_provider=tracer_provider, trace_envelope=trace_envelope)
 
         self._setup(handler, config, threads, make)
