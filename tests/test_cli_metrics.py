@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -126,6 +127,49 @@ async def test_tail_serves_every_catalog_metric_on_its_port(
     finally:
         code, err = await tail.stop()
     assert code == 0, err
+
+
+@pytest.mark.real_nsqd
+async def test_tail_counts_what_it_printed(stock: StockServer) -> None:  # noqa: F811
+    topic, channel = unique("mtail"), "audit"
+    tail = await Running.start("tail", topic, "--nsqd", stock.nsqd_tcp, "--channel", channel,
+                               "--metrics-port", "0")
+    try:
+        await publish(stock.nsqd_tcp, topic, [b"m%d" % i for i in range(5)])
+        assert sorted(await tail.lines(5)) == [b"m%d\n" % i for i in range(5)]
+        sub = {"topic": topic, "channel": channel, "nsqd": stock.nsqd_tcp, "partition": ""}
+        got = await until(tail.url, "smartnsq_consumer_messages_finished_total", 5, **sub)
+        assert total(got, "smartnsq_consumer_messages_received_total", **sub) == 5
+        assert total(got, "smartnsq_consumer_messages_finished_total", **sub) == 5
+        assert total(got, "smartnsq_consumer_messages_requeued_total", **sub) == 0
+        assert total(got, "smartnsq_consumer_messages_in_flight", **sub) == 0
+        assert total(got, "smartnsq_consumer_rdy", **sub) >= 1
+        assert total(got, "smartnsq_consumer_connects_total", topic=topic) == 1
+        assert total(got, "smartnsq_consumer_process_duration_seconds_count",
+                     topic=topic, channel=channel) == 5
+    finally:
+        code, err = await tail.stop()
+    assert code == 0, err
+
+
+@pytest.mark.real_nsqd
+async def test_to_file_counts_what_it_archived(stock: StockServer,  # noqa: F811
+                                               tmp_path: Path) -> None:
+    topic = unique("mfile")
+    archive = await Running.start("to-file", topic, "--nsqd", stock.nsqd_tcp, "--output-dir",
+                                  str(tmp_path), "--sync-interval", "0.05",
+                                  "--metrics-port", "0")
+    try:
+        await publish(stock.nsqd_tcp, topic, [b"f%d" % i for i in range(7)])
+        got = await until(archive.url, "smartnsq_consumer_messages_finished_total", 7,
+                          topic=topic)
+        assert total(got, "smartnsq_consumer_messages_received_total", topic=topic) == 7
+    finally:
+        code, err = await archive.stop()
+    assert code == 0, err
+    archived = await asyncio.to_thread(lambda: b"".join(p.read_bytes()
+                                                        for p in tmp_path.iterdir()))
+    assert sorted(archived.split()) == [b"f%d" % i for i in range(7)]
 
 
 async def test_a_port_in_use_is_one_line_at_start(stock: StockServer) -> None:  # noqa: F811

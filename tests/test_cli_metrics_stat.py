@@ -4,12 +4,15 @@ stock nsqd (rows per nsqd, matched by its TCP address) and youzan (rows per part
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from typing import Any
 
 import aiohttp
+import pytest
 
-from tests.cli_support import closed_port, smartnsq
+from tests.cli_support import WAIT, closed_port, smartnsq
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -17,6 +20,7 @@ from tests.real_servers import (  # noqa: F401  (the fixtures)
     unique,
     youzan,
 )
+from tests.test_cli_metrics import Running, publish, until
 
 
 async def stat_json(*args: str) -> dict[str, Any]:
@@ -38,6 +42,62 @@ async def create_channel(nsqd_http: str, topic: str, name: str) -> None:
                              ("/channel/create", {"topic": topic, "channel": name})):
             async with s.post(f"http://{nsqd_http}{path}", params=params) as r:
                 assert r.status == 200, await r.text()
+
+
+@pytest.mark.real_nsqd
+async def test_stat_shows_what_the_tail_counted_beside_the_channel(
+        stock: StockServer) -> None:  # noqa: F811
+    topic = unique("mstat")
+    await create_channel(stock.nsqd_http, topic, "other")
+    tail = await Running.start("tail", topic, "--nsqd", stock.nsqd_tcp, "--channel",
+                               "billing", "--metrics-port", "0")
+    try:
+        await publish(stock.nsqd_tcp, topic, [b"s%d" % i for i in range(4)])
+        assert len(await tail.lines(4)) == 4
+        await until(tail.url, "smartnsq_consumer_messages_finished_total", 4, topic=topic)
+        doc = await stat_json(topic, "--nsqd", stock.nsqd_http, "--client-metrics", tail.url)
+    finally:
+        code, err = await tail.stop()
+    assert code == 0, err
+    assert doc["client_metrics"] == [{"url": tail.url, "error": None}]
+    ((part, billing),) = channel(doc, "billing")
+    assert part is None
+    assert (billing["depth"], billing["in_flight"]) == (0, 0)
+    assert billing["client"] == {"received": 4, "finished": 4, "requeued": 0, "given_up": 0,
+                                 "in_flight": 0, "rate": None}
+    # the channel nobody of these endpoints reads has no client side; "other" keeps all four
+    ((_, other),) = channel(doc, "other")
+    assert other["client"] is None and other["depth"] == 4
+    assert doc["unmatched_clients"] == []
+
+
+@pytest.mark.real_youzan
+async def test_stat_matches_the_clients_per_partition(youzan: YouzanCluster) -> None:  # noqa: F811
+    topic = await youzan.create_topic("mstatyz", partition_num=2, channels=("billing",))
+    tail = await Running.start("tail", topic.name, "--lookupd", youzan.lookupd, "--channel",
+                               "billing", "--metrics-port", "0")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "publish", topic.name, "--lookupd",
+            youzan.lookupd, stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(b"a\nb\nc\nd\ne\nf\n"), WAIT)
+        assert proc.returncode == 0, err
+        assert len(await tail.lines(6)) == 6
+        await until(tail.url, "smartnsq_consumer_messages_finished_total", 6,
+                    topic=topic.name)
+        doc = await stat_json(topic.name, "--lookupd", youzan.lookupd, "--client-metrics",
+                              tail.url)
+    finally:
+        code, err = await tail.stop()
+    assert code == 0, err
+    rows = channel(doc, "billing")
+    assert sorted(p for p, _ in rows) == [0, 1]
+    stored = {t["partition"]: t["message_count"] for t in doc["topics"]}
+    for part, row in rows:
+        # one process read the channel from its start: it received what the partition holds
+        assert row["client"]["received"] == row["client"]["finished"] == stored[part]
+    assert sum(row["client"]["finished"] for _, row in rows) == 6
+    assert doc["unmatched_clients"] == []
 
 
 async def test_stat_names_an_endpoint_that_does_not_answer(
