@@ -1,11 +1,17 @@
 """Rows/s of the Spark sink and the youzan source, beside the hand-written ways users have today.
 
-On local Spark (``local[2]``), 100-byte bodies, topics of 1 and 4 partitions:
+On local Spark (``local[2]``) or a Spark standalone cluster (``--master spark://HOST:PORT``, or
+``--workers 1 2``: a master and that many one-core workers started here from pyspark's
+``spark-class`` by ``tests/spark/cluster.py``, one table per count), 100-byte bodies, topics of
+1 and 4 partitions:
 
 * sink: ``df.write.format("nsq")`` (batch) and ``df.writeStream.format("nsq")`` (a parquet
   directory read as a stream, ``availableNow``), against a ``foreachPartition`` that publishes
   with gnsq ``multipublish`` in batches of 500 to the partition-0 leader (what users write:
-  gnsq knows no partitions, so on youzan that is one partition).
+  gnsq knows no partitions, so on youzan that is one partition). Beside them: the sink with a
+  ``shard_key`` column (its MPUBs pipelined per partition), and the floor of any Python data
+  source sink, an Arrow writer that only counts its rows (what Spark itself costs per query:
+  planning and commit workers on the driver, task launch, rows to Arrow to the Python worker).
 * source: ``spark.read.format("nsq")`` (batch, counted) and ``spark.readStream.format("nsq")``
   (``availableNow`` into the ``noop`` sink), against a driver-side gnsq consumer collecting the
   messages into a list, then ``createDataFrame`` and ``count`` (one partition: gnsq's plain SUB
@@ -13,7 +19,10 @@ On local Spark (``local[2]``), 100-byte bodies, topics of 1 and 4 partitions:
 
 Against a real youzan cluster with ``--lookupd HOST:PORT`` (e.g. ``../shared/realnsq``'s
 ``start-youzan.sh 4``); without it an embedded youzan cluster (4 nodes) on a thread of this
-process (Spark's Python workers are other processes). Spark start-up and the DataFrame's
+process (Spark's Python workers are other processes). On a standalone cluster the executors run
+the packed environment of the Spark guide's cluster deployment (``tests/spark/cluster.py``'s,
+with gnsq added for the hand-written ways), and this process, the driver, works in a directory
+where that archive is unpacked. Spark start-up and the DataFrame's
 generation are outside the timings, and every way runs once on a small topic first (Python
 worker start-up and imports cost seconds here). Prints one table.
 
@@ -22,7 +31,7 @@ read appends its figures to a file named by ``SMARTNSQ_SPARK_READ_STATS``, set h
 Spark starts so the executors inherit it): normally 0, one per positioning beyond the first.
 
 Usage: python benchmarks/spark.py [--lookupd HOST:PORT] [--rows 200000] [--partitions 1 4]
-       [--repeat 2] [--sides sink source]
+       [--repeat 2] [--sides sink source] [--master URL | --workers 1 2]
 """
 
 from __future__ import annotations
@@ -38,21 +47,33 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import aiohttp
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from smartnsq.devcluster import DevCluster
 from smartnsq.spark import register
 from smartnsq.spark.env import java_missing_reason, prepare_spark_environment
 from smartnsq.spark.source_youzan import READ_STATS_ENV
 from tests.real_servers import HTTP_TIMEOUT, Topic, YouzanCluster
+from tests.spark.cluster import (
+    DRIVER_PYTHON,
+    ENV_NAME,
+    StandaloneCluster,
+    packed_environment,
+    spark_home,
+    unpack,
+)
 
 T = TypeVar("T")
 BODY_SIZE = 100
 HAND_BATCH = 500
+#: distinct shard keys of the shard_key way
+SHARD_KEYS = 1000
 CHANNEL = "bench"
 
 
@@ -159,19 +180,56 @@ class ReadStats:
         return repos, f"{len(new)} reads {secs:.2f} s in tasks, {cpu:.2f} s CPU"
 
 
-def run(args: argparse.Namespace) -> list[Row]:
+class CountWriter(DataSourceArrowWriter):
+    """The floor of a Python data source sink: takes the Arrow batches, counts their rows."""
+
+    def write(self, iterator: Any) -> WriterCommitMessage:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return WriterCommitMessage()
+
+    def commit(self, messages: Any) -> None:
+        pass
+
+
+class CountSink(DataSource):
+    """``format("bench_count")``; defined here, so Spark pickles it by value to the workers."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_count"
+
+    def writer(self, schema: Any, overwrite: bool) -> CountWriter:
+        return CountWriter()
+
+
+def spark_session(master: str, archive: str | None, stats_path: str) -> Any:
+    """local[2], or a standalone cluster's master with the packed environment shipped to the
+    executors (the guide's recipe: this process works where ``archive`` is unpacked)."""
     from pyspark.sql import SparkSession
 
-    prepare_spark_environment()
-    stats_dir = tempfile.mkdtemp(prefix="smartnsq-spark-bench-stats-")
-    stats = ReadStats(os.path.join(stats_dir, "reads.jsonl"))
-    spark = (SparkSession.builder.master("local[2]").appName("smartnsq-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.memory", "2g").getOrCreate())
+    builder = (SparkSession.builder.master(master).appName("smartnsq-spark-bench")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.memory", "2g"))
+    if archive is not None:
+        builder = (builder.config("spark.archives", f"{archive}#{ENV_NAME}")
+                   .config("spark.executor.memory", "512m")
+                   .config(f"spark.executorEnv.{READ_STATS_ENV}", stats_path))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    spark.dataSource.register(CountSink)
+    return spark
+
+
+def run(args: argparse.Namespace, master: str, archive: str | None) -> list[Row]:
+    stats_dir = tempfile.mkdtemp(prefix="smartnsq-spark-bench-stats-")
+    stats = ReadStats(os.path.join(stats_dir, "reads.jsonl"))
+    spark = spark_session(master, archive, stats.path)
+    cores = spark.sparkContext.defaultParallelism
     bg = Loop()
     tmp = tempfile.mkdtemp(prefix="smartnsq-spark-bench-")
     cluster: DevCluster | None = None
@@ -186,13 +244,14 @@ def run(args: argparse.Namespace) -> list[Row]:
             target = YouzanCluster("double", cluster.lookupd_http_addresses[0], session, cluster)
             where = "embedded youzan cluster (4 nodes, on a thread of the driver process)"
         print(f"target: {where}; {args.rows} rows of {BODY_SIZE}-byte bodies in 2 Spark "
-              "partitions, local[2]", flush=True)
+              f"partitions, {master} ({cores} cores)", flush=True)
         n = args.rows
         df = spark.range(0, n, 1, numPartitions=2).selectExpr(
-            f"cast(repeat('x', {BODY_SIZE}) as binary) as value").cache()
+            f"cast(repeat('x', {BODY_SIZE}) as binary) as value",
+            f"cast(id % {SHARD_KEYS} as string) as shard_key").cache()
         assert df.count() == n
         src = os.path.join(tmp, "input")
-        df.write.parquet(src)
+        df.select("value").write.parquet(src)
         lookupd = target.lookupd
         rows: list[Row] = []
 
@@ -214,8 +273,17 @@ def run(args: argparse.Namespace) -> list[Row]:
             """Each way as a function; ``tag`` keeps checkpoints apart."""
 
             def sink_batch() -> int:
+                frame.select("value").write.format("nsq").mode("append") \
+                    .option("lookupd", lookupd).option("topic", t.name).save()
+                return count
+
+            def sink_sharded() -> int:
                 frame.write.format("nsq").mode("append").option("lookupd", lookupd) \
                     .option("topic", t.name).save()
+                return count
+
+            def floor() -> int:
+                frame.select("value").write.format("bench_count").mode("append").save()
                 return count
 
             def sink_stream() -> int:
@@ -230,7 +298,8 @@ def run(args: argparse.Namespace) -> list[Row]:
                 return sum(p["numInputRows"] for p in q.recentProgress)
 
             def hand_sink() -> int:
-                frame.foreachPartition(gnsq_publish_partition(hand.leaders[0].tcp, hand.name))
+                frame.select("value").foreachPartition(
+                    gnsq_publish_partition(hand.leaders[0].tcp, hand.name))
                 return count
 
             def hand_sink_stream() -> int:
@@ -268,24 +337,25 @@ def run(args: argparse.Namespace) -> list[Row]:
                 got = gnsq_collect(hand.leaders[0].tcp, hand.name, count)
                 return int(spark.createDataFrame(got, "value binary").count())
 
-            return {"sink_batch": sink_batch, "sink_stream": sink_stream,
-                    "hand_sink": hand_sink, "hand_sink_stream": hand_sink_stream,
-                    "source_batch": source_batch,
+            return {"sink_batch": sink_batch, "sink_sharded": sink_sharded, "floor": floor,
+                    "sink_stream": sink_stream, "hand_sink": hand_sink,
+                    "hand_sink_stream": hand_sink_stream, "source_batch": source_batch,
                     "source_stream": source_stream, "hand_source": hand_source}
 
         # warm-up: every way once on a small topic, so that Python worker start-up and the
         # imports in the workers (seconds on this machine) are outside every timing
         warm_n = 2000
         warm_df = spark.range(0, warm_n, 1, numPartitions=2).selectExpr(
-            f"cast(repeat('x', {BODY_SIZE}) as binary) as value").cache()
+            f"cast(repeat('x', {BODY_SIZE}) as binary) as value",
+            f"cast(id % {SHARD_KEYS} as string) as shard_key").cache()
         warm_src = os.path.join(tmp, "warm")
-        warm_df.write.parquet(warm_src)
+        warm_df.select("value").write.parquet(warm_src)
         warm: Topic = bg.call(target.create_topic("bench_warm", 1, 1, channels=(CHANNEL,)))
         if "sink" not in args.sides:
             # the source ways read what the sink ways wrote: publish it instead
             bg.call(fill(lookupd, warm.name, warm_n))
         for name, fn in ways(warm, warm, warm_df, warm_src, warm_n, "warm").items():
-            if ("sink" if "sink" in name else "source") in args.sides:
+            if ("source" if "source" in name else "sink") in args.sides:
                 fn()
         print("warmed up", flush=True)
 
@@ -306,8 +376,11 @@ def run(args: argparse.Namespace) -> list[Row]:
                 w = ways(topic, hand, df, src, n, f"p{parts}r{rep}")
                 if "sink" in args.sides:
                     add("sink", "nsq sink, batch (df.write)", parts, w["sink_batch"])
+                    add("sink", "nsq sink, batch, shard_key column", parts, w["sink_sharded"])
                     add("sink", "nsq sink, streaming (availableNow)", parts, w["sink_stream"])
                     if parts == 1:
+                        add("sink", "floor: Python Arrow writer, counts only", parts,
+                            w["floor"])
                         add("sink", f"hand: foreachPartition gnsq MPUB {HAND_BATCH}", parts,
                             w["hand_sink"])
                         add("sink", "hand: foreachBatch→foreachPartition gnsq", parts,
@@ -378,6 +451,25 @@ def print_table(rows: list[Row]) -> None:
           "scaling with partitions")
 
 
+def cluster_driver() -> str:
+    """Make this process a cluster driver as the Spark guide's recipe does: the packed
+    environment (with gnsq for the hand-written ways) unpacked in a fresh working directory,
+    the workers' Python named relative to it. Returns the archive for ``spark.archives``.
+    Before the first SparkSession: Spark's JVM keeps the directory it started in."""
+    env = packed_environment("bench", extra=("gnsq>=1.0",))
+    print(f"packed executor environment {env.archive.name}: "
+          f"{env.archive.stat().st_size / 2**20:.0f} MiB"
+          + (f", built in {env.seconds:.0f} s" if env.seconds else ""), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="smartnsq-spark-bench-driver-"))
+    unpack(env.archive, work)
+    os.chdir(work)
+    for name in ("PYTHONPATH", "PYSPARK_DRIVER_PYTHON"):
+        os.environ.pop(name, None)
+    os.environ.update(SPARK_LOCAL_IP="127.0.0.1", SPARK_HOME=str(spark_home()),
+                      PYSPARK_PYTHON=DRIVER_PYTHON)
+    return str(env.archive)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lookupd", help="HOST:PORT of a real youzan nsqlookupd's HTTP port "
@@ -389,14 +481,40 @@ def main() -> int:
     ap.add_argument("--sides", nargs="+", choices=("sink", "source"),
                     default=["sink", "source"],
                     help="which side's ways to run (source alone publishes its input)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--master", default="local[2]",
+                       help="local[N], or spark://HOST:PORT of a standalone cluster whose "
+                       "workers run on this machine (default local[2])")
+    where.add_argument("--workers", type=int, nargs="+",
+                       help="start a standalone cluster with this many one-core workers "
+                       "(tests/spark/cluster.py) and run the table on it; one table per count")
     args = ap.parse_args()
-    if args.rows <= 0 or args.repeat <= 0 or any(p <= 0 for p in args.partitions):
-        ap.error("--rows, --repeat and --partitions must be positive")
+    if args.rows <= 0 or args.repeat <= 0 or any(p <= 0 for p in args.partitions) or \
+            any(w <= 0 for w in args.workers or ()):
+        ap.error("--rows, --repeat, --partitions and --workers must be positive")
     reason = java_missing_reason()
     if reason is not None:
         print(f"skipped: {reason}")
         return 0
-    print_table(run(args))
+    if args.workers is None and not args.master.startswith("spark://"):
+        prepare_spark_environment()
+        print_table(run(args, args.master, None))
+        return 0
+    archive = cluster_driver()
+    if args.workers is None:
+        print_table(run(args, args.master, archive))
+        return 0
+    for n in args.workers:
+        cluster = StandaloneCluster(Path(tempfile.mkdtemp(prefix="smartnsq-spark-bench-sa-")))
+        try:
+            cluster.start(workers=n)
+            print(f"\n== standalone cluster: {n} one-core worker(s) at {cluster.url}, up in "
+                  f"{cluster.started_in:.1f} s; load average {os.getloadavg()[0]:.2f} ==",
+                  flush=True)
+            print_table(run(args, cluster.url, archive))
+        finally:
+            cluster.stop()
+            shutil.rmtree(cluster.base, ignore_errors=True)
     return 0
 
 

@@ -182,13 +182,13 @@ class StandaloneCluster:
                 p.wait(STOP_SECONDS)
 
 
-def _source_hash() -> str:
+def _source_hash(extra: tuple[str, ...] = ()) -> str:
     """A hash of what goes into the packed environment: smartnsq's sources and metadata."""
     h = hashlib.sha256()
     for f in sorted([REPO / "pyproject.toml", *(REPO / "smartnsq").rglob("*.py")]):
         h.update(str(f.relative_to(REPO)).encode())
         h.update(f.read_bytes())
-    h.update(" ".join(EXECUTOR_PACKAGES).encode())
+    h.update(" ".join((*EXECUTOR_PACKAGES, *extra)).encode())
     return h.hexdigest()[:16]
 
 
@@ -198,12 +198,14 @@ class PackedEnv:
     seconds: float  # spent building it in this session (0.0 when it came from the cache)
 
 
-def packed_environment(name: str = "smartnsq", with_smartnsq: bool = True) -> PackedEnv:
-    """A venv-packed environment (``.tar.gz``) with smartnsq and the executor packages, or
-    (``with_smartnsq=False``) an empty one, built once per source hash."""
+def packed_environment(name: str = "smartnsq", with_smartnsq: bool = True,
+                       extra: tuple[str, ...] = ()) -> PackedEnv:
+    """A venv-packed environment (``.tar.gz``) with smartnsq, the executor packages and
+    ``extra`` ones (the benchmark's peers), or (``with_smartnsq=False``) an empty one, built
+    once per source hash."""
     venv_pack = pytest.importorskip("venv_pack", reason="venv-pack is not installed "
                                     "(pip install venv-pack)")
-    key = _source_hash() if with_smartnsq else "bare"
+    key = _source_hash(extra) if with_smartnsq else "bare"
     target = CACHE / f"{name}-{key}.tar.gz"
     if target.exists():
         return PackedEnv(target, 0.0)
@@ -216,7 +218,8 @@ def packed_environment(name: str = "smartnsq", with_smartnsq: bool = True) -> Pa
     if with_smartnsq:
         # a regular (not editable) install of this checkout, as a user installs a wheel
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO),
-                        *EXECUTOR_PACKAGES], check=True, timeout=900, capture_output=True)
+                        *EXECUTOR_PACKAGES, *extra], check=True, timeout=900,
+                       capture_output=True)
     partial = target.with_suffix(".part")
     venv_pack.pack(prefix=str(venv), output=str(partial), format="tar.gz", force=True,
                    verbose=False)
