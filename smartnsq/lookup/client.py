@@ -11,17 +11,26 @@ from smartnsq.config import USER_AGENT
 from smartnsq.errors import BodyTooLargeError, LookupdError
 from smartnsq.http_limits import LOOKUPD_LIMIT, read_body
 from smartnsq.lookup.envelope import decode
+from smartnsq.metrics import CounterFamily
 from smartnsq.protocol.http import ACCEPT_V1
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 
 
+def host_port(url: str) -> str:
+    """A lookupd's ``host:port`` from its base URL (the metrics' ``lookupd`` label)."""
+    return url.partition("://")[2] or url
+
+
 class LookupdClient:
-    """Sends requests to lookupds given by base URL (``http://host:port``)."""
+    """Sends requests to lookupds given by base URL (``http://host:port``); with
+    ``queries`` set (metrics on), counts each one by lookupd and result."""
 
     def __init__(self, session: aiohttp.ClientSession, timeout: float) -> None:
         self._session = session
         self._timeout = timeout
+        #: ``LOOKUP_QUERIES`` (None: metrics off)
+        self.queries: CounterFamily | None = None
 
     @property
     def timeout(self) -> float:
@@ -38,6 +47,19 @@ class LookupdClient:
     async def request(self, method: str, lookupd: str, path: str,
                       params: Mapping[str, str] | None = None) -> object:
         """The decoded payload; :class:`LookupdError` for every kind of failure."""
+        if self.queries is None:
+            return await self._request(method, lookupd, path, params)
+        label = host_port(lookupd)
+        try:
+            result = await self._request(method, lookupd, path, params)
+        except Exception as exc:
+            self.queries.labels(label, type(exc).__name__).inc()
+            raise
+        self.queries.labels(label, "ok").inc()
+        return result
+
+    async def _request(self, method: str, lookupd: str, path: str,
+                       params: Mapping[str, str] | None) -> object:
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._session.request(

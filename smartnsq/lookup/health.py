@@ -58,6 +58,8 @@ class HealthBook:
         self._retry_max = max(retry_max, retry_min)
         self._clock = clock
         self._entries: dict[str, _Health] = {}
+        #: called with a lookupd's address each time it is demoted (metrics)
+        self.on_demote: Callable[[str], None] | None = None
 
     def add(self, address: str, *, seed: bool = False) -> bool:
         """Track ``address``; False when it was already known."""
@@ -142,6 +144,8 @@ class HealthBook:
             h.retry_at = now + h.backoff
             log.warning("lookupd %s demoted after %d consecutive failures (last: %s); "
                         "next probe in %.3gs", address, h.failures, reason, h.backoff)
+            if self.on_demote is not None:
+                self.on_demote(address)
             return True
         repeat = h.warned == reason and now - h.warned_at < _REPEAT_WARNING_EVERY
         if not repeat:

@@ -37,12 +37,14 @@ from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
 from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
 from smartnsq.lookup.health import HealthBook, LookupdStatus
+from smartnsq.lookup.meters import LookupMeters
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
 from smartnsq.lookup.roster import LookupdRoster
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
 from smartnsq.lookup.topics import TopicState, TopicTable
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
+from smartnsq.metrics import Metrics
 from smartnsq.protocol.validation import check_topic, parse_http_address
 
 log = logging.getLogger("smartnsq.lookup")
@@ -52,6 +54,21 @@ def _refused(err: LookupdError) -> bool:
     """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
     partition count beyond youzan's, a body over the cap. Asking again will not change it."""
     return err.status is not None and 200 <= err.status < 300
+
+
+def _round_error(state: TopicState, failed: dict[str, str],
+                 refusals: dict[str, str] | None) -> LookupFailedError:
+    """Why a round for ``state`` got no answer (see :meth:`Lookup._round_failed`)."""
+    what = f"/lookup for topic {state.topic!r} (access={state.access})"
+    if refusals:
+        reason = "; ".join(f"{a}: {r}" for a, r in refusals.items())
+        # lookupds not asked (demoted, not due) are named too, as in any failed round
+        detail = "; ".join(f"{a}: {refusals.get(a, r)}" for a, r in failed.items())
+        return LookupRefusedError(
+            f"every lookupd's answer to {what} was refused as invalid: {detail}",
+            reason=reason)
+    detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
+    return LookupFailedError(f"no lookupd answered {what}: {detail}")
 
 
 def check_access(access: str) -> Access:
@@ -89,11 +106,14 @@ class Lookup:
     :meth:`stop`. Shared with clients (``lookupd=``), it stays the caller's: they neither
     start nor stop it; its methods start it on first use. A topic nobody asked about (lookup,
     refresh, view, stale report) or subscribes to for ``config.idle_polls`` poll intervals is
-    forgotten. ``clock`` (monotonic seconds) and ``rng`` can be injected for tests."""
+    forgotten. ``clock`` (monotonic seconds) and ``rng`` can be injected for tests.
+    ``metrics``: where its ``LOOKUP_*`` metrics go (:mod:`smartnsq.lookup.meters`; None: the
+    process default, read at :meth:`start`; a client that makes its lookup gives it its own).
+    """
 
     def __init__(self, config: LookupConfig, *, session: aiohttp.ClientSession | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 metrics: Metrics | None = None) -> None:
         if not isinstance(config, LookupConfig):
             raise ConfigError(f"Lookup needs a LookupConfig, got {type(config).__name__}")
         self._config = config
@@ -116,6 +136,8 @@ class Lookup:
         self._started = False
         self._closed = False
         self._admin: LookupAdmin | None = None
+        #: its metrics (``meters.use(m)`` before start: a client's that made it)
+        self.meters = LookupMeters(metrics)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -135,6 +157,7 @@ class Lookup:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         self._client = LookupdClient(self._session, self._config.request_timeout)
+        self.meters.start(self._client, self._health, self._topics)
         self._roster = LookupdRoster(self._seeds, self._health, self._client,
                                  enabled=self._config.use_listlookup)
         self._discover_once = Coalescer(self._discover_round)
@@ -163,6 +186,7 @@ class Lookup:
             await self._discover_once.close()
         if self._own_session and self._session is not None:
             await self._session.close()
+        self.meters.close()
 
     async def _ready(self) -> LookupdClient:
         if self._closed:
@@ -449,18 +473,7 @@ class Lookup:
         """Keep the previous view (if any), record why, tell subscribers; raise without
         a view. ``refusals``: each lookupd's refused answer when every lookupd asked
         answered and none was believed (:class:`LookupRefusedError`)."""
-        what = f"/lookup for topic {state.topic!r} (access={state.access})"
-        err: LookupFailedError
-        if refusals:
-            reason = "; ".join(f"{a}: {r}" for a, r in refusals.items())
-            # lookupds not asked (demoted, not due) are named too, as in any failed round
-            detail = "; ".join(f"{a}: {refusals.get(a, r)}" for a, r in failed.items())
-            err = LookupRefusedError(
-                f"every lookupd's answer to {what} was refused as invalid: {detail}",
-                reason=reason)
-        else:
-            detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
-            err = LookupFailedError(f"no lookupd answered {what}: {detail}")
+        err = _round_error(state, failed, refusals)
         previous, state.last_error = state.last_error, err
         # a lookupd that keeps sending the same refused answer is reported once (until
         # a good round or another answer): it only changes when an operator fixes it

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from smartnsq.lookup.coalesce import Coalescer
 from smartnsq.lookup.refresher import run_periodically
 from smartnsq.lookup.subscription import Subscription
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView
+from smartnsq.metrics import HistogramChild
 
 log = logging.getLogger("smartnsq.lookup")
 
@@ -65,6 +67,8 @@ class TopicTable:
         self._spawn = spawn
         self._states: dict[Key, TopicState] = {}
         self._closed = False
+        #: the round duration histogram (metrics on), else None
+        self.timer: HistogramChild | None = None
 
     def get(self, key: Key, *, use: bool = False) -> TopicState | None:
         """The state of ``key`` if tracked; ``use`` counts this as a use (keeps it)."""
@@ -78,12 +82,23 @@ class TopicTable:
         state = self._states.get(key)
         if state is None:
             new = TopicState(key[0], key[1], metainfo)
-            new.coalescer = Coalescer(lambda: self._round(new), min_spacing=MIN_ROUND_SPACING)
+            new.coalescer = Coalescer(lambda: self._timed_round(new),
+                                      min_spacing=MIN_ROUND_SPACING)
             state = self._states[key] = new
         elif metainfo:
             state.metainfo = True  # once anyone wants meta, keep asking for it
         state.last_used = self._clock()
         return state
+
+    async def _timed_round(self, state: TopicState) -> TopicView:
+        timer = self.timer
+        if timer is None:
+            return await self._round(state)
+        start = time.perf_counter()
+        try:
+            return await self._round(state)
+        finally:
+            timer.observe(time.perf_counter() - start)
 
     def keys(self) -> tuple[Key, ...]:
         return tuple(self._states)

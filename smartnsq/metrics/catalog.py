@@ -27,7 +27,7 @@ LABELS: dict[str, str] = {
     "partition": "the youzan partition number, empty on stock nsqd",
     "reason": "why a message was requeued",
     "command": "the publish command: PUB, MPUB, DPUB, PUB_TRACE, PUB_EXT, MPUB_TRACE, "
-               "MPUB_EXT, HTTP_PUB, HTTP_MPUB",
+               "MPUB_EXT, HTTP_PUB, HTTP_MPUB, HTTP_PUB_TRACE, HTTP_PUB_EXT, HTTP_DPUB",
     "result": "ok, or the error's class name",
     "lookupd": "the lookupd's HTTP address, host:port",
     "state": "a connection's state: connecting, ready, closed",
@@ -135,7 +135,8 @@ PRODUCER_DURATION = _h("producer_publish_duration_seconds",
                        "Time from a publish call to its answer, retries included.",
                        ("topic", "command"), _DURATION, "messaging.client.operation.duration")
 PRODUCER_ATTEMPTS = _c("producer_attempts", "Attempts sent to an nsqd, by result (more "
-                       "than publishes when retried).", ("topic", "nsqd", "result"),
+                       "than publishes when retried; a dial that failed while a publish "
+                       "waited for its nsqd is one).", ("topic", "nsqd", "result"),
                        unit="{attempt}")
 PRODUCER_RETRIES = _c("producer_retries", "Attempts that were retries of a failed one.",
                       ("topic",), unit="{attempt}")

@@ -1,30 +1,79 @@
-"""Auto-batching's send step: the MPUB of one batch that the
-:class:`~smartnsq.producer.batcher.Batcher` closed.
+"""Sending batches: the MPUB of one batch that auto-batching's
+:class:`~smartnsq.producer.batcher.Batcher` closed (:class:`BatchSender`), and the MPUBs of one
+:meth:`~smartnsq.producer.Producer.publish_many` call (:func:`send_many`).
 
-A batch is encoded once and sent as a plain MPUB; while the trace switch is on for its topic
-it goes out as MPUB_TRACE instead (youzan) and its receipt is logged.
+An auto-batch is encoded once and sent as a plain MPUB; while the trace switch is on for its
+topic it goes out as MPUB_TRACE instead (youzan) and its receipt is logged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from smartnsq.producer.encoded import EncodedMPub
-from smartnsq.producer.ops import MPub
+from smartnsq.errors import PublishError
+from smartnsq.producer.batcher import one_mpub_body, split_batches
+from smartnsq.producer.checks import check_bodies
+from smartnsq.producer.encoded import EncodedMPub, mpub_op
+from smartnsq.producer.ops import MPub, check_trace_id, ext_header_bytes
 from smartnsq.producer.sharded import Run
 from smartnsq.producer.trace import log_receipt
+from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.commands import mpub_body
 
-__all__ = ["BatchSender"]
+__all__ = ["BatchSender", "send_many"]
+
+#: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
+_TRACE_EXTRA = 8
+
+
+async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: int | None,
+                    trace_id: int | None, ext: Mapping[str, Any] | None, deadline: float,
+                    traced: bool, max_msg_size: int, max_body_size: int) -> BatchReceipt:
+    """``publish_many`` once its first checks passed: ``bodies`` checked and split into
+    MPUBs of at most ``max_body_size`` (``traced``: the trace switch is on for the topic;
+    see :func:`mpub_op`), sent one after another; a failure's :class:`PublishError` says
+    how many messages went before it."""
+    encoded = None
+    if ext is None and trace_id is None and not traced:
+        encoded = one_mpub_body(bodies, max_msg_size, max_body_size)
+    checked = check_bodies(bodies, max_msg_size) if encoded is None else list(bodies)
+    header = ext_header_bytes(ext, trace_id) if ext is not None else None
+    if trace_id is not None:
+        check_trace_id(trace_id)
+    # besides the body, each element carries the header or (MPUB_TRACE) its trace id
+    extra = 2 + len(header) if header is not None else \
+        _TRACE_EXTRA if trace_id is not None or traced else 0
+    chunks = [checked] if encoded is not None else split_batches(checked, max_body_size, extra)
+    receipts: list[PublishReceipt] = []
+    partitions: list[int | None] = []
+    sent = 0
+    for chunk in chunks:
+        op = mpub_op(topic, partition, chunk, encoded=encoded, header=header,
+                     trace_id=trace_id, traced=traced)
+        try:
+            receipt = await run(op, deadline)
+        except PublishError as exc:
+            exc.sent = sent
+            raise
+        sent += len(chunk)
+        partitions.append(op.sent_to)
+        if receipt is not None:
+            if trace_id is not None:
+                receipts.append(receipt)
+            if traced:
+                log_receipt(receipt)
+    return BatchReceipt(topic, sent, tuple(partitions), tuple(receipts))
 
 
 class BatchSender:
     """Sends one auto-batched MPUB (see the module docstring)."""
 
-    __slots__ = ("_run", "_traced")
+    __slots__ = ("_traced", "run")
 
     def __init__(self, run: Run, traced: Callable[[str], bool]) -> None:
-        self._run = run
+        #: the producer's publish with retries (its counted one while metrics are on)
+        self.run = run
         self._traced = traced
 
     async def send(self, key: str | tuple[str, int], bodies: list[bytes],
@@ -32,9 +81,9 @@ class BatchSender:
         """One batch (``key``: its topic, or its topic and partition)."""
         topic, partition = (key, None) if isinstance(key, str) else key
         if not self._traced(topic):
-            await self._run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
+            await self.run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
                             deadline)
             return
-        receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
+        receipt = await self.run(MPub(topic, partition, bodies, True), deadline)
         if receipt is not None:
             log_receipt(receipt)

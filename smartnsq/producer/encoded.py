@@ -149,14 +149,18 @@ def check_ext_items(items: object, max_msg_size: int,
 class EncodedMPub(Op):
     """MPUB of a caller-encoded body; ``sent_to`` is the partition of the last attempt."""
 
-    __slots__ = ("body", "count")
+    __slots__ = ("_count", "body")
     what: ClassVar[str] = "MPUB"
     traced: ClassVar[bool] = False
 
     def __init__(self, topic: str, partition: int | None, body: Encoded, count: int) -> None:
         super().__init__(topic, partition)
         self.body = body
-        self.count = count
+        self._count = count
+
+    @property
+    def count(self) -> int:
+        return self._count
 
     async def send(self, conn: Connection, partition: int | None,
                    timeout: float) -> PublishReceipt | None:
@@ -206,6 +210,10 @@ class ExtBatch(Op):
                  items: list[tuple[bytes, bytes]]) -> None:
         super().__init__(topic, partition)
         self.items = items
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
 
     async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
         p = self._youzan_partition(conn, partition)

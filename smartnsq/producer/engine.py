@@ -21,6 +21,12 @@ per-attempt wait (``request_timeout``, never past the deadline), classifies a fa
 (the policy's backoff) and raises the error that ends the publish
 (:mod:`smartnsq.producer.failures`). The engine also counts the publishes in flight, so that
 closing a producer can wait for them.
+
+Metrics (:mod:`smartnsq.producer.observe`) are the engine's too, only once a producer with
+metrics on called :meth:`RetryEngine.observe`: each attempt where it is sent (the fast paths
+test :attr:`RetryEngine.obs` once, on success) and each publish operation around the whole
+call (:meth:`TcpEngine.run_observed`, :meth:`TcpEngine.pub_observed`,
+:meth:`RetryEngine.retry_observed`, which the producers use instead of the plain ones).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any, Generic, TypeVar
 
 from smartnsq.conn import Connection
 from smartnsq.producer.failures import failure, late_connection, sleep_before
+from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.ops import Op, Pub, Publish
 from smartnsq.producer.plans import DirectPlan, Leaders, Plan, RoutedPlan
 from smartnsq.producer.pool import NodePool
@@ -71,9 +78,19 @@ class RetryEngine(Generic[C]):
         #: the producer's loop, once bound (asyncio.get_running_loop costs a getpid system
         #: call per call on Python 3.11)
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the producer's metrics (None: metrics off)
+        self.obs: PublishMetrics | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+
+    def observe(self, obs: PublishMetrics | None) -> None:
+        """Count attempts, retries, redirects and leader waits into ``obs`` (None: stop)."""
+        self.obs = obs
+        if self._leaders is not None:
+            self._leaders.obs = obs
+        if self._direct is not None:
+            self._direct.obs = obs
 
     def _time(self) -> float:
         loop = self._loop
@@ -89,6 +106,12 @@ class RetryEngine(Generic[C]):
     def retry(self, op: Publish[C], deadline: float) -> Result:
         """``op`` from its first attempt to its answer or final error."""
         return self.attempts(op, deadline, self.plan(op))
+
+    def retry_observed(self, op: Publish[C], deadline: float, command: str,
+                       count: int) -> Result:
+        """:meth:`retry`, counted as one publish operation of ``count`` messages."""
+        assert self.obs is not None
+        return self.obs.account(op.topic, command, count, self.retry(op, deadline))
 
     async def wait_idle(self) -> None:
         """Until no publish is in flight."""
@@ -112,6 +135,7 @@ class RetryEngine(Generic[C]):
         try:
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             policy = self.policy
+            obs = self.obs
             last: Target[C] | None = None
             last_partition: int | None = None
             target: Target[C] | None = None
@@ -133,6 +157,8 @@ class RetryEngine(Generic[C]):
                         await sleep_before(
                             policy.backoff.compute(max(plan.attempt, plan.waits)), deadline)
                     plan.attempt += 1
+                    if obs is not None and plan.attempt > 1:
+                        obs.retry(op.topic)
                     try:
                         channel = target.pick()
                         if channel is None:
@@ -140,8 +166,11 @@ class RetryEngine(Generic[C]):
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             raise late_connection(op, target.address, partition, plan.last_exc)
-                        return await op.send(channel, partition,
-                                             min(remaining, self.request_timeout))
+                        result = await op.send(channel, partition,
+                                               min(remaining, self.request_timeout))
+                        if obs is not None:
+                            obs.attempt(op.topic, target.address)
+                        return result
                     except asyncio.CancelledError:
                         raise
                     except Exception as e:
@@ -150,6 +179,10 @@ class RetryEngine(Generic[C]):
                 # the attempt on ``target`` failed with ``exc``
                 action = classify(exc)
                 plan.last_exc = exc
+                if obs is not None:
+                    obs.attempt(op.topic, target.address, exc)
+                    if action is Action.REFRESH:
+                        obs.redirect(op.topic, target.address)
                 if plan.counts(action):
                     plan.counted += 1
                 else:
@@ -193,6 +226,17 @@ class TcpEngine(RetryEngine[Connection]):
                 return self._plain(op, parts, deadline)
         return self.attempts(op, deadline, self.plan(op))
 
+    def run_observed(self, op: Op, deadline: float) -> Result:
+        """:meth:`run`, counted as one publish operation."""
+        assert self.obs is not None
+        return self.obs.account(op.topic, op.what, op.count, self.run(op, deadline))
+
+    def pub_observed(self, topic: str, body: bytes, deadline: float,
+                     now: float) -> Coroutine[Any, Any, None]:
+        """:meth:`pub`, counted as one publish operation."""
+        assert self.obs is not None
+        return self.obs.account(topic, "PUB", 1, self.pub(topic, body, deadline, now))
+
     async def pub(self, topic: str, body: bytes, deadline: float, now: float) -> None:
         """A plain PUB in direct mode (``now``: the loop's time, which the caller has): sent
         at once on a connection that can write; without one, or when it fails, the retry
@@ -223,6 +267,9 @@ class TcpEngine(RetryEngine[Connection]):
             assert pool is not None
             op = Pub(topic, None, body, False)
             await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+        else:
+            if self.obs is not None:
+                self.obs.attempt(topic, conn.address)
         finally:
             self.leave()
 
@@ -251,7 +298,7 @@ class TcpEngine(RetryEngine[Connection]):
                 if wait > self.request_timeout:
                     wait = self.request_timeout
                 try:
-                    return await op.send(conn, partition, wait)
+                    result = await op.send(conn, partition, wait)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -260,6 +307,9 @@ class TcpEngine(RetryEngine[Connection]):
                     return await self.attempts(op, deadline, plan, (target, exc))
                 finally:
                     self.leave()
+                if self.obs is not None:
+                    self.obs.attempt(op.topic, conn.address)
+                return result
         return await self.attempts(op, deadline, RoutedPlan(op, leaders, now))
 
     async def _plain(self, op: Op, parts: tuple[bytes, bytes | None], deadline: float) -> None:
@@ -286,5 +336,8 @@ class TcpEngine(RetryEngine[Connection]):
         except Exception as exc:
             assert pool is not None
             await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+        else:
+            if self.obs is not None:
+                self.obs.attempt(op.topic, conn.address)
         finally:
             self.leave()

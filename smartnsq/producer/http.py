@@ -29,7 +29,7 @@ import struct
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, overload
 
 import aiohttp
 
@@ -38,12 +38,14 @@ from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
+from smartnsq.metrics import Metrics
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.engine import RetryEngine
 from smartnsq.producer.http_nsqd import HEADERS
 from smartnsq.producer.http_targets import HttpNode, HttpNodes, HttpPublish, node_backoff
+from smartnsq.producer.instruments import ProducerInstruments
 from smartnsq.producer.ops import check_trace_id, ext_header_bytes
 from smartnsq.producer.retry import RetryPolicy
 from smartnsq.producer.routing import Router
@@ -57,6 +59,9 @@ from smartnsq.protocol.validation import (
     parse_http_address,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
 logger = logging.getLogger("smartnsq.producer")
 
 _U32 = struct.Struct(">I")
@@ -66,12 +71,18 @@ class HttpProducer:
     """Publishes over HTTP (see the module docstring). ``nsqd`` are ``host:port`` (or
     ``http://host:port``) of nsqd's HTTP listener; with ``lookupd`` the nodes' ``http_port``
     is used. ``session``: an aiohttp session to share (the producer then leaves it open).
+    ``metrics``, ``tracer_provider``, ``trace_envelope``: its metrics (commands ``HTTP_PUB``,
+    ``HTTP_MPUB`` ...) and spans, resolved at :meth:`start`
+    (:mod:`smartnsq.producer.instruments`; an HTTP ``mpub`` has no ext header to carry a
+    span's context).
     """
 
     def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
                  config: ProducerConfig | None = None,
                  session: aiohttp.ClientSession | None = None,
-                 trace_switch: TraceSwitch | None = None) -> None:
+                 trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
+                 tracer_provider: TracerProvider | None = None,
+                 trace_envelope: bool = False) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
@@ -79,6 +90,7 @@ class HttpProducer:
         source = resolve_source("HttpProducer", nsqd, lookupd, nsqd_kind="http")
         self.config = config
         self.trace = trace_switch if trace_switch is not None else default_switch
+        self.instruments = ProducerInstruments(metrics, tracer_provider, trace_envelope)
         policy = RetryPolicy.from_config(config)
         self._nodes = HttpNodes(node_backoff(config))
         self._lookup: Lookup | None = None
@@ -131,6 +143,10 @@ class HttpProducer:
             return
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=HEADERS)
+        assert self._loop is not None
+        self.instruments.resolve(self._loop, self._lookup if self._own_lookup else None,
+                                 self._router, None)
+        self._engine.observe(self.instruments.obs)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
         self._started = True
@@ -155,6 +171,7 @@ class HttpProducer:
             await self._session.close()
         if self._lookup is not None and self._own_lookup:
             await self._lookup.stop()
+        self.instruments.close()
 
     @property
     def refreshes(self) -> int:
@@ -196,6 +213,25 @@ class HttpProducer:
         body = self._check(topic, body)
         if partition is not None:
             check_partition(partition)
+        deadline = self._deadline(timeout)
+        spans = self.instruments.spans
+        if spans is None:
+            return await self._publish(topic, body, partition, trace_id, ext, deadline)
+        if trace_id is not None:
+            check_trace_id(trace_id)
+        if ext is not None:
+            ext_header_bytes(ext, trace_id)  # refused before a span, as without tracing
+        ext_topic = ext is not None or await spans.ext_topic(topic, deadline)
+        span, ctx = spans.start(topic, "HTTP_PUB_EXT" if ext_topic else "HTTP_PUB_TRACE"
+                                if trace_id is not None else "HTTP_PUB",
+                                body_size=len(body), partition=partition, trace_id=trace_id)
+        ext, body = spans.carry(ctx, ext, ext_topic, body)
+        return await spans.within(span, self._publish(topic, body, partition, trace_id, ext,
+                                                      deadline))
+
+    async def _publish(self, topic: str, body: bytes, partition: int | None,
+                       trace_id: int | None, ext: Mapping[str, Any] | None,
+                       deadline: float) -> PublishReceipt | None:
         params: dict[str, str] = {"topic": topic}
         path = "/pub"
         youzan = False
@@ -208,7 +244,6 @@ class HttpProducer:
         elif trace_id is not None:
             params["trace_id"] = str(check_trace_id(trace_id))
             path, youzan = "/pubtrace", True
-        deadline = self._deadline(timeout)
         receipt = await self._run(path, params, body, topic, partition, youzan, False,
                                   deadline)
         if receipt is not None and self.trace.is_on(topic):
@@ -227,13 +262,23 @@ class HttpProducer:
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)
+        spans = self.instruments.spans
+        if spans is None:
+            return await self._publish_many(topic, checked, partition, deadline)
+        span, ctx = spans.start(topic, "HTTP_MPUB", count=len(checked), partition=partition)
+        _, checked = spans.carry_many(ctx, None, False, checked)
+        return await spans.within(span, self._publish_many(topic, checked, partition,
+                                                           deadline))
+
+    async def _publish_many(self, topic: str, checked: list[bytes], partition: int | None,
+                            deadline: float) -> BatchReceipt:
         sent = 0
         partitions: list[int | None] = []
         for chunk in split_batches(checked, self.config.max_body_size):
             payload = _U32.pack(len(chunk)) + b"".join(_U32.pack(len(b)) + b for b in chunk)
             try:
                 await self._run("/mpub", {"topic": topic, "binary": "true"}, payload, topic,
-                                partition, False, False, deadline)
+                                partition, False, False, deadline, len(chunk))
             except PublishError as exc:
                 exc.sent = sent
                 raise
@@ -248,18 +293,27 @@ class HttpProducer:
         body = self._check(topic, body)
         ms = dpub_delay_ms(delay)
         deadline = self._deadline(timeout)
-        await self._run("/pub", {"topic": topic, "defer": str(ms)}, body, topic, None, False,
-                        True, deadline)
+        params = {"topic": topic, "defer": str(ms)}
+        spans = self.instruments.spans
+        if spans is None:
+            await self._run("/pub", params, body, topic, None, False, True, deadline)
+            return
+        span, ctx = spans.start(topic, "HTTP_DPUB", body_size=len(body))
+        _, body = spans.carry(ctx, None, False, body)
+        await spans.within(span, self._run("/pub", params, body, topic, None, False, True,
+                                           deadline))
 
     # ------------------------------------------------------------------ the engine
 
     async def _run(self, path: str, params: dict[str, str], body: bytes, topic: str,
                    partition: int | None, youzan_only: bool, stock_only: bool,
-                   deadline: float) -> PublishReceipt | None:
+                   deadline: float, count: int = 1) -> PublishReceipt | None:
         if self._session is None:
             await self.start()
         assert self._session is not None
         op = HttpPublish(self._session, path, params, body, topic, partition,
                          youzan_only=youzan_only, stock_only=stock_only,
                          direct=self._router is None)
-        return await self._engine.retry(op, deadline)
+        if self._engine.obs is None:
+            return await self._engine.retry(op, deadline)
+        return await self._engine.retry_observed(op, deadline, op.command, count)

@@ -33,6 +33,9 @@ from smartnsq.sharding import ShardKey, ShardRule
 __all__ = ["HttpNode", "HttpNodes", "HttpPublish", "node_backoff"]
 
 _WHAT = {"/pubtrace": "traced publish", "/pub_ext": "publish with ext header"}
+#: the metrics' and spans' command of a request to each path
+_COMMAND = {"/pub": "HTTP_PUB", "/mpub": "HTTP_MPUB", "/pubtrace": "HTTP_PUB_TRACE",
+            "/pub_ext": "HTTP_PUB_EXT"}
 
 
 def node_backoff(config: ProducerConfig) -> Backoff:
@@ -127,8 +130,8 @@ class HttpPublish:
     it; ``direct``: to listed nsqd, whose flavour is asked before a partition, trace, ext or
     defer request goes to them (with lookupd the route says)."""
 
-    __slots__ = ("body", "direct", "params", "partition", "path", "rule", "session", "shard",
-                 "stock_only", "topic", "what", "youzan_only")
+    __slots__ = ("body", "command", "direct", "params", "partition", "path", "rule", "session",
+                 "shard", "stock_only", "topic", "what", "youzan_only")
 
     def __init__(self, session: aiohttp.ClientSession, path: str, params: dict[str, str],
                  body: bytes, topic: str, partition: int | None, *, youzan_only: bool,
@@ -144,6 +147,8 @@ class HttpPublish:
         self.direct = direct
         #: what errors call it
         self.what = _WHAT.get(path, "publish") if not stock_only else "deferred publish"
+        #: what metrics call it
+        self.command = _COMMAND.get(path, path) if not stock_only else "HTTP_DPUB"
         self.shard: ShardKey | None = None
         self.rule: ShardRule = "murmur3"
 

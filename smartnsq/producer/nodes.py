@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from smartnsq.backoff import Backoff
 from smartnsq.config import ProducerConfig
+from smartnsq.producer.observe import PublishMetrics, nsqd_label
 from smartnsq.producer.pool import NodePool, reconnect_backoff
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.targets import DirectTargets
@@ -34,6 +35,8 @@ class Nodes:
         self.pools: dict[str, NodePool] = {}
         #: bounds dials across all nodes (many nodes listed must not mean as many dials)
         self._connect_slots = asyncio.Semaphore(config.max_concurrent_connects)
+        #: the producer's metrics (None: off): reconnects are counted into it
+        self.obs: PublishMetrics | None = None
         listed: list[NodePool] = []
         for address in direct:
             if address not in self.pools:
@@ -43,8 +46,8 @@ class Nodes:
 
     def _new(self, address: str, *, auto_reconnect: bool) -> NodePool:
         pool = NodePool(address, self.config, auto_reconnect=auto_reconnect,
-                        on_up=self._on_up, backoff=self.backoff,
-                        connect_slots=self._connect_slots)
+                        on_up=self._on_up, on_reconnect=self._on_reconnect,
+                        backoff=self.backoff, connect_slots=self._connect_slots)
         self.pools[address] = pool
         return pool
 
@@ -56,6 +59,21 @@ class Nodes:
 
     def _on_up(self, pool: NodePool) -> None:
         self.direct.up()
+
+    def _on_reconnect(self, pool: NodePool) -> None:
+        if self.obs is not None:
+            self.obs.reconnect(pool.address)
+
+    def connection_states(self) -> list[tuple[tuple[str, str], float]]:
+        """The producer's connections by (nsqd, state) for the connections gauge; runs on
+        the metrics exporter's thread (the pools are copied first)."""
+        out: list[tuple[tuple[str, str], float]] = []
+        for address, pool in list(self.pools.items()):
+            ready, connecting, closed = pool.state_counts()
+            nsqd = nsqd_label(address)
+            out += [((nsqd, "ready"), ready), ((nsqd, "connecting"), connecting),
+                    ((nsqd, "closed"), closed)]
+        return out
 
     async def close(self) -> None:
         """Wake every waiter, then close every pool."""

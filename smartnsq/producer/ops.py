@@ -78,6 +78,19 @@ def ext_header_bytes(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
     return data or b"{}"
 
 
+def one_op(topic: str, partition: int | None, body: bytes, trace_id: int | None,
+           ext: Mapping[str, Any] | None, traced: bool = False) -> Op:
+    """The op of one :meth:`Producer.publish`: PUB_EXT with ``ext`` (``trace_id`` as its
+    ``##trace_id``), PUB_TRACE with ``trace_id``, else a PUB (``traced``: the trace switch
+    is on for the topic)."""
+    if ext is not None:
+        return PubExt(topic, partition, body, ext_header_bytes(ext, trace_id),
+                      trace_id is not None)
+    if trace_id is not None:
+        return PubTrace(topic, partition, body, check_trace_id(trace_id))
+    return Pub(topic, partition, body, traced)
+
+
 class Op:
     """Base of the publish commands."""
 
@@ -97,6 +110,11 @@ class Op:
         self.rule: ShardRule = "murmur3"
         #: the partition of the last attempt (batches report it; None: stock or unknown)
         self.sent_to: int | None = None
+
+    @property
+    def count(self) -> int:
+        """Messages this op publishes."""
+        return 1
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
@@ -204,6 +222,10 @@ class MPub(Op):
         self.bodies = bodies
         self.traced = traced
 
+    @property
+    def count(self) -> int:
+        return len(self.bodies)
+
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
         self.sent_to = partition
@@ -232,6 +254,10 @@ class MPubTrace(Op):
         self.bodies = bodies
         self.trace_id = trace_id
 
+    @property
+    def count(self) -> int:
+        return len(self.bodies)
+
     async def send(self, conn: Connection, partition: int | None,
                    timeout: float) -> PublishReceipt:
         p = self.sent_to = self._youzan_partition(conn, partition)
@@ -250,6 +276,10 @@ class MPubExt(Op):
         super().__init__(topic, partition)
         self.bodies = bodies
         self.header = header
+
+    @property
+    def count(self) -> int:
+        return len(self.bodies)
 
     async def send(self, conn: Connection, partition: int | None, timeout: float) -> None:
         p = self.sent_to = self._youzan_partition(conn, partition)

@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 
 from smartnsq.errors import NoLeaderKnownError
 from smartnsq.producer.failures import failure, reconnect_timeout, sleep_before
+from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.ops import Publish
 from smartnsq.producer.retry import Action, RetryPolicy
 from smartnsq.producer.router import TopicRoute
@@ -69,11 +70,15 @@ class Plan(ABC, Generic[C]):
     async def failed(self, target: Target[C], action: Action, deadline: float) -> None:
         """The send to ``target`` failed with :attr:`last_exc` and may be retried."""
 
-    def _count_dial(self, cause: BaseException | None, max_attempts: int,
-                    deadline: float) -> None:
-        """A dial failed while the publish waited: an attempt that counts."""
+    def _count_dial(self, address: str, cause: BaseException | None, max_attempts: int,
+                    deadline: float, obs: PublishMetrics | None) -> None:
+        """A dial to ``address`` failed while the publish waited: an attempt that counts."""
         self.attempt += 1
         self.counted += 1
+        if obs is not None and cause is not None:
+            obs.attempt(self.op.topic, address, cause)
+            if self.attempt > 1:
+                obs.retry(self.op.topic)
         if cause is not None:
             self.last_exc = cause
         if self.counted >= max_attempts and self.last_exc is not None:
@@ -83,7 +88,7 @@ class Plan(ABC, Generic[C]):
 class DirectPlan(Plan[C]):
     """nsqd addresses given directly: round-robin, avoiding the nsqd that failed."""
 
-    __slots__ = ("avoid", "policy", "seen", "start", "targets")
+    __slots__ = ("avoid", "each", "policy", "seen", "start", "targets")
 
     def __init__(self, op: Publish[C], policy: RetryPolicy,
                  targets: DirectTargets[Target[C]], start: Target[C] | None = None) -> None:
@@ -95,6 +100,20 @@ class DirectPlan(Plan[C]):
         self.avoid: set[str] | None = None
         #: dials failed so far (one failing while we wait counts as an attempt)
         self.seen = targets.dial_failures()
+        #: metrics on: the same per target, to say which one failed
+        self.each = [t.dial_failures for t in targets.targets] \
+            if targets.obs is not None else None
+
+    def _report_dials(self, obs: PublishMetrics, exc: BaseException) -> None:
+        """The dials that failed since the last look: attempts on their nsqd."""
+        now = [t.dial_failures for t in self.targets.targets]
+        if self.each is not None:
+            for t, before, after in zip(self.targets.targets, self.each, now, strict=True):
+                if after > before:
+                    obs.attempt(self.op.topic, t.address, t.last_error or exc)
+        if self.attempt > 1:
+            obs.retry(self.op.topic)
+        self.each = now
 
     def pick(self, now: float) -> Target[C] | None:
         start = self.start
@@ -114,6 +133,8 @@ class DirectPlan(Plan[C]):
             self.attempt += 1
             self.counted += 1
             self.seen = failed
+            if targets.obs is not None:
+                self._report_dials(targets.obs, exc)
         now = asyncio.get_running_loop().time()
         if self.counted >= self.policy.max_attempts or now >= deadline:
             raise failure(self.op, self.attempt, exc, deadline) from exc.__cause__
@@ -122,6 +143,8 @@ class DirectPlan(Plan[C]):
 
     async def failed(self, target: Target[C], action: Action, deadline: float) -> None:
         self.seen = self.targets.dial_failures()  # our own failed dial was counted as the send
+        if self.each is not None:
+            self.each = [t.dial_failures for t in self.targets.targets]
         if self.avoid is None:
             self.avoid = set()
         self.avoid.add(target.address)
@@ -129,14 +152,16 @@ class DirectPlan(Plan[C]):
 
 class Leaders(Generic[C]):
     """lookupd mode's targets, shared by the plans of one engine: the nsqd that ``router``'s
-    routes name, reached through ``endpoints``, under ``policy``."""
+    routes name, reached through ``endpoints``, under ``policy``; ``obs``: the engine's
+    metrics (None: off)."""
 
-    __slots__ = ("endpoints", "policy", "router")
+    __slots__ = ("endpoints", "obs", "policy", "router")
 
     def __init__(self, policy: RetryPolicy, router: Router, endpoints: Endpoints[C]) -> None:
         self.policy = policy
         self.router = router
         self.endpoints = endpoints
+        self.obs: PublishMetrics | None = None
 
 
 class RoutedPlan(Plan[C]):
@@ -231,13 +256,16 @@ class RoutedPlan(Plan[C]):
             cause = target.last_error or self.last_exc
             raise reconnect_timeout(self.op, target.address, self.partition, cause) from cause
         if failed_again and not target.is_up:
-            self._count_dial(target.last_error, self.leaders.policy.max_attempts, deadline)
+            self._count_dial(target.address, target.last_error,
+                             self.leaders.policy.max_attempts, deadline, self.leaders.obs)
 
     async def _no_leader(self, deadline: float) -> None:
         route = self.route
         assert route is not None
         op = self.op
         self.waits += 1
+        if self.leaders.obs is not None:
+            self.leaders.obs.leader_wait(op.topic)
         if self.attempt == 0 and op.partition is None:
             # nothing to try yet (fresh topic): wait, bounded by the deadline
             self.route = await self.leaders.router.wait_for_topic(

@@ -63,12 +63,14 @@ def reconnect_backoff(config: ProducerConfig) -> Backoff:
 
 
 class NodePool:
-    """See the module docstring. ``on_up`` is called whenever a connection comes up;
+    """See the module docstring. ``on_up`` is called whenever a connection comes up,
+    ``on_reconnect`` when one came up in place of a connection that was lost;
     ``backoff`` (default :func:`reconnect_backoff`) says how long the node stays down after
     its n-th consecutive failure."""
 
     def __init__(self, address: str, config: ProducerConfig, *, auto_reconnect: bool = False,
                  on_up: Callable[[NodePool], None] | None = None,
+                 on_reconnect: Callable[[NodePool], None] | None = None,
                  backoff: Backoff | None = None,
                  connect_slots: asyncio.Semaphore | None = None) -> None:
         self.address = address
@@ -79,6 +81,9 @@ class NodePool:
         self._size = config.connections_per_nsqd
         self._auto_reconnect = auto_reconnect
         self._on_up = on_up
+        self._on_reconnect = on_reconnect
+        #: connections lost (not closed by us) that no new connection replaced yet
+        self._lost = 0
         self._backoff = backoff if backoff is not None else reconnect_backoff(config)
         #: connected connections, in the order they came up
         self._up: list[Connection] = []
@@ -102,6 +107,8 @@ class NodePool:
         #: learnt from the first IDENTIFY answer
         self.flavour = Flavour.UNKNOWN
         self.dials = 0
+        #: connections made in place of lost ones
+        self.reconnects = 0
         #: dials that failed, ever (a waiting publisher counts the ones it saw happen)
         self.dial_failures = 0
 
@@ -118,6 +125,16 @@ class NodePool:
     @property
     def connections(self) -> tuple[Connection, ...]:
         return tuple(self._up)
+
+    def state_counts(self) -> tuple[int, int, int]:
+        """(ready, connecting, closed) connections: connected ones, a dial under way, and 1
+        closed while the node is down (no connection, its last dial or connection failed).
+        Read by a metrics exporter's thread: plain reads only."""
+        ready = len(self._up)
+        connecting = 1 if self._dialing is not None else 0
+        down = 1 if not ready and not connecting and self._failures and not self._closed \
+            else 0
+        return ready, connecting, down
 
     @property
     def failures(self) -> int:
@@ -250,6 +267,11 @@ class NodePool:
         self._up.append(conn)
         self._all.add(conn)
         fut.set_result(conn)
+        if self._lost:
+            self._lost -= 1
+            self.reconnects += 1
+            if self._on_reconnect is not None:
+                self._on_reconnect(self)
         waiters, self._up_waiters = self._up_waiters, []
         for w in waiters:
             if not w.done():
@@ -295,9 +317,12 @@ class NodePool:
             self._reconnect_task = None
 
     def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
-        if conn in self._up:
+        was_up = conn in self._up
+        if was_up:
             self._up.remove(conn)
         self._all.discard(conn)
+        if (was_up or conn in self._given_up) and not self._closed:
+            self._lost += 1  # whatever closed it, the next connection made replaces it
         if conn in self._given_up:
             self._given_up.discard(conn)
             return

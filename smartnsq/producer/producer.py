@@ -38,19 +38,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, overload
 
 from smartnsq._checks import check_duration, check_loop
 from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.lookup import Lookup
-from smartnsq.producer.batch_send import BatchSender
-from smartnsq.producer.batcher import Batcher, one_mpub_body, split_batches
-from smartnsq.producer.checks import check_bodies, check_body, deadline
+from smartnsq.metrics import Metrics
+from smartnsq.producer.batch_send import BatchSender, send_many
+from smartnsq.producer.batcher import Batcher
+from smartnsq.producer.checks import check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.encoded import (
     Encoded,
@@ -60,19 +61,17 @@ from smartnsq.producer.encoded import (
     ExtItem,
     check_encoded,
     check_ext_items,
-    mpub_op,
 )
 from smartnsq.producer.engine import TcpEngine
+from smartnsq.producer.instruments import ProducerInstruments
 from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.ops import (
     DPub,
     Op,
     Pub,
-    PubExt,
-    PubTrace,
     check_trace_id,
-    ext_header_bytes,
+    one_op,
 )
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.retry import RetryPolicy
@@ -85,12 +84,14 @@ from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.validation import check_partition, check_topic
 from smartnsq.sharding import ShardKey, ShardRule, check_shard_key
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from smartnsq.producer.spans import SendSpans
+
 logger = logging.getLogger("smartnsq.producer")
 
 ExtHeader = Mapping[str, Any]
-
-#: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
-_TRACE_EXTRA = 8
 
 
 class Producer:
@@ -100,7 +101,8 @@ class Producer:
     ``async with Producer(...) as p:`` or call :meth:`start` and :meth:`stop`. Connections
     are made on first use. ``trace_switch`` is the run-time trace switch
     (``producer.trace``): by default the process-wide :data:`smartnsq.trace.switch`, shared
-    with consumers.
+    with consumers. ``metrics``, ``tracer_provider`` and ``trace_envelope``: its metrics
+    and spans, resolved at :meth:`start` (:mod:`smartnsq.producer.instruments`).
 
     The work is done by parts, one concern each: :class:`~smartnsq.producer.nodes.Nodes`
     (connection pools), :class:`~smartnsq.producer.routing.Router` (lookupd routes),
@@ -111,13 +113,17 @@ class Producer:
 
     def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
                  config: ProducerConfig | None = None,
-                 trace_switch: TraceSwitch | None = None) -> None:
+                 trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
+                 tracer_provider: TracerProvider | None = None,
+                 trace_envelope: bool = False) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
             raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
         source = resolve_source("Producer", nsqd, lookupd)
         self.config = config
+        self.instruments = ProducerInstruments(metrics, tracer_provider, trace_envelope)
+        self._spans: SendSpans | None = None
         #: the trace switch: the process-wide ``smartnsq.trace.switch`` unless one is given
         self.trace = trace_switch if trace_switch is not None else default_switch
         self._max_msg = config.max_msg_size
@@ -143,12 +149,13 @@ class Producer:
         #: a plain PUB in direct mode
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
+        self._batch_sender: BatchSender | None = None
         if config.linger > 0:
-            self._batcher = Batcher(BatchSender(self._run, self._is_traced).send,
-                                    linger=config.linger,
+            self._batch_sender = BatchSender(self._run, self._is_traced)
+            self._batcher = Batcher(self._batch_sender.send, linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body)
-        shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
-        self._lanes = ShardLanes(shards.send)
+        self._shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
+        self._lanes = ShardLanes(self._shards.send)
         self._topics_ok: set[str] = set()
         self._closed = False
         self._started = False
@@ -171,15 +178,26 @@ class Producer:
         await self.stop()
 
     async def start(self) -> None:
-        """Bind the producer to the running loop and start its lookup component (lookupd
-        mode, unless shared); connections are made on first use. Idempotent."""
-        self._on_loop()
+        """Bind the producer to the running loop, resolve its metrics and tracing, and start
+        its lookup component (lookupd mode, unless shared); connections are made on first
+        use. Idempotent."""
+        loop = self._on_loop()
         if self._closed:
             raise ClientClosedError("the producer is stopped")
         if self._started:
             return
+        inst, direct = self.instruments, self._nodes.direct.targets
+        inst.resolve(loop, self._lookup if self._own_lookup else None, self._router,
+                     direct[0].address if len(direct) == 1 else None)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
+        if inst.obs is not None:  # metrics on: every publish runs counted
+            inst.observe(self._engine, self._nodes)
+            self._run = self._shards.run = self._engine.run_observed
+            self._pub = self._engine.pub_observed
+            if self._batch_sender is not None:
+                self._batch_sender.run = self._run
+        self._spans = inst.spans
         self._started = True
 
     @property
@@ -216,6 +234,7 @@ class Producer:
         if self._router is not None:
             await self._router.routes.close()
         await self._nodes.close()
+        self.instruments.close()
         if self._lookup is not None and self._own_lookup:
             await self._lookup.stop()
 
@@ -327,6 +346,9 @@ class Producer:
             check_partition(partition)
         now = loop.time()
         deadline = now + self._timeout if timeout is None else self._deadline(timeout)
+        if self._spans is not None:
+            return await self._spans.publish(self._run, self._batcher, self.trace, topic, body,
+                                             partition, trace_id, ext, deadline)
         op: Op
         if ext is None and trace_id is None:
             if self._batcher is not None:
@@ -339,13 +361,8 @@ class Producer:
                 await self._pub(topic, body, deadline, now)
                 return None
         traced = self.trace.is_on(topic)
-        if ext is not None:
-            header = ext_header_bytes(ext, trace_id)
-            op = PubExt(topic, partition, body, header, trace_id is not None)
-        elif trace_id is not None:
-            op = PubTrace(topic, partition, body, check_trace_id(trace_id))
-        else:
-            op = Pub(topic, partition, body, traced)
+        op = Pub(topic, partition, body, traced) if ext is None and trace_id is None else \
+            one_op(topic, partition, body, trace_id, ext)
         receipt = await self._run(op, deadline)
         if receipt is not None and traced:
             log_receipt(receipt)
@@ -368,44 +385,19 @@ class Producer:
             raise ConfigError("bodies must be a sequence of bytes")
         if not bodies:
             raise ConfigError("publish_many needs at least one message")
-        one = None
-        if ext is None and trace_id is None and not self.trace.is_on(topic):
-            one = one_mpub_body(bodies, self._max_msg, self._max_body)
-        checked = check_bodies(bodies, self._max_msg) if one is None else list(bodies)
         if partition is not None:
             check_partition(partition)
         deadline = self._deadline(timeout)
-        traced = self.trace.is_on(topic)
-        header: bytes | None = None
-        extra = 0
-        if ext is not None:
-            header = ext_header_bytes(ext, trace_id)
-            extra = 2 + len(header)
-        elif trace_id is not None:
-            check_trace_id(trace_id)
-            extra = _TRACE_EXTRA
-        elif traced:
-            extra = _TRACE_EXTRA  # may go out as MPUB_TRACE
-        receipts: list[PublishReceipt] = []
-        partitions: list[int | None] = []
-        sent = 0
-        chunks = [checked] if one is not None else split_batches(checked, self._max_body, extra)
-        for chunk in chunks:
-            op = mpub_op(topic, partition, chunk, encoded=one, header=header,
-                         trace_id=trace_id, traced=traced)
-            try:
-                receipt = await self._run(op, deadline)
-            except PublishError as exc:
-                exc.sent = sent
-                raise
-            sent += len(chunk)
-            partitions.append(op.sent_to)
-            if receipt is not None:
-                if trace_id is not None:
-                    receipts.append(receipt)
-                if traced:
-                    log_receipt(receipt)
-        return BatchReceipt(topic, sent, tuple(partitions), tuple(receipts))
+        if self._spans is not None:
+            return await self._spans.publish_many(self._publish_many, topic, bodies, partition,
+                                                  trace_id, ext, deadline, self._max_msg)
+        return await self._publish_many(topic, bodies, partition, trace_id, ext, deadline)
+
+    def _publish_many(self, topic: str, bodies: Sequence[bytes], partition: int | None,
+                      trace_id: int | None, ext: ExtHeader | None,
+                      deadline: float) -> Awaitable[BatchReceipt]:
+        return send_many(self._run, topic, bodies, partition, trace_id, ext, deadline,
+                         self.trace.is_on(topic), self._max_msg, self._max_body)
 
     async def publish_encoded(self, topic: str, body: Encoded, *, partition: int | None = None,
                               traced: bool = False,
@@ -423,7 +415,7 @@ class Producer:
             check_partition(partition)
         deadline = self._deadline(timeout)
         op = (EncodedMPubTrace if traced else EncodedMPub)(topic, partition, body, count)
-        receipt = await self._run(op, deadline)
+        receipt = await self._call(op, deadline)
         return BatchReceipt(topic, count, (op.sent_to,), (receipt,) if receipt else ())
 
     async def publish_ext_batch(self, topic: str, items: Sequence[ExtItem], *,
@@ -440,7 +432,7 @@ class Producer:
             check_partition(partition)
         deadline = self._deadline(timeout)
         op = ExtBatch(topic, partition, checked)
-        await self._run(op, deadline)
+        await self._call(op, deadline)
         return BatchReceipt(topic, len(checked), (op.sent_to,))
 
     async def publish_deferred(self, topic: str, body: bytes, delay: float, *,
@@ -452,7 +444,13 @@ class Producer:
         body = check_body(body, self._max_msg)
         ms = dpub_delay_ms(delay)
         deadline = self._deadline(timeout)
-        await self._run(DPub(topic, None, body, ms), deadline)
+        await self._call(DPub(topic, None, body, ms), deadline)
+
+    async def _call(self, op: Op, deadline: float) -> PublishReceipt | None:
+        """``op`` (not a single publish: they have their own fast paths) with retries."""
+        if self._spans is not None:
+            return await self._spans.run_op(self._run, op, deadline)
+        return await self._run(op, deadline)
 
     @overload
     async def publish_ordered(self, topic: str, shard_key: ShardKey, body: bytes, *,
@@ -490,5 +488,7 @@ class Producer:
             raise ConfigError("ordered publishing needs lookupd= (the partition count comes "
                               "from the topic's lookup meta), not nsqd=")
         deadline = self._deadline(timeout)
-        receipt = await self._lanes.submit(topic, shard_key, rule, body, trace_id, deadline)
+        queued = self._lanes.submit(topic, shard_key, rule, body, trace_id, deadline)
+        receipt = await (queued if self._spans is None else self._spans.call(
+            topic, "PUB_TRACE" if trace_id is not None else "PUB", queued, trace_id))
         return receipt if trace_id is not None else None

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
 from smartnsq.errors import NSQConnectionError, NSQError
+from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.router import TopicRoute
 
 __all__ = ["DirectTargets", "Endpoints", "Target"]
@@ -106,6 +107,8 @@ class DirectTargets(Generic[T_co]):
         self.targets: tuple[T_co, ...] = tuple(targets)
         self._rr = 0
         self._waiters: set[asyncio.Future[None]] = set()
+        #: the engine's metrics (None: off): failed dials a waiting publish counts
+        self.obs: PublishMetrics | None = None
 
     def pick(self, avoid: set[str] | None, now: float) -> T_co | None:
         """The next target not in its backoff, preferring those not in ``avoid`` and those

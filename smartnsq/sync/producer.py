@@ -3,37 +3,50 @@ executors: the asyncio producer runs on a shared background thread (``_loop.py``
 method blocks until the asyncio call returns and has the same semantics, errors and
 timeouts. Safe to call from several threads at once. A forked child makes its own producer:
 one made before the fork raises :class:`~smartnsq.errors.EventLoopError` there.
+
+Each call runs on the loop in a copy of the calling thread's context (as
+``asyncio.run_coroutine_threadsafe`` makes it), so with tracing on its ``send`` span is a
+child of the caller's current span (a web request's, say).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, overload
 
 from smartnsq._checks import check_optional_duration
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, NotStartedError
 from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
+from smartnsq.metrics import Metrics
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.trace import TraceSwitch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.sharding import ShardKey, ShardRule
 from smartnsq.sync._loop import acquire, release
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
 
 class Producer:
     """``with smartnsq.sync.Producer(nsqd="127.0.0.1:4150") as p: p.publish("t", b"x")``: the
     arguments of :class:`smartnsq.Producer`; :meth:`start` (or ``with``) before publishing,
-    :meth:`stop` when done."""
+    :meth:`stop` when done; ``metrics``, ``tracer_provider`` and ``trace_envelope`` as
+    there."""
 
     def __init__(self, *, nsqd: NsqdSpec | None = None, lookupd: LookupdSpec | None = None,
                  config: ProducerConfig | None = None,
-                 trace_switch: TraceSwitch | None = None) -> None:
+                 trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
+                 tracer_provider: TracerProvider | None = None,
+                 trace_envelope: bool = False) -> None:
         # arguments are validated here, in the caller's thread, before the loop is touched
         self._async = AsyncProducer(nsqd=nsqd, lookupd=lookupd, config=config,
-                                    trace_switch=trace_switch)
+                                    trace_switch=trace_switch, metrics=metrics,
+                                    tracer_provider=tracer_provider,
+                                    trace_envelope=trace_envelope)
         self._loop: BackgroundLoop | None = None
         self._stopped = False
 
