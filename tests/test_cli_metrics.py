@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from smartnsq.config import ProducerConfig
 from smartnsq.metrics import catalog
 from tests.cli_support import WAIT, smartnsq
 from tests.real_servers import StockServer, stock, unique  # noqa: F401  (the fixture)
@@ -149,6 +150,29 @@ async def test_tail_counts_what_it_printed(stock: StockServer) -> None:  # noqa:
                      topic=topic, channel=channel) == 5
     finally:
         code, err = await tail.stop()
+    assert code == 0, err
+
+
+@pytest.mark.real_nsqd
+async def test_bridge_reports_its_consumer_and_its_producer(
+        stock: StockServer) -> None:  # noqa: F811
+    src, dest = unique("msrc"), unique("mdst")
+    bridge = await Running.start("bridge", src, dest, "--from-nsqd", stock.nsqd_tcp,
+                                 "--to-nsqd", stock.nsqd_tcp, "--metrics-port", "0")
+    try:
+        await publish(stock.nsqd_tcp, src, [b"b%d" % i for i in range(6)])
+        got = await until(bridge.url, "smartnsq_consumer_messages_finished_total", 6,
+                          topic=src)
+        assert total(got, "smartnsq_producer_messages_sent_total", topic=dest,
+                     result="ok") == 6
+        assert total(got, "smartnsq_producer_publishes_total", topic=dest, command="PUB",
+                     result="ok") == 6
+        assert total(got, "smartnsq_producer_publish_duration_seconds_count", topic=dest) == 6
+        # the bridge's producer keeps its default pool to the destination nsqd
+        assert total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
+                     state="ready") == ProducerConfig().connections_per_nsqd
+    finally:
+        code, err = await bridge.stop()
     assert code == 0, err
 
 
