@@ -16,6 +16,11 @@ Then the youzan section (smartnsq only: the peers have no partition support): sh
 ordered publish, traced publish, partitioned and ordered consume with 1, 4 and 16
 partitions, each on a fresh embedded youzan cluster (or ``--lookupd``).
 
+``--metrics off prometheus otel`` runs smartnsq's rows once per mode (``off``: the default,
+no metrics; ``prometheus``: the Prometheus adapter; ``otel``: the OpenTelemetry SDK's metrics
+and traces, see peer_smartnsq.py) and prints the overhead table: client CPU per message per
+mode, its change against ``off`` and its ratio to the raw loop.
+
 By default the embedded stock cluster runs in a subprocess (``python -m smartnsq.devcluster``);
 ``benchmarks/devcluster.py`` runs once first and its figures are printed as the server
 ceiling: the rate the embedded double reaches with a minimal raw client.
@@ -23,6 +28,7 @@ ceiling: the rate the embedded double reaches with a minimal raw client.
 Usage: python benchmarks/throughput.py [--nsqd HOST:PORT [--nsqd-http HOST:PORT]]
        [--lookupd HOST:PORT] [--count N] [--scale F] [--only NAME ...]
        [--clients smartnsq pynsq gnsq raw] [--skip-youzan] [--loop uvloop|asyncio]
+       [--metrics off prometheus otel]
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import consumer_bench
 from _harness import BODY, Result, embedded_cluster, run_peer
-from peer_smartnsq import loop_name
+from peer_smartnsq import METRICS, loop_name
 
 #: "raw" is the ceiling row: a raw asyncio loop on the same wire (peer_raw.py), no client
 CLIENTS = ("smartnsq", "pynsq", "gnsq", "raw")
@@ -158,13 +164,15 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
     results: dict[str, list[Result]] = {}
     for sc in scenarios:
         n = max(100, int(args.count * sc.factor * args.scale) // 100 * 100)
-        for client in clients:
-            if client not in sc.clients:
-                continue
-            topic = f"tp_{sc.key}_{client}_{run_id}"
+        runs = [(client, mode) for client in clients if client in sc.clients
+                for mode in (args.metrics if client == "smartnsq" else ["off"])]
+        for client, mode in runs:
+            topic = f"tp_{sc.key}_{client}_{mode}_{run_id}"
             if sc.key == "consume_fin":
                 preload(nsqd, topic, n)
             extra = ["--loop", args.loop] if client in ("smartnsq", "raw") else []
+            if client == "smartnsq":
+                extra += ["--metrics", mode]
             t0 = time.monotonic()
             got = run_peer(PEER_SCRIPT[client], sc.key, "--nsqd", nsqd, "--topic", topic,
                            "--count", str(n), *extra, timeout=peer_timeout(n))
@@ -172,22 +180,25 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
             for r in got:
                 r.scenario = sc.key
                 results.setdefault(sc.key, []).append(r)
-                print(f"  {sc.label:<24} {client:<9} {r.rate:>11,.0f} msg/s "
+                print(f"  {sc.label:<24} {r.client:<19} {r.rate:>11,.0f} msg/s "
                       f"{r.cpu_us_per_msg:>8.2f} µs/msg  ({r.messages:,} msgs, "
                       f"{time.monotonic() - t0:.1f} s with start-up)", flush=True)
     return results
 
 
 def run_youzan(args: argparse.Namespace, names: list[str]) -> dict[str, Result]:
+    """Results by scenario name (suffixed ``+mode`` for the metrics modes but ``off``)."""
     results: dict[str, Result] = {}
     for name in names:
-        extra = ["--lookupd", args.lookupd] if args.lookupd else []
-        got = run_peer("peer_smartnsq.py", name, "--scale", str(YOUZAN_SCALE * args.scale),
-                       "--loop", args.loop, *extra, timeout=300)
-        for r in got:
-            results[name] = r
-            print(f"  {name:<24} smartnsq  {r.rate:>11,.0f} msg/s {r.cpu_us_per_msg:>8.2f} "
-                  f"µs/msg  ({r.messages:,} msgs)", flush=True)
+        for mode in args.metrics:
+            extra = ["--lookupd", args.lookupd] if args.lookupd else []
+            got = run_peer("peer_smartnsq.py", name, "--scale",
+                           str(YOUZAN_SCALE * args.scale), "--loop", args.loop,
+                           "--metrics", mode, *extra, timeout=300)
+            for r in got:
+                results[name if mode == "off" else f"{name}+{mode}"] = r
+                print(f"  {name:<24} {r.client:<19} {r.rate:>11,.0f} msg/s "
+                      f"{r.cpu_us_per_msg:>8.2f} µs/msg  ({r.messages:,} msgs)", flush=True)
     return results
 
 
@@ -203,7 +214,7 @@ def _k(x: float) -> str:
 
 def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario],
                       ceiling: dict[str, float] | None) -> None:
-    head = (f"{'scenario':<24} {'client':<9} {'msgs':>9} {'msg/s':>11} {'µs/msg':>8} "
+    head = (f"{'scenario':<24} {'client':<19} {'msgs':>9} {'msg/s':>11} {'µs/msg':>8} "
             f"{'sys':>5} {'1-core cap':>11} {'msg/s ×pynsq':>12} {'CPU ×pynsq':>10}")
     print(head)
     print("-" * len(head))
@@ -220,7 +231,7 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
             bound = cap is not None and r.rate >= 0.8 * cap
             rate = f"{r.rate:,.0f}{'*' if bound else ' '}"
             sys_us = r.sys / r.messages * 1e6 if r.messages else 0.0
-            print(f"{label:<24} {r.client:<9} {r.messages:>9,} {rate:>11} "
+            print(f"{label:<24} {r.client:<19} {r.messages:>9,} {rate:>11} "
                   f"{r.cpu_us_per_msg:>8.2f} {sys_us:>5.2f} "
                   f"{1e6 / r.cpu_us_per_msg if r.cpu else 0:>11,.0f} "
                   f"{_ratio(r.rate, base.rate) if base else '—':>12} "
@@ -240,6 +251,31 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
         print("* at ≥ 80 % of the embedded double's ceiling: the server is the bottleneck, "
               "compare µs/msg and 1-core cap.")
     print("\n".join(marks))
+
+
+def print_overhead(results: dict[str, list[Result]], scenarios: list[Scenario],
+                   modes: list[str]) -> None:
+    """smartnsq's client CPU per message per metrics mode, against ``off`` and the raw loop
+    (the issue's target: off within noise of today, prometheus ≤ +15 % on consume + FIN)."""
+    head = (f"{'scenario':<24} {'metrics':<11} {'µs/msg':>8} {'vs off':>8} {'×raw':>6}")
+    print(head)
+    print("-" * len(head))
+    for sc in scenarios:
+        rows = {r.client: r for r in results.get(sc.key, [])}
+        off, raw = rows.get("smartnsq"), rows.get("raw")
+        label = sc.label
+        for mode in modes:
+            r = rows.get("smartnsq" if mode == "off" else f"smartnsq+{mode}")
+            if r is None:
+                continue
+            vs = (f"{(r.cpu_us_per_msg / off.cpu_us_per_msg - 1) * 100:+.1f}%"
+                  if off and off.cpu_us_per_msg else "—")
+            x_raw = _ratio(r.cpu_us_per_msg, raw.cpu_us_per_msg) if raw else "—"
+            print(f"{label:<24} {mode:<11} {r.cpu_us_per_msg:>8.2f} {vs:>8} {x_raw:>6}")
+            label = ""
+    print("-" * len(head))
+    print("×raw = smartnsq's µs/msg ÷ the raw loop's (lower is better); vs off = the change "
+          "against smartnsq with metrics off in this run.")
 
 
 def print_targets(results: dict[str, list[Result]], scenarios: list[Scenario]) -> None:
@@ -273,13 +309,13 @@ def print_youzan_table(results: dict[str, Result], ceiling: dict[str, float] | N
     print(head)
     print("-" * len(head))
     for name, label, ceil_key in YOUZAN:
-        r = results.get(name)
-        if r is None:
-            continue
-        cap = ceiling.get(ceil_key) if ceiling and ceil_key else None
-        rate = f"{r.rate:,.0f}{'*' if cap and r.rate >= 0.8 * cap else ' '}"
-        print(f"{label:<66} {r.messages:>9,} {rate:>11} {r.cpu_us_per_msg:>8.2f} "
-              f"{1e6 / r.cpu_us_per_msg if r.cpu else 0:>11,.0f}")
+        for key in [k for k in results if k == name or k.startswith(f"{name}+")]:
+            r = results[key]
+            cap = ceiling.get(ceil_key) if ceiling and ceil_key else None
+            rate = f"{r.rate:,.0f}{'*' if cap and r.rate >= 0.8 * cap else ' '}"
+            mode = key.partition("+")[2]
+            print(f"{label + (f' [{mode}]' if mode else ''):<66} {r.messages:>9,} {rate:>11} "
+                  f"{r.cpu_us_per_msg:>8.2f} {1e6 / r.cpu_us_per_msg if r.cpu else 0:>11,.0f}")
     print("-" * len(head))
     print("ordered consume holds one message in flight per partition (SUB_ORDERED), so it "
           "measures round trips, not CPU.")
@@ -305,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-youzan", action="store_true", help="skip the youzan section")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="smartnsq's event loop (default uvloop when installed)")
+    ap.add_argument("--metrics", nargs="+", default=["off"], choices=METRICS,
+                    help="smartnsq's metrics, one run per mode: off (default), prometheus, "
+                    "otel (the OpenTelemetry SDK's metrics and traces)")
     args = ap.parse_args(argv)
     clients = tuple(c for c in CLIENTS
                     if c in {x for arg in args.clients for x in arg.split(",") if x})
@@ -355,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== stock nsqd: {server}, {len(BODY)}-byte bodies ==")
         print_stock_table(stock_results, scenarios, stock_ceiling)
         print()
+        if args.metrics != ["off"] and "smartnsq" in clients:
+            print_overhead(stock_results, scenarios, args.metrics)
+            print()
         print_targets(stock_results, scenarios)
         print()
     if youzan_results:
@@ -369,10 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {time.monotonic() - started:.0f} s; load average now "
           f"{os.getloadavg()[0]:.2f} (other processes on this machine skew msg/s more than "
           "µs/msg)")
-    expected = sum(len([c for c in clients if c in sc.clients]) for sc in scenarios)
+    modes = len(args.metrics)
+    expected = sum((modes if c == "smartnsq" else 1)
+                   for sc in scenarios for c in clients if c in sc.clients)
     got = sum(len(v) for v in stock_results.values()) + len(youzan_results)
     if "smartnsq" in clients:
-        expected += len(youzan)
+        expected += len(youzan) * modes
     return 0 if got == expected else 1
 
 

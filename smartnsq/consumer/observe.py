@@ -11,6 +11,7 @@ so the per-message path is the one without any of it.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,12 @@ class Observability:
             self.meters = ConsumerMeters(metrics, topic, channel)
             views: Callable[[], list[SubView]] = subs
             self.meters.watch(views, in_backoff)
-        tracing = resolve(self._provider)
+        # an SDK provider can only be global if the application imported opentelemetry.trace:
+        # without one, resolving is skipped, so a consumer never loads opentelemetry for
+        # nothing (its objects would make every full garbage collection dearer)
+        tracing = None
+        if self._provider is not None or "opentelemetry.trace" in sys.modules:
+            tracing = resolve(self._provider)
         if tracing is not None or self.envelope:
             from smartnsq.consumer.process_spans import ProcessSpans
 

@@ -7,8 +7,10 @@ slow handlers run concurrently (at most the effective ``max_in_flight`` of them,
 RDY can let in anyway). Returning finishes the message (FIN), raising hands it to the policy.
 
 With metrics on (``timer``), each message's processing time (hand-over to answer) and
-end-to-end latency (hand-over time minus the message's timestamp) are observed: one clock
-read before the handler, one after its answer, the wall clock derived from the first.
+end-to-end latency (hand-over time minus the message's timestamp) are observed with one clock
+read per message: a worker's messages follow each other, so one answer's time is the next
+message's hand-over (re-read after the worker waited or yielded); the wall clock is derived
+from it with an offset taken per batch.
 
 This object owns the worker tasks, the idle workers' futures and the pumping/waking counts.
 It reaches the dispatcher only through :class:`WorkerHost`; what the per-message loop needs
@@ -146,7 +148,7 @@ class HandlerWorkers:
         observe_process, observe_latency = self.timer or (None, None)
         clock = time.perf_counter
         # the wall clock as clock() + wall (nsqd's timestamps are wall-clock nanoseconds)
-        wall = t0 = 0.0
+        wall = t0 = t1 = 0.0
         # with a policy hook on FIN, host.finish runs it; without, the FIN is inlined below
         finish = host.finish if self._hooked_finish else None
         failed = host.failed
@@ -177,7 +179,8 @@ class HandlerWorkers:
             st.batch += 1
             st.stalled = False
             if observe_latency is not None:
-                wall = time.time() - clock()
+                t0 = clock()
+                wall = time.time() - t0
             # runs at the next loop turn: if this batch is still going then, a handler
             # suspended (inline handlers never yield to the loop)
             loop.call_soon(self._stall_check, st, st.batch)
@@ -204,7 +207,6 @@ class HandlerWorkers:
                             continue
                     st.msg = msg
                     if observe_latency is not None:
-                        t0 = clock()
                         observe_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
                     try:
                         await handler(msg)
@@ -238,7 +240,9 @@ class HandlerWorkers:
                             else:
                                 tracked.add(msg)
                     if observe_process is not None:
-                        observe_process(clock() - t0)
+                        t1 = clock()
+                        observe_process(t1 - t0)
+                        t0 = t1
                     if st.stalled:
                         # back from a suspension: pumping again, watched again
                         st.stalled = False
@@ -255,6 +259,8 @@ class HandlerWorkers:
                         await asyncio.sleep(0)
                         st.batch += 1
                         loop.call_soon(self._stall_check, st, st.batch)
+                        if observe_process is not None:
+                            t0 = clock()
             finally:
                 st.msg = None
                 st.batch += 1
