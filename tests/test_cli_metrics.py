@@ -168,9 +168,11 @@ async def test_bridge_reports_its_consumer_and_its_producer(
         assert total(got, "smartnsq_producer_publishes_total", topic=dest, command="PUB",
                      result="ok") == 6
         assert total(got, "smartnsq_producer_publish_duration_seconds_count", topic=dest) == 6
-        # the bridge's producer keeps its default pool to the destination nsqd
-        assert total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
-                     state="ready") == ProducerConfig().connections_per_nsqd
+        # the connections the bridge's producer published on: its pool grows with
+        # concurrent publishes, up to connections_per_nsqd
+        ready = total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
+                      state="ready")
+        assert 1 <= ready <= ProducerConfig().connections_per_nsqd
     finally:
         code, err = await bridge.stop()
     assert code == 0, err
