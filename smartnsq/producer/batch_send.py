@@ -69,11 +69,10 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
 class BatchSender:
     """Sends one auto-batched MPUB (see the module docstring)."""
 
-    __slots__ = ("_traced", "run")
+    __slots__ = ("_run", "_traced")
 
     def __init__(self, run: Run, traced: Callable[[str], bool]) -> None:
-        #: the producer's publish with retries (its counted one while metrics are on)
-        self.run = run
+        self._run = run
         self._traced = traced
 
     async def send(self, key: str | tuple[str, int], bodies: list[bytes],
@@ -81,9 +80,9 @@ class BatchSender:
         """One batch (``key``: its topic, or its topic and partition)."""
         topic, partition = (key, None) if isinstance(key, str) else key
         if not self._traced(topic):
-            await self.run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
+            await self._run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
                             deadline)
             return
-        receipt = await self.run(MPub(topic, partition, bodies, True), deadline)
+        receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
         if receipt is not None:
             log_receipt(receipt)

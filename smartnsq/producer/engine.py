@@ -22,11 +22,11 @@ per-attempt wait (``request_timeout``, never past the deadline), classifies a fa
 (:mod:`smartnsq.producer.failures`). The engine also counts the publishes in flight, so that
 closing a producer can wait for them.
 
-Metrics (:mod:`smartnsq.producer.observe`) are the engine's too, only once a producer with
-metrics on called :meth:`RetryEngine.observe`: each attempt where it is sent (the fast paths
-test :attr:`RetryEngine.obs` once, on success) and each publish operation around the whole
-call (:meth:`TcpEngine.run_observed`, :meth:`TcpEngine.pub_observed`,
-:meth:`RetryEngine.retry_observed`, which the producers use instead of the plain ones).
+Metrics (:mod:`smartnsq.producer.observe`) are the engine's too, once a producer with
+metrics on called :meth:`RetryEngine.observe`: each attempt where it went, and each publish
+with its outcome and duration where it ends (a fast path's success tests
+:attr:`RetryEngine.obs` once; the loop counts everything else). With metrics off nothing else
+changes.
 """
 
 from __future__ import annotations
@@ -107,12 +107,6 @@ class RetryEngine(Generic[C]):
         """``op`` from its first attempt to its answer or final error."""
         return self.attempts(op, deadline, self.plan(op))
 
-    def retry_observed(self, op: Publish[C], deadline: float, command: str,
-                       count: int) -> Result:
-        """:meth:`retry`, counted as one publish operation of ``count`` messages."""
-        assert self.obs is not None
-        return self.obs.account(op.topic, command, count, self.retry(op, deadline))
-
     async def wait_idle(self) -> None:
         """Until no publish is in flight."""
         while self.active:
@@ -126,16 +120,37 @@ class RetryEngine(Generic[C]):
         if not self.active and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
-    async def attempts(self, op: Publish[C], deadline: float, plan: Plan[C],
-                       first: tuple[Target[C], Exception] | None = None
-                       ) -> PublishReceipt | None:
+    def attempts(self, op: Publish[C], deadline: float, plan: Plan[C],
+                 first: tuple[Target[C], Exception] | None = None,
+                 start: float | None = None) -> Result:
         """The retry loop of ``op`` under ``plan``; ``first``: the target and error of a
-        first attempt already made (the fast path), which counts as attempt 1."""
+        first attempt already made (the fast path), which counts as attempt 1; ``start``:
+        the loop time the publish began (for metrics; default now)."""
+        obs = self.obs
+        if obs is None:
+            return self._attempts(op, deadline, plan, first, None)
+        return self._counted(op, deadline, plan, first, obs,
+                             self._time() if start is None else start)
+
+    async def _counted(self, op: Publish[C], deadline: float, plan: Plan[C],
+                       first: tuple[Target[C], Exception] | None, obs: PublishMetrics,
+                       start: float) -> PublishReceipt | None:
+        """:meth:`attempts` with metrics on: the publish counted when it ends."""
+        try:
+            result = await self._attempts(op, deadline, plan, first, obs)
+        except Exception as exc:
+            obs.failed(op.topic, op.command, op.count, start, exc)
+            raise
+        obs.published(op.topic, op.command, op.count, start)
+        return result
+
+    async def _attempts(self, op: Publish[C], deadline: float, plan: Plan[C],
+                        first: tuple[Target[C], Exception] | None,
+                        obs: PublishMetrics | None) -> PublishReceipt | None:
         self.active += 1
         try:
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             policy = self.policy
-            obs = self.obs
             last: Target[C] | None = None
             last_partition: int | None = None
             target: Target[C] | None = None
@@ -226,17 +241,6 @@ class TcpEngine(RetryEngine[Connection]):
                 return self._plain(op, parts, deadline)
         return self.attempts(op, deadline, self.plan(op))
 
-    def run_observed(self, op: Op, deadline: float) -> Result:
-        """:meth:`run`, counted as one publish operation."""
-        assert self.obs is not None
-        return self.obs.account(op.topic, op.what, op.count, self.run(op, deadline))
-
-    def pub_observed(self, topic: str, body: bytes, deadline: float,
-                     now: float) -> Coroutine[Any, Any, None]:
-        """:meth:`pub`, counted as one publish operation."""
-        assert self.obs is not None
-        return self.obs.account(topic, "PUB", 1, self.pub(topic, body, deadline, now))
-
     async def pub(self, topic: str, body: bytes, deadline: float, now: float) -> None:
         """A plain PUB in direct mode (``now``: the loop's time, which the caller has): sent
         at once on a connection that can write; without one, or when it fails, the retry
@@ -253,7 +257,8 @@ class TcpEngine(RetryEngine[Connection]):
             # the picked pool takes the attempt: a second pick would skip it, and with two
             # nodes every other pick (always the same one) would never be dialled
             op = Pub(topic, None, body, False)
-            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool))
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool),
+                                start=now)
             return
         self.active += 1
         wait = deadline - now
@@ -266,10 +271,11 @@ class TcpEngine(RetryEngine[Connection]):
         except Exception as exc:
             assert pool is not None
             op = Pub(topic, None, body, False)
-            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc),
+                                now)
         else:
             if self.obs is not None:
-                self.obs.attempt(topic, conn.address)
+                self.obs.sent_at_once(topic, "PUB", 1, conn.address, now)
         finally:
             self.leave()
 
@@ -292,7 +298,7 @@ class TcpEngine(RetryEngine[Connection]):
                     # not connected (yet): the plan takes this choice, and waits or dials
                     plan = RoutedPlan(op, leaders, now)
                     plan.first = (address, partition)
-                    return await self.attempts(op, deadline, plan)
+                    return await self.attempts(op, deadline, plan, None, now)
                 self.active += 1
                 wait = deadline - now
                 if wait > self.request_timeout:
@@ -304,13 +310,13 @@ class TcpEngine(RetryEngine[Connection]):
                 except Exception as exc:
                     plan = RoutedPlan(op, leaders, now)
                     plan.address, plan.partition = address, partition
-                    return await self.attempts(op, deadline, plan, (target, exc))
+                    return await self.attempts(op, deadline, plan, (target, exc), now)
                 finally:
                     self.leave()
                 if self.obs is not None:
-                    self.obs.attempt(op.topic, conn.address)
+                    self.obs.sent_at_once(op.topic, op.what, op.count, conn.address, now)
                 return result
-        return await self.attempts(op, deadline, RoutedPlan(op, leaders, now))
+        return await self.attempts(op, deadline, RoutedPlan(op, leaders, now), None, now)
 
     async def _plain(self, op: Op, parts: tuple[bytes, bytes | None], deadline: float) -> None:
         """``op``, a plain publish encoded as ``parts``: the first attempt goes straight to a
@@ -324,7 +330,8 @@ class TcpEngine(RetryEngine[Connection]):
         if conn is None or deadline <= now:
             if pool is only and pool is not None and not pool.available(now):
                 pool = None
-            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool))
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct, pool),
+                                start=now)
             return
         self.active += 1
         try:
@@ -335,9 +342,10 @@ class TcpEngine(RetryEngine[Connection]):
             raise
         except Exception as exc:
             assert pool is not None
-            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc))
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc),
+                                now)
         else:
             if self.obs is not None:
-                self.obs.attempt(op.topic, conn.address)
+                self.obs.sent_at_once(op.topic, op.what, op.count, conn.address, now)
         finally:
             self.leave()

@@ -313,7 +313,5 @@ class HttpProducer:
         assert self._session is not None
         op = HttpPublish(self._session, path, params, body, topic, partition,
                          youzan_only=youzan_only, stock_only=stock_only,
-                         direct=self._router is None)
-        if self._engine.obs is None:
-            return await self._engine.retry(op, deadline)
-        return await self._engine.retry_observed(op, deadline, op.command, count)
+                         direct=self._router is None, count=count)
+        return await self._engine.retry(op, deadline)

@@ -130,12 +130,12 @@ class HttpPublish:
     it; ``direct``: to listed nsqd, whose flavour is asked before a partition, trace, ext or
     defer request goes to them (with lookupd the route says)."""
 
-    __slots__ = ("body", "command", "direct", "params", "partition", "path", "rule", "session",
-                 "shard", "stock_only", "topic", "what", "youzan_only")
+    __slots__ = ("body", "command", "count", "direct", "params", "partition", "path", "rule",
+                 "session", "shard", "stock_only", "topic", "what", "youzan_only")
 
     def __init__(self, session: aiohttp.ClientSession, path: str, params: dict[str, str],
                  body: bytes, topic: str, partition: int | None, *, youzan_only: bool,
-                 stock_only: bool, direct: bool) -> None:
+                 stock_only: bool, direct: bool, count: int = 1) -> None:
         self.session = session
         self.path = path
         self.params = params
@@ -147,8 +147,9 @@ class HttpPublish:
         self.direct = direct
         #: what errors call it
         self.what = _WHAT.get(path, "publish") if not stock_only else "deferred publish"
-        #: what metrics call it
+        #: what metrics call it, and how many messages it carries
         self.command = _COMMAND.get(path, path) if not stock_only else "HTTP_DPUB"
+        self.count = count
         self.shard: ShardKey | None = None
         self.rule: ShardRule = "murmur3"
 

@@ -8,7 +8,7 @@ before. What is counted where:
 * per publish operation (one PUB, one MPUB chunk, one HTTP request ...): ``publishes`` and
   ``messages sent`` by command and result (``ok``, or the class name of the error the call
   raised), its duration (from the call to its answer, retries included) and, for the MPUB
-  commands, the batch size (:meth:`PublishMetrics.account`);
+  commands, the batch size (:meth:`PublishMetrics.published`, :meth:`PublishMetrics.failed`);
 * per attempt sent to an nsqd: ``attempts`` by nsqd and result (the attempt's own error
   class), ``retries`` (every attempt after the first), ``leader redirects`` (a not-leader
   answer); waits for a leader (:meth:`PublishMetrics.leader_wait`);
@@ -20,15 +20,11 @@ The ``nsqd`` label is ``host:port`` (an HTTP target's address without its scheme
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from smartnsq.metrics import CounterChild, HistogramChild, Metrics
 from smartnsq.metrics import catalog as c
 
 __all__ = ["PublishMetrics", "nsqd_label"]
-
-T = TypeVar("T")
 
 #: commands whose messages are a batch (the batch size histogram)
 _BATCHES = frozenset({"MPUB", "MPUB_TRACE", "MPUB_EXT", "HTTP_MPUB"})
@@ -40,16 +36,19 @@ def nsqd_label(address: str) -> str:
 
 
 class _Ok:
-    """The children a successful publish of one (topic, command) feeds, bound once."""
+    """The children a successful publish of one (topic, command) feeds, bound once (with
+    ``attempt``: sent at once to one nsqd)."""
 
-    __slots__ = ("batch", "duration", "publishes", "sent")
+    __slots__ = ("attempt", "batch", "duration", "publishes", "sent")
 
     def __init__(self, publishes: CounterChild, sent: CounterChild,
-                 duration: HistogramChild, batch: HistogramChild | None) -> None:
+                 duration: HistogramChild, batch: HistogramChild | None,
+                 attempt: CounterChild | None = None) -> None:
         self.publishes = publishes
         self.sent = sent
         self.duration = duration
         self.batch = batch
+        self.attempt = attempt
 
 
 class PublishMetrics:
@@ -70,6 +69,7 @@ class PublishMetrics:
         self._reconnects = metrics.counter(c.PRODUCER_RECONNECTS)
         self._ok: dict[tuple[str, str], _Ok] = {}
         self._ok_attempts: dict[tuple[str, str], CounterChild] = {}
+        self._at_once: dict[tuple[str, str, str], _Ok] = {}
 
     def _ok_children(self, topic: str, command: str) -> _Ok:
         key = (topic, command)
@@ -82,22 +82,32 @@ class PublishMetrics:
                 self._batch.labels(topic) if command in _BATCHES else None)
         return ok
 
-    async def account(self, topic: str, command: str, count: int,
-                      call: Awaitable[T]) -> T:
-        """Await ``call``, one publish operation of ``count`` messages, and count it."""
-        start = self._loop.time()
-        try:
-            result = await call
-        except Exception as exc:
-            self.failed(topic, command, count, start, exc)
-            raise
-        ok = self._ok_children(topic, command)
+    def published(self, topic: str, command: str, count: int, start: float) -> None:
+        """A publish operation of ``count`` messages that began at loop time ``start`` was
+        acknowledged."""
+        self._count(self._ok_children(topic, command), count, start)
+
+    def _count(self, ok: _Ok, count: int, start: float) -> None:
         ok.publishes.inc()
         ok.sent.inc(count)
         ok.duration.observe(self._loop.time() - start)
         if ok.batch is not None:
             ok.batch.observe(count)
-        return result
+
+    def sent_at_once(self, topic: str, command: str, count: int, address: str,
+                     start: float) -> None:
+        """A publish acknowledged on its first attempt, sent to nsqd ``address`` at once
+        (the engine's fast paths: one lookup for all it feeds)."""
+        key = (topic, command, address)
+        ok = self._at_once.get(key)
+        if ok is None:
+            base = self._ok_children(topic, command)
+            ok = self._at_once[key] = _Ok(
+                base.publishes, base.sent, base.duration, base.batch,
+                self._attempts.labels(topic, nsqd_label(address), "ok"))
+        assert ok.attempt is not None
+        ok.attempt.inc()
+        self._count(ok, count, start)
 
     def failed(self, topic: str, command: str, count: int, start: float,
                exc: BaseException) -> None:

@@ -20,6 +20,7 @@ from smartnsq.conn import Connection
 from smartnsq.errors import ConfigError, Flavour, UnsupportedFeatureError
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.commands import encode_ext_header
+from smartnsq.protocol.commands import pub as pub_command
 from smartnsq.sharding import ShardKey, ShardRule
 
 _MAX_U64 = (1 << 64) - 1
@@ -41,6 +42,16 @@ class Publish(Protocol[C_contra]):
     @property
     def what(self) -> str:
         """The command's name, for errors and logs."""
+        ...
+
+    @property
+    def command(self) -> str:
+        """The command, as metrics and spans name it (PUB, MPUB, HTTP_PUB ...)."""
+        ...
+
+    @property
+    def count(self) -> int:
+        """Messages it publishes."""
         ...
 
     @property
@@ -116,6 +127,10 @@ class Op:
         """Messages this op publishes."""
         return 1
 
+    @property
+    def command(self) -> str:
+        return self.what
+
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:
         raise NotImplementedError
@@ -159,6 +174,11 @@ class Pub(Op):
         self.body = body
         #: tracing is on for the topic: use PUB_TRACE (trace id 0) where the server has it
         self.traced = traced
+
+    def plain_command(self) -> tuple[bytes, bytes | None] | None:
+        # a PUB made as an op (a traced producer's) takes the engine's fast path too
+        return None if self.partition is not None else (pub_command(self.topic, self.body),
+                                                        None)
 
     def send(self, conn: Connection, partition: int | None,
              timeout: float) -> Awaitable[PublishReceipt | None]:

@@ -149,13 +149,12 @@ class Producer:
         #: a plain PUB in direct mode
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
-        self._batch_sender: BatchSender | None = None
         if config.linger > 0:
-            self._batch_sender = BatchSender(self._run, self._is_traced)
-            self._batcher = Batcher(self._batch_sender.send, linger=config.linger,
+            self._batcher = Batcher(BatchSender(self._run, self._is_traced).send,
+                                    linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body)
-        self._shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
-        self._lanes = ShardLanes(self._shards.send)
+        shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
+        self._lanes = ShardLanes(shards.send)
         self._topics_ok: set[str] = set()
         self._closed = False
         self._started = False
@@ -191,12 +190,8 @@ class Producer:
                      direct[0].address if len(direct) == 1 else None)
         if self._lookup is not None and self._own_lookup:
             await self._lookup.start()
-        if inst.obs is not None:  # metrics on: every publish runs counted
+        if inst.obs is not None:
             inst.observe(self._engine, self._nodes)
-            self._run = self._shards.run = self._engine.run_observed
-            self._pub = self._engine.pub_observed
-            if self._batch_sender is not None:
-                self._batch_sender.run = self._run
         self._spans = inst.spans
         self._started = True
 

@@ -30,8 +30,7 @@ class ShardSender:
 
     def __init__(self, run: Run, router: Router | None, batcher: Batcher | None,
                  traced: Callable[[str], bool]) -> None:
-        #: the producer's publish with retries (its counted one while metrics are on)
-        self.run = run
+        self._run = run
         self._router = router
         self._batcher = batcher
         self._traced = traced
@@ -53,7 +52,7 @@ class ShardSender:
             op = Pub(topic, None, body, False)
         op.shard = key
         op.rule = rule
-        receipt = await self.run(op, deadline)
+        receipt = await self._run(op, deadline)
         if receipt is not None and traced:
             log_receipt(receipt)
         return receipt
