@@ -7,6 +7,7 @@ wire."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 
@@ -20,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import smartnsq.sync
 from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
+from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ConfigError, PublishError
 from smartnsq.message import Message
 from smartnsq.producer import HttpProducer, Producer
@@ -210,3 +212,25 @@ async def test_sync_producer_send_span_is_a_child_of_the_calling_threads_span(
     spans = sends(exporter)
     assert len(spans) == 3
     assert {s.parent.span_id for s in spans if s.parent is not None} == set(parents.values())
+
+
+async def test_ext_batches_carry_the_span_per_item_and_ordered_publishes_have_spans(
+        sdk: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = sdk
+    async with DevCluster(nodes=2, flavour="youzan") as cluster:
+        cluster.create_topic("xb", partition_num=2, ext=True, channels=("c",))
+        async with Producer(lookupd=cluster.lookupd_http_addresses,
+                            tracer_provider=provider) as p:
+            await p.publish_ext_batch("xb", [({"k": "1"}, b"one"), (b'{"k":"2"}', b"two")],
+                                      partition=0)
+            await p.publish_ordered("xb", "customer-7", b"ordered")
+        stored = [r for part in range(2) for r in cluster.store.partition("xb", part).records]
+    batch, ordered = sends(exporter)
+    assert batch.attributes is not None and ordered.attributes is not None
+    assert batch.attributes["messaging.nsq.command"] == "MPUB_EXT"
+    assert batch.attributes["messaging.batch.message_count"] == 2
+    assert ordered.attributes["messaging.nsq.command"] == "PUB"
+    headers = {r.body: json.loads(r.ext) for r in stored if r.body in (b"one", b"two")}
+    assert {b: h["k"] for b, h in headers.items()} == {b"one": "1", b"two": "2"}
+    for header in headers.values():
+        assert span_id_in(extract_ext(header)) == batch.context.span_id
