@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 
 import pytest
@@ -234,3 +235,28 @@ async def test_ext_batches_carry_the_span_per_item_and_ordered_publishes_have_sp
     assert {b: h["k"] for b, h in headers.items()} == {b"one": "1", b"two": "2"}
     for header in headers.values():
         assert span_id_in(extract_ext(header)) == batch.context.span_id
+
+
+_NO_PROVIDER = """
+import asyncio, sys
+from smartnsq.devcluster import DevCluster
+from smartnsq.producer import Producer
+
+async def main():
+    async with DevCluster(nodes=1, flavour="stock") as c, \\
+            Producer(nsqd=c.nsqd_tcp_addresses) as p:
+        await p.publish("t", b"x")
+    print(sorted({m.split(".")[0] for m in sys.modules if m.startswith("opentelemetry")}))
+
+asyncio.run(main())
+"""
+
+
+async def test_without_a_provider_opentelemetry_is_not_even_imported() -> None:
+    # a fresh interpreter: this one imported the SDK for the other tests
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _NO_PROVIDER, stdout=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert out.decode().strip() == "[]"

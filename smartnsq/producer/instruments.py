@@ -16,6 +16,8 @@ carry it in front of the body for consumers made with ``trace_envelope=True``
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 from typing import TYPE_CHECKING
 
 from smartnsq.errors import ConfigError
@@ -41,8 +43,15 @@ class ProducerInstruments:
 
     def __init__(self, metrics: Metrics | None, tracer_provider: TracerProvider | None,
                  trace_envelope: bool) -> None:
+        if metrics is not None and not (hasattr(metrics, "enabled")
+                                        and callable(getattr(metrics, "counter", None))):
+            raise ConfigError(f"metrics must be a smartnsq.metrics.Metrics (e.g. "
+                              f"PrometheusMetrics), got {type(metrics).__name__}")
         if not isinstance(trace_envelope, bool):
-            raise ConfigError(f"trace_envelope must be a bool, got {trace_envelope!r}")
+            raise ConfigError(f"trace_envelope must be True or False, got {trace_envelope!r}")
+        if trace_envelope and importlib.util.find_spec("opentelemetry") is None:
+            raise ConfigError("trace_envelope=True needs opentelemetry-api "
+                              "(pip install 'smartnsq[otel]')")
         self._given = metrics
         self._provider = tracer_provider
         self.envelope = trace_envelope
@@ -64,7 +73,12 @@ class ProducerInstruments:
             own_lookup.meters.use(metrics)
         if metrics.enabled:
             self.obs = PublishMetrics(metrics, loop)
-        tracing = resolve(self._provider)
+        # a global SDK provider needs the application to have imported opentelemetry.trace:
+        # without either, opentelemetry is not loaded for nothing (its objects make every
+        # full garbage collection dearer)
+        tracing = None
+        if self._provider is not None or "opentelemetry.trace" in sys.modules:
+            tracing = resolve(self._provider)
         if tracing is not None:
             from smartnsq.producer.spans import SendSpans
 
