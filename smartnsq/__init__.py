@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from smartnsq.producer.types import BatchReceipt, PublishReceipt
     from smartnsq.trace import TraceSwitch
 
-__version__ = "1.0.0rc1"
+from smartnsq._version import __version__
 
 # the clients are imported on first use, so that ``import smartnsq`` stays cheap and a
 # producer-only process never loads the consumer

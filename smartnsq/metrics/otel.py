@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
+from smartnsq._version import __version__
 from smartnsq.metrics.api import GaugeRead, MetricSpec
 from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
 from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
@@ -93,8 +94,6 @@ class OpenTelemetryMetrics:
     enabled = True
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
-        from smartnsq import __version__
-
         self._meter: Meter = otel_metrics.get_meter(
             "smartnsq", __version__, meter_provider=meter_provider)
         self._store = LocalStore()

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from smartnsq._version import __version__
 from smartnsq.tracing import semconv as sc
 
 __all__ = ["Tracing", "tracing_for"]
@@ -37,8 +38,6 @@ def tracing_for(provider: TracerProvider | None) -> Tracing | None:
         provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from smartnsq import __version__
-
     return Tracing(provider.get_tracer("smartnsq", __version__))
 
 
