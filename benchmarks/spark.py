@@ -229,7 +229,8 @@ def run(args: argparse.Namespace, master: str, archive: str | None) -> list[Row]
     stats_dir = tempfile.mkdtemp(prefix="smartnsq-spark-bench-stats-")
     stats = ReadStats(os.path.join(stats_dir, "reads.jsonl"))
     spark = spark_session(master, archive, stats.path)
-    cores = spark.sparkContext.defaultParallelism
+    # executors registered (the driver's own block manager is in the count too)
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
     bg = Loop()
     tmp = tempfile.mkdtemp(prefix="smartnsq-spark-bench-")
     cluster: DevCluster | None = None
@@ -244,7 +245,9 @@ def run(args: argparse.Namespace, master: str, archive: str | None) -> list[Row]
             target = YouzanCluster("double", cluster.lookupd_http_addresses[0], session, cluster)
             where = "embedded youzan cluster (4 nodes, on a thread of the driver process)"
         print(f"target: {where}; {args.rows} rows of {BODY_SIZE}-byte bodies in 2 Spark "
-              f"partitions, {master} ({cores} cores)", flush=True)
+              f"partitions, {master}"
+              + (f" ({executors} executor(s))" if master.startswith("spark://") else ""),
+              flush=True)
         n = args.rows
         df = spark.range(0, n, 1, numPartitions=2).selectExpr(
             f"cast(repeat('x', {BODY_SIZE}) as binary) as value",
