@@ -6,6 +6,8 @@ import threading
 import urllib.request
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
@@ -13,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smartnsq.metrics import NO_METRICS, Kind, get_metrics, set_metrics
 from smartnsq.metrics import catalog as c
+from smartnsq.metrics.local import HistogramChild
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
 
@@ -188,3 +191,17 @@ def test_opentelemetry_exporter_uses_semantic_convention_names_and_attributes() 
         ({"messaging.system": "nsq", "messaging.destination.name": "orders",
           "messaging.consumer.group.name": "billing", "server.address": "127.0.0.1",
           "server.port": 4150, "messaging.destination.partition.id": "2"}, 5.0)]
+
+
+@given(st.lists(st.one_of(st.sampled_from(c.CONSUMER_PROCESS.buckets),
+                          st.floats(min_value=0, max_value=100, allow_nan=False)),
+                max_size=200))
+def test_observe_many_counts_as_observing_each(values: list[float]) -> None:
+    """The hot path hands timings over in lists: the buckets (bounds included, "le") and
+    the sum are those of observing each value."""
+    one, many = (HistogramChild(c.CONSUMER_PROCESS.buckets) for _ in range(2))
+    for v in values:
+        one.observe(v)
+    many.observe_many(list(values))
+    assert many.counts == one.counts
+    assert many.sum == pytest.approx(one.sum)

@@ -153,7 +153,7 @@ class Dispatcher:
         if spans is not None:
             workers.handler = spans.wrap(workers.handler)
         if meters is not None:
-            workers.timer = (meters.process.observe, meters.latency.observe)
+            workers.timer = (meters.process.observe_many, meters.latency.observe_many)
 
     # ------------------------------------------------------------------ receiving
 

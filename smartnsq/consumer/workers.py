@@ -7,10 +7,12 @@ slow handlers run concurrently (at most the effective ``max_in_flight`` of them,
 RDY can let in anyway). Returning finishes the message (FIN), raising hands it to the policy.
 
 With metrics on (``timer``), each message's processing time (hand-over to answer) and
-end-to-end latency (hand-over time minus the message's timestamp) are observed with one clock
+end-to-end latency (hand-over time minus the message's timestamp) are measured with one clock
 read per message: a worker's messages follow each other, so one answer's time is the next
 message's hand-over (re-read after the worker waited or yielded); the wall clock is derived
-from it with an offset taken per batch.
+from it with an offset taken per batch. The values are gathered in two lists and handed to
+the histograms together (``observe_many``) when the batch ends, yields or reaches
+``_INLINE_BATCH``: that costs a list append per message instead of a histogram update.
 
 This object owns the worker tasks, the idle workers' futures and the pumping/waking counts.
 It reaches the dispatcher only through :class:`WorkerHost`; what the per-message loop needs
@@ -31,6 +33,9 @@ from smartnsq.message import FINISHED, PENDING, Message
 from smartnsq.protocol.messages import ID, TIMESTAMP
 
 __all__ = ["HandlerWorkers", "WorkerHost"]
+
+#: a histogram's ``observe_many``
+Observe = Callable[[list[float]], None]
 
 #: handler messages processed inline before the worker lets the loop run other callbacks
 _INLINE_BATCH = 512
@@ -84,7 +89,7 @@ class HandlerWorkers:
         #: the user's handler (inside its process span when tracing is on)
         self.handler = handler
         #: (processing duration, latency) observers when metrics are on
-        self.timer: tuple[Callable[[float], None], Callable[[float], None]] | None = None
+        self.timer: tuple[Observe, Observe] | None = None
         self._queue = queue
         self._driver = driver
         #: FIN goes through host.finish (a policy hook on FIN), else it is inlined
@@ -146,6 +151,10 @@ class HandlerWorkers:
         handler = self.handler
         host = self._host
         observe_process, observe_latency = self.timer or (None, None)
+        # this batch's processing times and latencies, until handed over
+        processed: list[float] = []
+        latencies: list[float] = []
+        add_processed, add_latency = processed.append, latencies.append
         clock = time.perf_counter
         # the wall clock as clock() + wall (nsqd's timestamps are wall-clock nanoseconds)
         wall = t0 = t1 = 0.0
@@ -207,7 +216,7 @@ class HandlerWorkers:
                             continue
                     st.msg = msg
                     if observe_latency is not None:
-                        observe_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
+                        add_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
                     try:
                         await handler(msg)
                     except asyncio.CancelledError as exc:
@@ -241,11 +250,14 @@ class HandlerWorkers:
                                 tracked.add(msg)
                     if observe_process is not None:
                         t1 = clock()
-                        observe_process(t1 - t0)
+                        add_processed(t1 - t0)
                         t0 = t1
                     if st.stalled:
-                        # back from a suspension: pumping again, watched again
+                        # back from a suspension: pumping again, watched again; a slow
+                        # handler's timings are not held back until the batch ends
                         st.stalled = False
+                        if observe_process is not None:
+                            self._hand_over(processed, latencies)
                         if msg._state != PENDING:
                             tracked.discard(msg)
                         self.pumping += 1
@@ -255,6 +267,8 @@ class HandlerWorkers:
                     if inline >= _INLINE_BATCH:
                         # let I/O in; not a handler suspension, so the check is re-armed
                         inline = 0
+                        if observe_process is not None:
+                            self._hand_over(processed, latencies)
                         st.batch += 1
                         await asyncio.sleep(0)
                         st.batch += 1
@@ -266,6 +280,19 @@ class HandlerWorkers:
                 st.batch += 1
                 if not st.stalled:
                     self.pumping -= 1
+                if processed or latencies:
+                    self._hand_over(processed, latencies)
+
+    def _hand_over(self, processed: list[float], latencies: list[float]) -> None:
+        """Give a batch's gathered timings to the histograms; the lists are reused."""
+        assert self.timer is not None
+        observe_process, observe_latency = self.timer
+        if processed:
+            observe_process(processed)
+            processed.clear()
+        if latencies:
+            observe_latency(latencies)
+            latencies.clear()
 
     def _stall_check(self, st: _Stall, batch: int) -> None:
         """A worker's handler suspended: let other workers take the queue meanwhile."""

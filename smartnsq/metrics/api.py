@@ -59,6 +59,11 @@ class HistogramChild(Protocol):
 
     def observe(self, value: float) -> None: ...
 
+    def observe_many(self, values: list[float]) -> None:
+        """Observe each of ``values`` (a per-message hot path gathers them and hands them
+        over in one call; the list may be sorted in place)."""
+        ...
+
 
 class CounterFamily(Protocol):
     def labels(self, *values: str) -> CounterChild:

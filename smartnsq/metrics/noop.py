@@ -22,6 +22,9 @@ class _Nothing:
     def observe(self, value: float) -> None:
         pass
 
+    def observe_many(self, values: list[float]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

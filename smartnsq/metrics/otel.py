@@ -71,6 +71,11 @@ class _HistogramChild:
     def observe(self, value: float) -> None:
         self._record(value, self._attrs)
 
+    def observe_many(self, values: list[float]) -> None:
+        record, attrs = self._record, self._attrs
+        for value in values:
+            record(value, attrs)
+
 
 class _Histogram:
     def __init__(self, spec: MetricSpec, instrument: Any) -> None:
