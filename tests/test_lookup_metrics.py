@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from smartnsq import Consumer, Message
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.lookup import Lookup
 from smartnsq.metrics.prometheus import PrometheusMetrics
@@ -88,3 +89,21 @@ async def test_a_shared_lookup_reports_into_its_own_metrics(stock: StockServer) 
     # the producer's metrics have its publish, not the lookup it was lent
     assert series(theirs, QUERIES) == []
     assert total(theirs, "smartnsq_producer_messages_sent_total", topic=topic) == 1
+
+
+@pytest.mark.real_nsqd
+async def test_a_consumers_own_lookup_reports_into_the_consumers_metrics(
+        stock: StockServer) -> None:
+    if stock.lookupd is None:
+        pytest.skip("SMARTNSQ_REAL_LOOKUPD (the stock nsqlookupd) is not set")
+    metrics = PrometheusMetrics(CollectorRegistry())
+    topic = unique("lkcons")
+    await create_topics(stock, topic)
+
+    async def handle(msg: Message) -> None:
+        return None
+
+    async with Consumer(topic, "ch", handle, lookupd=[stock.lookupd], metrics=metrics):
+        got = await ascrape(metrics)
+    assert total(got, QUERIES, lookupd=stock.lookupd, result="ok") >= 1
+    assert total(got, "smartnsq_lookup_refresh_duration_seconds_count") >= 1

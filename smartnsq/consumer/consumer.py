@@ -289,6 +289,7 @@ class Consumer:
                   lambda: driver.flow is not None and driver.flow.in_backoff)
         self._subscriptions.meters = obs.meters
         self._dispatch.observe(obs.meters, obs.spans)
+        self._discovery.report_to(obs.metrics)
         try:
             self._subscriptions.follow(await self._discovery.start(self._on_topology))
             await self._conns.wait_first_attempts(self._subscriptions.start_bound())

@@ -23,6 +23,7 @@ from types import MappingProxyType
 
 from smartnsq.errors import ConfigError, Flavour, LookupFailedError, LookupRefusedError
 from smartnsq.lookup import Lookup, Subscription, TopicChange, TopicView
+from smartnsq.metrics.api import Metrics
 from smartnsq.protocol.validation import NO_PARTITION, parse_tcp_address
 
 __all__ = [
@@ -112,6 +113,11 @@ class Discovery(abc.ABC):
         """Why a topology has no endpoint, for the log."""
         return "nothing to subscribe to"
 
+    def report_to(self, metrics: Metrics) -> None:
+        """Caller: the consumer's start, before :meth:`start`. Affects: a lookup made for
+        this consumer reports into the consumer's metrics."""
+        del metrics  # direct addresses: no lookup to report
+
 
 class DirectDiscovery(Discovery):
     """A fixed list of nsqd TCP addresses."""
@@ -195,6 +201,11 @@ class LookupDiscovery(Discovery):
     @property
     def lookup(self) -> Lookup:
         return self._lookup
+
+    def report_to(self, metrics: Metrics) -> None:
+        # a shared lookup keeps the metrics it was made with (or the process default)
+        if self._own:
+            self._lookup.meters.use(metrics)
 
     async def start(self, on_update: OnUpdate) -> Topology:
         self._on_update = on_update

@@ -19,6 +19,7 @@ from smartnsq.consumer.meters import ConsumerMeters, SubView
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
 from smartnsq.metrics.default import get_metrics
+from smartnsq.metrics.noop import NO_METRICS
 from smartnsq.tracing import resolve
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class Observability:
         self._metrics = metrics
         self._provider = tracer_provider
         self.envelope = trace_envelope
+        #: the backend in use once started (off: the no-op one)
+        self.metrics: Metrics = NO_METRICS
         #: the consumer's meters once started with metrics on
         self.meters: ConsumerMeters | None = None
         #: its process spans / envelope unwrapping once started with either on
@@ -55,7 +58,7 @@ class Observability:
               in_backoff: Callable[[], bool]) -> None:
         """Resolve the backend and the provider; register the gauges (``subs()`` copies the
         live subscriptions, :class:`~smartnsq.consumer.meters.SubView`)."""
-        metrics = get_metrics() if self._metrics is None else self._metrics
+        metrics = self.metrics = get_metrics() if self._metrics is None else self._metrics
         if metrics.enabled:
             self.meters = ConsumerMeters(metrics, topic, channel)
             views: Callable[[], list[SubView]] = subs
