@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-spark-cluster lint bench chaos docs clean
+.PHONY: demo test test-real test-spark-cluster lint bench bench-spark-cluster chaos docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[cli,dev,speed,bench]'
 	$(BIN)/python benchmarks/codec.py
 	$(BIN)/python benchmarks/throughput.py
+
+# The Spark table (benchmarks/spark.py) on local standalone clusters of 1 and 2 workers against a
+# running youzan cluster (YOUZAN_LOOKUPD, e.g. ../shared/realnsq/start-youzan.sh 3), beside the
+# hand-written ways (gnsq, from the bench extra).
+YOUZAN_LOOKUPD ?= 127.0.0.1:14161
+bench-spark-cluster: $(STAMP)
+	$(BIN)/pip install -q -e '.[cli,dev,speed,spark,bench]'
+	$(BIN)/python benchmarks/spark.py --lookupd $(YOUZAN_LOOKUPD) --partitions 1 3 --workers 1 2
 
 # The chaos soak (benchmarks/chaos.py --help): 10 minutes of faults on the embedded cluster by
 # default; CHAOS_ARGS go to the script (e.g. CHAOS_ARGS="--minutes 2 --rate 1000 --seed 7",
