@@ -10,17 +10,13 @@ so the per-message path is the one without any of it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.consumer.meters import ConsumerMeters, SubView
-from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
-from smartnsq.metrics.default import get_metrics
 from smartnsq.metrics.noop import NO_METRICS
-from smartnsq.tracing import resolve
+from smartnsq.telemetry import TelemetryOptions
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -35,17 +31,7 @@ class Observability:
 
     def __init__(self, metrics: Metrics | None, tracer_provider: TracerProvider | None,
                  trace_envelope: bool) -> None:
-        if metrics is not None and not (hasattr(metrics, "enabled")
-                                        and callable(getattr(metrics, "counter", None))):
-            raise ConfigError(f"metrics must be a smartnsq.metrics.Metrics (e.g. "
-                              f"PrometheusMetrics), got {type(metrics).__name__}")
-        if not isinstance(trace_envelope, bool):
-            raise ConfigError(f"trace_envelope must be True or False, got {trace_envelope!r}")
-        if trace_envelope and importlib.util.find_spec("opentelemetry") is None:
-            raise ConfigError("trace_envelope=True needs opentelemetry-api "
-                              "(pip install 'smartnsq[otel]')")
-        self._metrics = metrics
-        self._provider = tracer_provider
+        self._options = TelemetryOptions(metrics, tracer_provider, trace_envelope)
         self.envelope = trace_envelope
         #: the backend in use once started (off: the no-op one)
         self.metrics: Metrics = NO_METRICS
@@ -58,17 +44,12 @@ class Observability:
               in_backoff: Callable[[], bool]) -> None:
         """Resolve the backend and the provider; register the gauges (``subs()`` copies the
         live subscriptions, :class:`~smartnsq.consumer.meters.SubView`)."""
-        metrics = self.metrics = get_metrics() if self._metrics is None else self._metrics
+        metrics = self.metrics = self._options.metrics()
         if metrics.enabled:
             self.meters = ConsumerMeters(metrics, topic, channel)
             views: Callable[[], list[SubView]] = subs
             self.meters.watch(views, in_backoff)
-        # an SDK provider can only be global if the application imported opentelemetry.trace:
-        # without one, resolving is skipped, so a consumer never loads opentelemetry for
-        # nothing (its objects would make every full garbage collection dearer)
-        tracing = None
-        if self._provider is not None or "opentelemetry.trace" in sys.modules:
-            tracing = resolve(self._provider)
+        tracing = self._options.tracing()
         if tracing is not None or self.envelope:
             from smartnsq.consumer.process_spans import ProcessSpans
 

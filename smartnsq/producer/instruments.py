@@ -16,19 +16,16 @@ carry it in front of the body for consumers made with ``trace_envelope=True``
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from typing import TYPE_CHECKING
 
-from smartnsq.errors import ConfigError
 from smartnsq.lookup import Lookup
-from smartnsq.metrics import Metrics, Registration, get_metrics
+from smartnsq.metrics import Metrics, Registration
 from smartnsq.metrics import catalog as c
 from smartnsq.producer.engine import TcpEngine
 from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.routing import Router
-from smartnsq.tracing import resolve
+from smartnsq.telemetry import TelemetryOptions
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -43,17 +40,7 @@ class ProducerInstruments:
 
     def __init__(self, metrics: Metrics | None, tracer_provider: TracerProvider | None,
                  trace_envelope: bool) -> None:
-        if metrics is not None and not (hasattr(metrics, "enabled")
-                                        and callable(getattr(metrics, "counter", None))):
-            raise ConfigError(f"metrics must be a smartnsq.metrics.Metrics (e.g. "
-                              f"PrometheusMetrics), got {type(metrics).__name__}")
-        if not isinstance(trace_envelope, bool):
-            raise ConfigError(f"trace_envelope must be True or False, got {trace_envelope!r}")
-        if trace_envelope and importlib.util.find_spec("opentelemetry") is None:
-            raise ConfigError("trace_envelope=True needs opentelemetry-api "
-                              "(pip install 'smartnsq[otel]')")
-        self._given = metrics
-        self._provider = tracer_provider
+        self._options = TelemetryOptions(metrics, tracer_provider, trace_envelope)
         self.envelope = trace_envelope
         #: the metrics in use once started
         self.metrics: Metrics | None = None
@@ -67,18 +54,12 @@ class ProducerInstruments:
                 router: Router | None, server: str | None) -> None:
         """At start, before ``own_lookup`` (a lookup the producer made) starts: the metrics
         and tracing in use. ``server``: the one nsqd the producer was given, if only one."""
-        metrics = self._given if self._given is not None else get_metrics()
-        self.metrics = metrics
+        metrics = self.metrics = self._options.metrics()
         if own_lookup is not None:
             own_lookup.meters.use(metrics)
         if metrics.enabled:
             self.obs = PublishMetrics(metrics, loop)
-        # a global SDK provider needs the application to have imported opentelemetry.trace:
-        # without either, opentelemetry is not loaded for nothing (its objects make every
-        # full garbage collection dearer)
-        tracing = None
-        if self._provider is not None or "opentelemetry.trace" in sys.modules:
-            tracing = resolve(self._provider)
+        tracing = self._options.tracing()
         if tracing is not None:
             from smartnsq.producer.spans import SendSpans
 
