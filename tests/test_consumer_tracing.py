@@ -12,7 +12,6 @@ import threading
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
@@ -32,18 +31,11 @@ from tests.real_servers import (
     unique,
     youzan,  # noqa: F401  (fixture)
 )
+from tests.tracing_helpers import sdk  # noqa: F401  (fixture)
 
 WAIT = 60.0
 CFG = ConsumerConfig(max_in_flight=10, default_requeue_delay=0, backoff_enabled=False,
                      reconnect_min=0.05, reconnect_max=0.5, lookupd_poll_interval=1.0)
-
-
-@pytest.fixture
-def sdk() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 async def wait(event: asyncio.Event, what: str) -> None:

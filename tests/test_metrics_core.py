@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import urllib.request
 
 import pytest
 from hypothesis import given
@@ -11,31 +10,13 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from smartnsq.metrics import NO_METRICS, Kind, get_metrics, set_metrics
 from smartnsq.metrics import catalog as c
 from smartnsq.metrics.local import HistogramChild
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
-
-
-def _scrape(metrics: PrometheusMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Scrape the real HTTP endpoint and parse it with prometheus_client's parser."""
-    server, thread = metrics.serve(0)
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            text = resp.read().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), s.value))
-    return out
+from tests.metrics_helpers import scrape
 
 
 def test_catalog_names_follow_prometheus_practice() -> None:
@@ -87,7 +68,7 @@ def test_prometheus_endpoint_reports_counts_histograms_and_gauges() -> None:
     # a second client on the same labels adds up
     reg2 = m.gauge(c.CONSUMER_IN_FLIGHT,
                    lambda: [(("orders", "billing", "127.0.0.1:4150", "0"), 1.0)])
-    got = _scrape(m)
+    got = scrape(m)
     assert got["smartnsq_consumer_messages_received_total"] == [
         ({"topic": "orders", "channel": "billing", "nsqd": "127.0.0.1:4150",
           "partition": "0"}, 4.0)]
@@ -99,9 +80,9 @@ def test_prometheus_endpoint_reports_counts_histograms_and_gauges() -> None:
     assert got["smartnsq_consumer_messages_in_flight"][0][1] == 3.0
     reg2.close()
     in_flight["n"] = 5.0
-    assert _scrape(m)["smartnsq_consumer_messages_in_flight"][0][1] == 5.0
+    assert scrape(m)["smartnsq_consumer_messages_in_flight"][0][1] == 5.0
     reg.close()
-    assert "smartnsq_consumer_messages_in_flight" not in _scrape(m)
+    assert "smartnsq_consumer_messages_in_flight" not in scrape(m)
 
 
 def test_prometheus_scrape_survives_a_failing_gauge_reader(caplog: pytest.LogCaptureFixture
@@ -114,7 +95,7 @@ def test_prometheus_scrape_survives_a_failing_gauge_reader(caplog: pytest.LogCap
     m.gauge(c.CONSUMER_RDY, broken)
     m.gauge(c.CONSUMER_RDY, lambda: [(("t", "c", "n:1", ""), 7.0)])
     with caplog.at_level("WARNING", logger="smartnsq.metrics"):
-        got = _scrape(m)
+        got = scrape(m)
     assert got["smartnsq_consumer_rdy"] == [
         ({"topic": "t", "channel": "c", "nsqd": "n:1", "partition": ""}, 7.0)]
     assert "a reader of consumer_rdy failed" in caplog.text
@@ -150,10 +131,10 @@ def test_counts_from_threads_while_scraping() -> None:
     threads = [threading.Thread(target=publish, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    _scrape(m)
+    scrape(m)
     for t in threads:
         t.join(30)
-    got = _scrape(m)["smartnsq_producer_messages_sent_total"]
+    got = scrape(m)["smartnsq_producer_messages_sent_total"]
     assert sorted(v for _, v in got) == [20_000.0] * 4
 
 

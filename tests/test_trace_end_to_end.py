@@ -11,7 +11,6 @@ import asyncio
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -20,19 +19,12 @@ from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from tests.real_servers import StockServer, YouzanCluster, stock, unique, youzan
+from tests.tracing_helpers import sdk
 
-__all__ = ["stock", "youzan"]  # the fixtures, imported for pytest
+__all__ = ["sdk", "stock", "youzan"]  # the fixtures, imported for pytest
 
 WAIT = 60.0
 CFG = ConsumerConfig(max_in_flight=10, lookupd_poll_interval=1.0)
-
-
-@pytest.fixture
-def sdk() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 def only(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:

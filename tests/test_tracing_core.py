@@ -7,7 +7,6 @@ import sys
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -19,14 +18,9 @@ from smartnsq.tracing.carrier import (
     unwrap_body,
     wrap_body,
 )
+from tests.tracing_helpers import sdk
 
-
-@pytest.fixture
-def sdk() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
+__all__ = ["sdk"]  # the fixture, imported for pytest
 
 
 def test_off_without_an_sdk_provider() -> None:
