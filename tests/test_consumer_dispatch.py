@@ -361,3 +361,25 @@ async def test_trace_option_logs_every_delivery_whatever_the_switch(
         (b"%016x" % i).hex() for i in range(3)]
     assert {r.event for r in traced} == {"consume"}  # type: ignore[attr-defined]
     assert len(rig.sent("FIN")) == 3
+
+
+async def test_counts_of_a_connection_closing_in_the_turn_they_happened_reach_the_totals(
+        ) -> None:
+    """A connection closed right after its messages were handled, before the per-turn flush:
+    stats() still counts them (they were lost from the totals when the subscription's counts
+    moved before its pending ones were flushed)."""
+    async def handler(msg: Message) -> None:
+        return None
+
+    rig = Rig(handler)
+    rig.deliver(5, batch=True)
+    # the handler runs in the next turn; the FINs are flushed in the turn after
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if rig.sub.fin_pending:
+            break
+    assert rig.sub.fin_pending == 5
+    rig.sub.on_close(rig.conn, None)  # type: ignore[arg-type]
+    await turns()
+    st = rig.consumer.stats()
+    assert (st.received, st.finished) == (5, 5)

@@ -279,13 +279,15 @@ class SubscriptionSet:
         if sub.registered:
             sub.registered = False
             self.subs.discard(sub)
+            # the driver flushes this turn's pending received/finished counts into the
+            # subscription first, so they reach the totals with the rest
+            self._driver.removed(sub)
             gone = self.gone
             gone[0] += sub.received
             gone[1] += sub.finished
             gone[2] += sub.requeued
             gone[3] += sub.given_up
             sub.received = sub.finished = sub.requeued = sub.given_up = 0
-            self._driver.removed(sub)
         if exc is not None and not self.closing:
             log.warning("subscription at %s ended: %s", sub.endpoint, exc)
 
