@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from smartnsq.config import ConnectionConfig, LookupConfig
 from smartnsq.conn import Connection
@@ -23,11 +24,13 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup import Lookup
 from smartnsq.message import Message
+from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import parse_tcp_address
 from smartnsq.trace import TraceSwitch
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
+from tests.metrics_helpers import ascrape, total
 
 CHANNEL = "ch"
 
@@ -247,13 +250,18 @@ async def test_start_position_inside_a_record_starts_at_the_next(cluster: DevClu
     await publish(leader_address(cluster, "midseek", 0), "midseek", bodies("b", 3),
                   partition=0)
     got = Collector(expected=2)
+    metrics = PrometheusMetrics(CollectorRegistry())
     async with Consumer("midseek", CHANNEL, got,
-                        lookupd=cluster.lookupd_http_addresses,
+                        lookupd=cluster.lookupd_http_addresses, metrics=metrics,
                         config=fast_config(), start_at=OffsetSpec.virtual_queue(7)) as c:
         await got.wait()
         assert got.handled == [b"b-1", b"b-2"]
         # b-0, the channel's read-ahead, was finished without the handler
         assert c.stats().dropped_before_start == 1
+        # and counted as such, not as received by the application's handler only
+        scraped = await ascrape(metrics)
+    assert total(scraped, "smartnsq_consumer_messages_dropped_before_start_total",
+                 topic="midseek", partition="0") == 1
 
 
 async def test_trace_logs_youzan_positions(cluster: DevCluster,

@@ -11,14 +11,17 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from smartnsq.config import ConsumerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import BlockedMessageError, ConfigError, OrderViolationError
 from smartnsq.message import Message
+from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.ordered import BlockedAction, OrderedConsumer, skip_after
 from smartnsq.protocol.commands import OffsetSpec
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
+from tests.metrics_helpers import ascrape, total
 
 TOPIC = "orders"
 CHANNEL = "ch"
@@ -171,7 +174,8 @@ async def test_violation_callback_decides(cluster: DevCluster) -> None:
         await got(msg)
 
     got = Collector()
-    async with consumer(cluster, handler, on_violation=on_violation) as c:
+    metrics = PrometheusMetrics(CollectorRegistry())
+    async with consumer(cluster, handler, on_violation=on_violation, metrics=metrics) as c:
         await got.wait_for(lambda: len(got.handled) == 3)
         await rewind(cluster, 1, "msgcount:0")
         gate.set()
@@ -182,6 +186,33 @@ async def test_violation_callback_decides(cluster: DevCluster) -> None:
         assert "offset" in seen[0][1]
         assert got.handled == bodies("w", 5) + bodies("w", 6)
         assert c.is_running and c.validator(1).violations == 1
+        got_metrics = await ascrape(metrics)
+    assert total(got_metrics, "smartnsq_consumer_ordered_violations_total", partition="1") == 1
+    assert total(got_metrics, "smartnsq_consumer_ordered_offset_gaps_total") == 0
+
+
+async def test_an_offset_skipped_ahead_is_counted_as_a_gap(cluster: DevCluster) -> None:
+    """An operator moves the channel forward: the consumer goes on from there, logs the gap
+    and counts it (smartnsq_consumer_ordered_offset_gaps_total)."""
+    await publish(leader_address(cluster, 2), TOPIC, bodies("g", 10), partition=2)
+    gate = asyncio.Event()
+
+    async def handler(msg: Message) -> None:
+        if msg.body == b"g-2":
+            await gate.wait()
+        await got(msg)
+
+    got = Collector()
+    metrics = PrometheusMetrics(CollectorRegistry())
+    async with consumer(cluster, handler, metrics=metrics) as c:
+        await got.wait_for(lambda: len(got.handled) == 2)
+        await rewind(cluster, 2, "msgcount:7")
+        gate.set()
+        await got.wait_for(lambda: got.handled[-1:] == [b"g-9"])
+        assert c.validator(2).gaps == 1
+        got_metrics = await ascrape(metrics)
+    assert total(got_metrics, "smartnsq_consumer_ordered_offset_gaps_total", partition="2") == 1
+    assert total(got_metrics, "smartnsq_consumer_ordered_violations_total") == 0
 
 
 async def test_blocked_message_skipped_after_dead_letter(cluster: DevCluster) -> None:
