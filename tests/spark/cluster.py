@@ -150,17 +150,7 @@ class StandaloneCluster:
 
     def unfinished_tasks(self, worker: str) -> set[str]:
         """Task ids an executor of ``worker`` started and never finished (per its log)."""
-        started: set[str] = set()
-        finished: set[str] = set()
-        for f in self.base.glob(f"{worker}/app-*/*/stderr"):
-            for line in f.read_text(errors="replace").splitlines():
-                if "(TID " in line:
-                    tid = line.rsplit("(TID ", 1)[1].split(")", 1)[0]
-                    if "Executor: Running task" in line:
-                        started.add(tid)
-                    elif "Executor: Finished task" in line:
-                        finished.add(tid)
-        return started - finished
+        return unfinished_tasks_in(self.base / worker)
 
     def logs(self) -> str:
         parts = []
@@ -256,6 +246,22 @@ def driver_session(args: dict[str, Any]) -> Any:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def unfinished_tasks_in(worker_dir: Path) -> set[str]:
+    """Task ids the executors under a worker's directory started and have not finished (per
+    their logs): the tasks running there now, or lost with it."""
+    started: set[str] = set()
+    finished: set[str] = set()
+    for f in worker_dir.glob("app-*/*/stderr"):
+        for line in f.read_text(errors="replace").splitlines():
+            if "(TID " in line:
+                tid = line.rsplit("(TID ", 1)[1].split(")", 1)[0]
+                if "Executor: Running task" in line:
+                    started.add(tid)
+                elif "Executor: Finished task" in line:
+                    finished.add(tid)
+    return started - finished
 
 
 def driver_args(cluster: StandaloneCluster, archive: Path, app: str,

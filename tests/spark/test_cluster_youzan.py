@@ -29,6 +29,7 @@ from tests.spark.cluster import (
     driver_session,
     packed_environment,
     run_driver,
+    unfinished_tasks_in,
     unpack,
 )
 
@@ -143,21 +144,30 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
 
     spark = driver_session(args)
     smartnsq.spark.register(spark)
+
+    def pause(body: str) -> str:
+        # each of a batch's two tasks (250 rows) lasts about 0.25 s: the driver's look at the
+        # worker's log finds one running there well before the stream ends
+        time.sleep(0.001)
+        return body
+
+    slow = sf.udf(pause, "string")
     query = (spark.readStream.format("nsq")
              .options(lookupd=args["lookupd"], topic=args["topic"],
                       startingOffsets="earliest", maxMessagesPerTrigger=str(FAULT_BATCH),
                       minPartitions="2")
-             .load().select(sf.col("body").cast("string").alias("b"))
+             .load().select(slow(sf.col("body").cast("string")).alias("b"))
              .writeStream.format("parquet").option("path", args["out"])
              .option("checkpointLocation", args["checkpoint"])
              .trigger(availableNow=True).start())
-    tracker = spark.sparkContext.statusTracker()
+    worker_dir = Path(args["worker_dir"])
     killed_after = moved_after = 0
     deadline = time.monotonic() + 400
     while query.isActive and time.monotonic() < deadline:
         done = len([p for p in query.recentProgress if p["numInputRows"]])
-        # the kill lands while a batch's tasks run (one per executor: minPartitions=2)
-        if done >= 1 and not killed_after and tracker.getActiveStageIds():
+        # the kill lands while a task runs on that worker (per its executor's log: an active
+        # stage alone may have its tasks on the other executor only)
+        if done >= 1 and not killed_after and unfinished_tasks_in(worker_dir):
             os.kill(args["kill_pid"], signal.SIGKILL)
             killed_after = done
         elif done >= 3 and not moved_after:
@@ -287,7 +297,8 @@ def test_worker_killed_and_leader_moved_during_a_stream(
         got = run_driver(__name__, "drive_faults", _args(
             spark_standalone, spark_packed_env.archive, lookupd, topic, "smartnsq-cluster-faults",
             out=str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
-            kill_pid=worker.pid), cwd, driver_env())
+            kill_pid=worker.pid, worker_dir=str(spark_standalone.base / "worker1")), cwd,
+            driver_env())
     except AssertionError:
         print(spark_standalone.executor_logs())
         raise
