@@ -87,6 +87,17 @@ def total(samples: Samples, name: str, **labels: str) -> float:
                if all(lab.get(k) == want for k, want in labels.items()))
 
 
+async def publishers_of(nsqd_http: str, topic: str) -> list[int]:
+    """Per client connection that published to ``topic``, its count (nsqd's /stats)."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://{nsqd_http}/stats", params={"format": "json"}) as resp:
+        assert resp.status == 200, await resp.text()
+        doc = await resp.json()
+    doc = doc.get("data", doc)  # older nsqd wraps the answer
+    return [c["count"] for p in doc.get("producers") or []
+            for c in p.get("pub_counts") or [] if c["topic"] == topic]
+
+
 async def until(url: str, name: str, want: float, **labels: str) -> Samples:
     """Scrape until ``name`` (summed over ``labels``) reaches ``want``; the last scrape."""
     got: Samples = {}
@@ -168,11 +179,18 @@ async def test_bridge_reports_its_consumer_and_its_producer(
         assert total(got, "smartnsq_producer_publishes_total", topic=dest, command="PUB",
                      result="ok") == 6
         assert total(got, "smartnsq_producer_publish_duration_seconds_count", topic=dest) == 6
-        # the connections the bridge's producer published on: its pool grows with
-        # concurrent publishes, up to connections_per_nsqd
-        ready = total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
-                      state="ready")
-        assert 1 <= ready <= ProducerConfig().connections_per_nsqd
+        # the pool dials up to connections_per_nsqd in the background once its first
+        # connection is in use: the gauge shows them all ready, none dialling, and every
+        # connection nsqd saw publish the six is one of them
+        size = ProducerConfig().connections_per_nsqd
+        got = await until(bridge.url, "smartnsq_producer_connections", size,
+                          nsqd=stock.nsqd_tcp, state="ready")
+        assert total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
+                     state="ready") == size
+        assert total(got, "smartnsq_producer_connections", nsqd=stock.nsqd_tcp,
+                     state="connecting") == 0
+        publishers = await publishers_of(stock.nsqd_http, dest)
+        assert sum(publishers) == 6 and len(publishers) <= size
     finally:
         code, err = await bridge.stop()
     assert code == 0, err
