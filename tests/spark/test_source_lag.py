@@ -36,6 +36,20 @@ def publish_all(publish: Publish) -> None:
         publish(p, [f"p{p}-{i}".encode() * (1 + i % 3) for i in range(n)])
 
 
+def fill_double(tc: ThreadedCluster, topic: str) -> None:
+    """A 2-partition topic with channel "app" on the embedded cluster, filled by
+    :func:`publish_all`."""
+    tc.sync(tc.cluster.create_topic, topic, partition_num=2, replica=1, channels=["app"])
+
+    def publish(partition: int, bodies: list[bytes]) -> None:
+        async def run() -> None:
+            async with Producer(lookupd=tc.cluster.lookupd_http_addresses) as p:
+                await p.publish_many(topic, bodies, partition=partition)
+        tc.call(run())
+
+    publish_all(publish)
+
+
 def source_progress(q: Any) -> list[dict[str, Any]]:
     """The source's progress of every batch that took rows, oldest first."""
     return [p["sources"][0] for p in q.recentProgress if p["numInputRows"]]
@@ -89,15 +103,7 @@ def test_lag_shows_in_progress_and_goes_to_zero(spark: Any,
                                                 youzan_cluster: ThreadedCluster) -> None:
     tc = youzan_cluster
     topic = "lag_progress"
-    tc.sync(tc.cluster.create_topic, topic, partition_num=2, replica=1, channels=["app"])
-
-    def publish(partition: int, bodies: list[bytes]) -> None:
-        async def run() -> None:
-            async with Producer(lookupd=tc.cluster.lookupd_http_addresses) as p:
-                await p.publish_many(topic, bodies, partition=partition)
-        tc.call(run())
-
-    publish_all(publish)
+    fill_double(tc, topic)
     check_lag(run_until_caught_up(spark, tc.cluster.lookupd_http_addresses[0], topic))
 
 
@@ -144,15 +150,7 @@ def test_lag_gauges_through_the_metrics_interface(youzan_cluster: ThreadedCluste
 
     tc = youzan_cluster
     topic = "lag_gauges"
-    tc.sync(tc.cluster.create_topic, topic, partition_num=2, replica=1, channels=["app"])
-
-    def publish(partition: int, bodies: list[bytes]) -> None:
-        async def run() -> None:
-            async with Producer(lookupd=tc.cluster.lookupd_http_addresses) as p:
-                await p.publish_many(topic, bodies, partition=partition)
-        tc.call(run())
-
-    publish_all(publish)
+    fill_double(tc, topic)
     metrics = PrometheusMetrics(CollectorRegistry())
     previous = set_metrics(metrics)
     try:
