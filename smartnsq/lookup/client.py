@@ -12,14 +12,10 @@ from smartnsq.errors import BodyTooLargeError, LookupdError
 from smartnsq.http_limits import LOOKUPD_LIMIT, read_body
 from smartnsq.lookup.envelope import decode
 from smartnsq.metrics import CounterFamily
+from smartnsq.metrics.catalog import address_label
 from smartnsq.protocol.http import ACCEPT_V1
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
-
-
-def host_port(url: str) -> str:
-    """A lookupd's ``host:port`` from its base URL (the metrics' ``lookupd`` label)."""
-    return url.partition("://")[2] or url
 
 
 class LookupdClient:
@@ -49,7 +45,7 @@ class LookupdClient:
         """The decoded payload; :class:`LookupdError` for every kind of failure."""
         if self.queries is None:
             return await self._request(method, lookupd, path, params)
-        label = host_port(lookupd)
+        label = address_label(lookupd)
         try:
             result = await self._request(method, lookupd, path, params)
         except Exception as exc:

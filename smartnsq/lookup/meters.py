@@ -11,7 +11,7 @@ refreshed, read at scrape time. The ``lookupd`` label is ``host:port``.
 
 from __future__ import annotations
 
-from smartnsq.lookup.client import LookupdClient, host_port
+from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.health import HealthBook
 from smartnsq.lookup.topics import TopicTable
 from smartnsq.metrics import Metrics, Registration, get_metrics
@@ -42,7 +42,7 @@ class LookupMeters:
             return
         client.queries = metrics.counter(c.LOOKUP_QUERIES)
         demotions = metrics.counter(c.LOOKUP_DEMOTIONS)
-        health.on_demote = lambda address: demotions.labels(host_port(address)).inc()
+        health.on_demote = lambda address: demotions.labels(c.address_label(address)).inc()
         topics.timer = metrics.histogram(c.LOOKUP_REFRESH).labels()
 
         def tracked() -> list[tuple[tuple[str, ...], float]]:

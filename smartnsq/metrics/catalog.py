@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from smartnsq.metrics.api import Kind, MetricSpec
 
-__all__ = ["ALL", "LABELS", "OTEL_ATTRIBUTES", "PREFIX", "by_name"]
+__all__ = ["ALL", "LABELS", "OTEL_ATTRIBUTES", "PREFIX", "address_label", "by_name"]
 
 PREFIX = "smartnsq"
 
@@ -178,6 +178,12 @@ SPARK_LAG_BYTES = _g("spark_source_lag_bytes",
 #: every metric above, in this order
 ALL: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values())
                                     if isinstance(v, MetricSpec))
+
+
+def address_label(address: str) -> str:
+    """The ``nsqd`` / ``lookupd`` label of an address: ``host:port``, without the scheme of an
+    HTTP base URL (``http://host:port``)."""
+    return address.partition("://")[2] or address
 
 
 def by_name(name: str) -> MetricSpec:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from smartnsq.backoff import Backoff
 from smartnsq.config import ProducerConfig
-from smartnsq.producer.observe import PublishMetrics, nsqd_label
+from smartnsq.metrics.catalog import address_label
+from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.pool import NodePool, reconnect_backoff
 from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.targets import DirectTargets
@@ -70,7 +71,7 @@ class Nodes:
         out: list[tuple[tuple[str, str], float]] = []
         for address, pool in list(self.pools.items()):
             ready, connecting, closed = pool.state_counts()
-            nsqd = nsqd_label(address)
+            nsqd = address_label(address)
             out += [((nsqd, "ready"), ready), ((nsqd, "connecting"), connecting),
                     ((nsqd, "closed"), closed)]
         return out

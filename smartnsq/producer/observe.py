@@ -24,15 +24,10 @@ import asyncio
 from smartnsq.metrics import CounterChild, HistogramChild, Metrics
 from smartnsq.metrics import catalog as c
 
-__all__ = ["PublishMetrics", "nsqd_label"]
+__all__ = ["PublishMetrics"]
 
 #: commands whose messages are a batch (the batch size histogram)
 _BATCHES = frozenset({"MPUB", "MPUB_TRACE", "MPUB_EXT", "HTTP_MPUB"})
-
-
-def nsqd_label(address: str) -> str:
-    """``host:port`` of a target's address (``http://host:port`` for HTTP nsqd)."""
-    return address.partition("://")[2] or address
 
 
 class _Ok:
@@ -104,7 +99,7 @@ class PublishMetrics:
             base = self._ok_children(topic, command)
             ok = self._at_once[key] = _Ok(
                 base.publishes, base.sent, base.duration, base.batch,
-                self._attempts.labels(topic, nsqd_label(address), "ok"))
+                self._attempts.labels(topic, c.address_label(address), "ok"))
         assert ok.attempt is not None
         ok.attempt.inc()
         self._count(ok, count, start)
@@ -126,20 +121,20 @@ class PublishMetrics:
             child = self._ok_attempts.get(key)
             if child is None:
                 child = self._ok_attempts[key] = self._attempts.labels(
-                    topic, nsqd_label(address), "ok")
+                    topic, c.address_label(address), "ok")
             child.inc()
             return
-        self._attempts.labels(topic, nsqd_label(address), type(exc).__name__).inc()
+        self._attempts.labels(topic, c.address_label(address), type(exc).__name__).inc()
 
     def retry(self, topic: str) -> None:
         self._retries.labels(topic).inc()
 
     def redirect(self, topic: str, address: str) -> None:
         """nsqd ``address`` answered that it does not lead the partition (any more)."""
-        self._redirects.labels(topic, nsqd_label(address)).inc()
+        self._redirects.labels(topic, c.address_label(address)).inc()
 
     def leader_wait(self, topic: str) -> None:
         self._waits.labels(topic).inc()
 
     def reconnect(self, address: str) -> None:
-        self._reconnects.labels(nsqd_label(address)).inc()
+        self._reconnects.labels(c.address_label(address)).inc()
