@@ -84,6 +84,8 @@ async def test_many_publishes_in_flight_are_matched_in_order() -> None:
 
 
 async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
+    """The first publish on an idle connection goes out at once (nothing to wait for); the
+    other 49 of the same loop turn join one socket write."""
     async def script(p: Peer) -> None:
         await p.handshake()
         for _ in range(50):
@@ -105,8 +107,48 @@ async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
 
         transport.write = counting_write  # type: ignore[method-assign]
         await asyncio.gather(*(conn.publish("t", b"x" * 10) for _ in range(50)))
-        assert len(writes) == 1
-        assert writes[0] == 50 * len(commands.pub("t", b"x" * 10))
+        one = len(commands.pub("t", b"x" * 10))
+        assert writes == [one, 49 * one]
+        await conn.close()
+
+
+async def test_one_request_at_a_time_is_written_without_a_loop_turn() -> None:
+    """A publish awaited before the next (a web handler's pattern) is on the socket when
+    send_request returns; with a publish already in flight, the next one waits for the loop
+    turn's single write."""
+    async def script(p: Peer) -> None:
+        await p.handshake()
+        for _ in range(3):
+            await p.expect(b"PUB")
+            p.send_response()
+        await p.expect_eof()
+
+    async with ScriptedServer(script) as srv:
+        conn = Connection("127.0.0.1", srv.port, cfg())
+        await conn.connect()
+        transport = conn._core.wire._transport  # type: ignore[union-attr]
+        assert transport is not None
+        writes: list[bytes] = []
+        real_write = transport.write
+
+        def recording_write(data: Any) -> None:
+            writes.append(bytes(data))
+            real_write(data)
+
+        transport.write = recording_write  # type: ignore[method-assign]
+        pub = commands.pub("t", b"one")
+        first = asyncio.ensure_future(conn.publish("t", b"one"))
+        await asyncio.sleep(0)  # the coroutine runs up to its wait for the answer
+        assert writes == [pub]
+        second = asyncio.ensure_future(conn.publish("t", b"one"))
+        await asyncio.sleep(0)
+        assert writes == [pub]  # queued behind the first, for this turn's write
+        async with asyncio.timeout(5):
+            await asyncio.gather(first, second)
+        assert writes == [pub, pub]
+        async with asyncio.timeout(5):
+            await conn.publish("t", b"one")
+        assert writes == [pub, pub, pub]
         await conn.close()
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from smartnsq._checks import check_duration
@@ -67,6 +68,10 @@ _INF = math.inf
 C = TypeVar("C")
 
 
+def _ignore_now(data: bytes, body: bytes | None) -> None:
+    """The wire's write_now before connect()."""
+
+
 def _ignore(data: bytes) -> None:
     """Stands in for the wire's write before connect(), and takes the bytes that are still
     being decoded from a read after a failure."""
@@ -99,6 +104,7 @@ class ConnectionCore(Generic[C]):
                                               self.life, self._fail, self.address)
         #: the wire's write, bound once: it is called for every command
         self._write = _ignore
+        self._write_now: Callable[[bytes, bytes | None], None] = _ignore_now
         self._closed_fut: asyncio.Future[None] | None = None
         #: commands sent that get an answer: publish-type ones, and the others
         self.publishes = 0
@@ -158,6 +164,7 @@ class ConnectionCore(Generic[C]):
             Handshake(cfg, self.address, self.host, self.receiver.frames.max_size), loop)
         wire = self.wire = Wire(loop, opening.feed, self._on_fault, self._on_lost)
         self._write = wire.write
+        self._write_now = wire.write_now
         try:
             done = await opening.run(wire, self.host, self.port, lambda: life.error)
         except BaseException as exc:
@@ -218,10 +225,17 @@ class ConnectionCore(Generic[C]):
             deadline = loop.time() + timeout
             if deadline < self.fifo.deadline_at:
                 self.fifo.arm(deadline)
-        self._waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
-        self._write(command)
-        if body is not None:
-            self._write(body)
+        waiters = self._waiters
+        if waiters:
+            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+            # others in flight: this one joins the loop turn's single write
+            self._write(command)
+            if body is not None:
+                self._write(body)
+        else:
+            # nothing else awaited (one request at a time): no turn to wait for
+            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+            self._write_now(command, body)
         # one count per command: requests are publishes plus the others
         if kind is _PUBLISH:
             self.publishes += 1

@@ -4,7 +4,9 @@ back-pressure and the read timeout.
 :class:`Wire` is the ``asyncio.Protocol``. It knows nothing about NSQ frames: it hands the
 (decompressed) byte stream to its owner and writes the bytes it is given. Writes made in the
 same event-loop iteration are joined and sent with one ``transport.write`` (one compression
-call, one syscall), which is what makes many small commands (PUB, FIN, RDY) cheap. FINs are
+call, one syscall), which is what makes many small commands (PUB, FIN, RDY) cheap; a request
+made while the connection waits for no answer goes out at once (:meth:`Wire.write_now`), since
+a publisher awaiting each answer has nothing to coalesce and would pay a loop turn. FINs are
 queued as bare message ids and become commands in one ``join`` per run of FINs, in order with
 the other writes (a consumer sends one per message).
 """
@@ -155,6 +157,19 @@ class Wire(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def write_now(self, data: bytes, body: bytes | None = None) -> None:
+        """``data`` (then ``body``) to the socket at once when nothing is queued, else
+        :meth:`write`. For a command sent while the connection waits for nothing else (a
+        publish awaited before the next): queueing it would cost a loop turn of its own
+        before the write, for nothing to coalesce with."""
+        if self._flush_scheduled:
+            # queued bytes go first
+            self.write(data)
+            if body is not None:
+                self.write(body)
+            return
+        self._emit(data if body is None else data + body)
+
     def fin(self, msg_id: bytes) -> None:
         """Queue ``FIN msg_id`` (a valid 16-byte id: the caller checked it), in order with
         :meth:`write`. Cheaper per message than formatting each command."""
@@ -178,6 +193,9 @@ class Wire(asyncio.Protocol):
             return
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
+        self._emit(data)
+
+    def _emit(self, data: bytes) -> None:
         t = self._transport
         if t is None or self._lost or t.is_closing():
             return
