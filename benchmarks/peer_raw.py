@@ -11,7 +11,10 @@ Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|
   pub_sequential, pub_inflight (1000 PUBs in flight), mpub (50 MPUB x100 in flight),
   pub_autobatch (the auto-batching row's callers: 5000 tasks, each awaiting a future per
   message; MPUB of up to 500 bodies, or after 1 ms), consume_fin (SUB T/bench, RDY 2500, FIN
-  each message; N messages must already wait)
+  each message; N messages must already wait), pub_sequential_awaited (the caller awaits a
+  future per PUB, which the OK resolves: the floor of an API whose publish is awaited; in
+  pub_sequential the next PUB is written from the read that brought the OK, with no future
+  and no task switch, which no awaitable publish can do)
 """
 
 from __future__ import annotations
@@ -105,6 +108,50 @@ class _Publisher(_Raw):
                 self.done.set_result(None)
         elif not self.done.done():
             self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+
+class _Awaited(_Raw):
+    """One future per PUB, written at once; each OK resolves the oldest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.loop = asyncio.get_running_loop()
+
+    def publish(self, command: bytes) -> asyncio.Future[None]:
+        fut = self.loop.create_future()
+        self.waiting.append(fut)
+        assert self.transport is not None
+        self.transport.write(command)
+        return fut
+
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        fut = self.waiting.popleft()
+        if ftype == _FRAME_RESPONSE:
+            fut.set_result(None)
+        else:
+            fut.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+
+async def _sequential_awaited(addr: str, topic: str, count: int) -> Result:
+    proto = _Awaited()
+    await _connect(addr, proto)
+    pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
+    await asyncio.wait_for(proto.publish(pub), _TIMEOUT)  # the topic exists
+    meter = Meter()
+    meter.start()
+
+    async def run() -> None:
+        for _ in range(count):
+            await proto.publish(pub)
+
+    await asyncio.wait_for(run(), _TIMEOUT)
+    meter.stop()
+    proto.done.set_result(None)  # not used here: the close must not fail it
+    assert proto.transport is not None
+    proto.transport.close()
+    return Result("raw awaited", "pub_sequential", count, meter.wall, meter.cpu, meter.sys)
 
 
 class _AutoBatcher(_Raw):
@@ -209,6 +256,8 @@ async def _autobatch(addr: str, topic: str, count: int) -> Result:
 async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
     if scenario == "pub_autobatch":
         return await _autobatch(addr, topic, count)
+    if scenario == "pub_sequential_awaited":
+        return await _sequential_awaited(addr, topic, count)
     pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
     if scenario == "mpub":
         batch = 100

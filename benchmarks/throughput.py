@@ -28,7 +28,7 @@ ceiling: the rate the embedded double reaches with a minimal raw client.
 Usage: python benchmarks/throughput.py [--nsqd HOST:PORT [--nsqd-http HOST:PORT]]
        [--lookupd HOST:PORT] [--count N] [--scale F] [--only NAME ...]
        [--clients smartnsq pynsq gnsq raw] [--skip-youzan] [--loop uvloop|asyncio]
-       [--metrics off prometheus otel]
+       [--metrics off prometheus otel] [--repeat N]
 """
 
 from __future__ import annotations
@@ -81,6 +81,15 @@ STOCK = [
              "max_in_flight 2500, one connection; clock from the first message (peers) or "
              "from unpausing (smartnsq) to the last message handled"),
 ]
+
+#: scenarios whose raw loop also runs as "raw awaited" (peer_raw.py's scenario of that name):
+#: the raw row writes each next PUB from the read that brought the OK, which an API whose
+#: publish is awaited cannot do
+AWAITED = {"pub_sequential": "pub_sequential_awaited"}
+
+#: issue 20's targets: smartnsq's client CPU per message ÷ the raw loop's, same run
+RAW_RATIO_TARGETS = {"consume_fin": 1.4, "pub_inflight": 1.0, "mpub": 2.5,
+                     "pub_autobatch": 1.5, "pub_sequential": 1.5}
 
 # (name, label, server-ceiling key in the youzan flavour)
 YOUZAN: list[tuple[str, str, str | None]] = [
@@ -176,6 +185,11 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
             t0 = time.monotonic()
             got = run_peer(PEER_SCRIPT[client], sc.key, "--nsqd", nsqd, "--topic", topic,
                            "--count", str(n), *extra, timeout=peer_timeout(n))
+            if client == "raw" and sc.key in AWAITED:
+                # the floor of an awaited publish, beside the raw loop's chained writes
+                got += run_peer(PEER_SCRIPT[client], AWAITED[sc.key], "--nsqd", nsqd,
+                                "--topic", topic, "--count", str(n), *extra,
+                                timeout=peer_timeout(n))
             delete_topic(http, topic)
             for r in got:
                 r.scenario = sc.key
@@ -184,6 +198,18 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
                       f"{r.cpu_us_per_msg:>8.2f} µs/msg  ({r.messages:,} msgs, "
                       f"{time.monotonic() - t0:.1f} s with start-up)", flush=True)
     return results
+
+
+def median_rows(runs: list[dict[str, list[Result]]]) -> dict[str, list[Result]]:
+    """Each (scenario, client) row's run with the median µs/msg (the upper one of an even
+    count), in the first run's order."""
+    merged: dict[str, list[Result]] = {}
+    for key, rows in runs[0].items():
+        for row in rows:
+            same = sorted((r for run in runs for r in run.get(key, [])
+                           if r.client == row.client), key=lambda r: r.cpu_us_per_msg)
+            merged.setdefault(key, []).append(same[len(same) // 2])
+    return merged
 
 
 def run_youzan(args: argparse.Namespace, names: list[str]) -> dict[str, Result]:
@@ -242,6 +268,9 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
     print("raw = a raw asyncio loop on the same wire and event loop (benchmarks/peer_raw.py: "
           "struct parsing, one write per read, no client library): the ceiling; the distance "
           "to it is the client's own cost.")
+    print("raw awaited = the raw loop with the caller awaiting a future per PUB (the raw row "
+          "writes the next PUB from the read that brought the OK): the floor of an awaited "
+          "publish.")
     print("sys = the kernel's share of µs/msg (socket reads and writes; on loopback a write "
           "also delivers to nsqd).")
     print("msg/s ×pynsq = rate ÷ pynsq's rate; CPU ×pynsq = pynsq's µs/msg ÷ this client's "
@@ -302,6 +331,22 @@ def print_targets(results: dict[str, list[Result]], scenarios: list[Scenario]) -
     if lines:
         print("issue 12 targets (smartnsq, client CPU per message):")
         print("\n".join(lines))
+    lines = []
+    for key, most in RAW_RATIO_TARGETS.items():
+        rows = {r.client: r for r in results.get(key, [])}
+        r, raw = rows.get("smartnsq"), rows.get("raw")
+        if r is None or raw is None or key not in by_key or not raw.cpu_us_per_msg:
+            continue
+        x = r.cpu_us_per_msg / raw.cpu_us_per_msg
+        met = "met" if x <= most else "not met"
+        line = f"  {by_key[key].label}: ≤ {most:g}× raw: {x:.2f}× ({met})"
+        awaited = rows.get("raw awaited")
+        if awaited is not None and awaited.cpu_us_per_msg:
+            line += f"; {r.cpu_us_per_msg / awaited.cpu_us_per_msg:.2f}× raw awaited"
+        lines.append(line)
+    if lines:
+        print("issue 20 targets (smartnsq's µs/msg ÷ the raw loop's, this run):")
+        print("\n".join(lines))
 
 
 def print_youzan_table(results: dict[str, Result], ceiling: dict[str, float] | None) -> None:
@@ -338,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{' '.join(youzan_names)}")
     ap.add_argument("--clients", nargs="+", default=list(CLIENTS), metavar="CLIENT",
                     help="smartnsq pynsq gnsq (space or comma separated)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run the stock rows N times (interleaved) and report each row's "
+                    "median µs/msg run (default 1)")
     ap.add_argument("--skip-youzan", action="store_true", help="skip the youzan section")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="smartnsq's event loop (default uvloop when installed)")
@@ -380,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 addrs = stack.enter_context(embedded_cluster("stock", 1))
                 nsqd, http = addrs["nsqd_tcp"][0], addrs["nsqd_http"][0]
-            stock_results = run_stock(args, nsqd, http, scenarios, clients)
+            runs = [run_stock(args, nsqd, http, scenarios, clients)
+                    for _ in range(max(1, args.repeat))]
+            stock_results = median_rows(runs)
 
     youzan_results: dict[str, Result] = {}
     if youzan and "smartnsq" in clients:
