@@ -11,10 +11,11 @@ Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|
   pub_sequential, pub_inflight (1000 PUBs in flight), mpub (50 MPUB x100 in flight),
   pub_autobatch (the auto-batching row's callers: 5000 tasks, each awaiting a future per
   message; MPUB of up to 500 bodies, or after 1 ms), consume_fin (SUB T/bench, RDY 2500, FIN
-  each message; N messages must already wait), pub_sequential_awaited (the caller awaits a
-  future per PUB, which the OK resolves: the floor of an API whose publish is awaited; in
-  pub_sequential the next PUB is written from the read that brought the OK, with no future
-  and no task switch, which no awaitable publish can do)
+  each message; N messages must already wait), pub_sequential_awaited and
+  pub_inflight_awaited (1 and 1000 callers, each awaiting a future per PUB that the OK
+  resolves: the floor of an API whose publish is awaited; in pub_sequential and pub_inflight
+  the next PUB is written from the read that brought an OK, with no future and no task
+  switch, which no awaitable publish can do)
 """
 
 from __future__ import annotations
@@ -111,19 +112,31 @@ class _Publisher(_Raw):
 
 
 class _Awaited(_Raw):
-    """One future per PUB, written at once; each OK resolves the oldest."""
+    """One future per PUB; each OK resolves the oldest. A PUB with none in flight is written
+    at once, the others of a loop turn in one write at its end."""
 
     def __init__(self) -> None:
         super().__init__()
         self.waiting: deque[asyncio.Future[None]] = deque()
+        self.out: list[bytes] = []
         self.loop = asyncio.get_running_loop()
 
     def publish(self, command: bytes) -> asyncio.Future[None]:
         fut = self.loop.create_future()
-        self.waiting.append(fut)
         assert self.transport is not None
-        self.transport.write(command)
+        if not self.waiting:
+            self.transport.write(command)
+        else:
+            if not self.out:
+                self.loop.call_soon(self.flush)
+            self.out.append(command)
+        self.waiting.append(fut)
         return fut
+
+    def flush(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"".join(self.out))
+        self.out.clear()
 
     def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
               out: list[bytes]) -> None:
@@ -134,7 +147,7 @@ class _Awaited(_Raw):
             fut.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 
-async def _sequential_awaited(addr: str, topic: str, count: int) -> Result:
+async def _awaited(addr: str, topic: str, count: int, callers: int) -> Result:
     proto = _Awaited()
     await _connect(addr, proto)
     pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
@@ -142,16 +155,19 @@ async def _sequential_awaited(addr: str, topic: str, count: int) -> Result:
     meter = Meter()
     meter.start()
 
-    async def run() -> None:
-        for _ in range(count):
+    async def caller(n: int) -> None:
+        for _ in range(n):
             await proto.publish(pub)
 
-    await asyncio.wait_for(run(), _TIMEOUT)
+    per, extra = divmod(count, callers)
+    await asyncio.wait_for(asyncio.gather(*(caller(per + (i < extra))
+                                            for i in range(callers))), _TIMEOUT)
     meter.stop()
     proto.done.set_result(None)  # not used here: the close must not fail it
     assert proto.transport is not None
     proto.transport.close()
-    return Result("raw awaited", "pub_sequential", count, meter.wall, meter.cpu, meter.sys)
+    scenario = "pub_sequential" if callers == 1 else "pub_inflight"
+    return Result("raw awaited", scenario, count, meter.wall, meter.cpu, meter.sys)
 
 
 class _AutoBatcher(_Raw):
@@ -257,7 +273,9 @@ async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
     if scenario == "pub_autobatch":
         return await _autobatch(addr, topic, count)
     if scenario == "pub_sequential_awaited":
-        return await _sequential_awaited(addr, topic, count)
+        return await _awaited(addr, topic, count, 1)
+    if scenario == "pub_inflight_awaited":
+        return await _awaited(addr, topic, count, 1000)
     pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
     if scenario == "mpub":
         batch = 100

@@ -85,7 +85,7 @@ STOCK = [
 #: scenarios whose raw loop also runs as "raw awaited" (peer_raw.py's scenario of that name):
 #: the raw row writes each next PUB from the read that brought the OK, which an API whose
 #: publish is awaited cannot do
-AWAITED = {"pub_sequential": "pub_sequential_awaited"}
+AWAITED = {"pub_sequential": "pub_sequential_awaited", "pub_inflight": "pub_inflight_awaited"}
 
 #: issue 20's targets: smartnsq's client CPU per message ÷ the raw loop's, same run
 RAW_RATIO_TARGETS = {"consume_fin": 1.4, "pub_inflight": 1.0, "mpub": 2.5,
@@ -268,8 +268,8 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
     print("raw = a raw asyncio loop on the same wire and event loop (benchmarks/peer_raw.py: "
           "struct parsing, one write per read, no client library): the ceiling; the distance "
           "to it is the client's own cost.")
-    print("raw awaited = the raw loop with the caller awaiting a future per PUB (the raw row "
-          "writes the next PUB from the read that brought the OK): the floor of an awaited "
+    print("raw awaited = the raw loop with callers awaiting a future per PUB (the raw row "
+          "writes the next PUB from the read that brought an OK): the floor of an awaited "
           "publish.")
     print("sys = the kernel's share of µs/msg (socket reads and writes; on loopback a write "
           "also delivers to nsqd).")
