@@ -207,14 +207,30 @@ class FrameDecoder:
         msg_id = b""
         while True:
             left = end - pos
-            if left < 8:
-                break
             if left >= _MESSAGE_HEAD_SIZE:
                 # header, timestamp, attempts and id in one call; meaningless unless it is
                 # a message
                 size, ftype, timestamp, attempts, msg_id = unpack_head(buf, pos)
+                stop = pos + 4 + size
+                if ftype == message and min_message <= size <= max_size and stop <= end:
+                    # the common frame, whole and valid: no further test
+                    if ext:
+                        append(_ext_record(buf, pos + 34, stop, position, timestamp,
+                                           attempts, msg_id))
+                    elif position:
+                        offset, raw_size = unpack_position(buf, pos + 34)
+                        append((timestamp, attempts, msg_id, buf[pos + 46:stop], None, None,
+                                offset, raw_size))
+                    else:
+                        append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None,
+                                None, None))
+                    pos = stop
+                    continue
+            elif left < 8:
+                break
             else:
                 size, ftype = _unpack_header(buf, pos)
+            # any other frame, a partial one, or a bad header
             if size < 4 or size > max_size or not 0 <= ftype <= message:
                 self._check_header(buf[pos:pos + 8])
             stop = pos + 4 + size
@@ -222,19 +238,9 @@ class FrameDecoder:
                 need = 4 + size
                 break
             if ftype == message:
-                if size < min_message:
-                    raise _short_message(size - 4, position)
-                if ext:
-                    append(_ext_record(buf, pos + 34, stop, position, timestamp, attempts,
-                                       msg_id))
-                elif position:
-                    offset, raw_size = unpack_position(buf, pos + 34)
-                    append((timestamp, attempts, msg_id, buf[pos + 46:stop], None, None,
-                            offset, raw_size))
-                else:
-                    append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None, None,
-                            None))
-            elif size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
+                # whole and valid sizes took the path above: it is too short
+                raise _short_message(size - 4, position)
+            if size == 6 and ftype == ok_type and buf.startswith(OK, pos + 8):
                 # a publisher's connection gets nothing else: one shared frame, no copy
                 append(ok_frame)
                 others += 1
