@@ -33,6 +33,9 @@ class FakeConn:
         self.sent.append(("FIN", msg_id))
         return True
 
+    def fin_delivered(self, msg_id: bytes) -> bool:
+        return self.fin(msg_id)
+
     def req(self, msg_id: bytes, delay_ms: int) -> bool:
         self.sent.append(("REQ", (msg_id, delay_ms)))
         return True

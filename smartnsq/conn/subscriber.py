@@ -234,6 +234,13 @@ class Subscriber(Generic[C]):
             return False
         if len(msg_id) != 16 or type(msg_id) is not bytes:
             commands.fin(msg_id)  # raises the ConfigError that says what is wrong with it
+        return self.fin_delivered(msg_id)
+
+    def fin_delivered(self, msg_id: bytes) -> bool:
+        """:meth:`fin` of an id that this connection's decoder produced (16 bytes by
+        construction): the consumer's per-message path, without the caller's-input check."""
+        if not self._life.can_write:
+            return False
         fin_ids = self._fin_ids
         if fin_ids:
             fin_ids.append(msg_id)  # the wire's flush is already scheduled

@@ -287,7 +287,7 @@ class Dispatcher:
 
     def _fin(self, sub: Sub, msg: Message) -> bool:
         subscriber = sub.subscriber
-        ok = subscriber is not None and subscriber.fin(msg._raw[ID])
+        ok = subscriber is not None and subscriber.fin_delivered(msg._raw[ID])
         sub.outstanding -= 1
         sub.fin_pending += 1
         if not sub.dirty:

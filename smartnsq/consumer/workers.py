@@ -236,7 +236,7 @@ class HandlerWorkers:
                                     # the dispatcher's FIN, inlined: one call less a message
                                     subscriber = sub.subscriber
                                     if subscriber is not None:
-                                        subscriber.fin(msg._raw[ID])
+                                        subscriber.fin_delivered(msg._raw[ID])
                                     sub.outstanding -= 1
                                     sub.fin_pending += 1
                                     if not sub.dirty:
