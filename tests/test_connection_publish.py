@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -83,32 +84,43 @@ async def test_many_publishes_in_flight_are_matched_in_order() -> None:
         await conn.close()
 
 
-async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
-    """The first publish on an idle connection goes out at once (nothing to wait for); the
-    other 49 of the same loop turn join one socket write."""
+def _answers_pubs(n: int) -> Callable[[Peer], Awaitable[None]]:
+    """A server script: the handshake, then OK to each of ``n`` PUBs, then the client's close."""
     async def script(p: Peer) -> None:
         await p.handshake()
-        for _ in range(50):
+        for _ in range(n):
             await p.expect(b"PUB")
             p.send_response()
         await p.expect_eof()
 
-    async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg())
-        await conn.connect()
-        transport = conn._core.wire._transport  # type: ignore[union-attr]
-        assert transport is not None
-        writes: list[int] = []
-        real_write = transport.write
+    return script
 
-        def counting_write(data: Any) -> None:
-            writes.append(len(data))
-            real_write(data)
 
-        transport.write = counting_write  # type: ignore[method-assign]
+async def _recording(port: int) -> tuple[Connection, list[bytes]]:
+    """A connected Connection and the list its socket writes are recorded in."""
+    conn = Connection("127.0.0.1", port, cfg())
+    await conn.connect()
+    transport = conn._core.wire._transport  # type: ignore[union-attr]
+    assert transport is not None
+    writes: list[bytes] = []
+    real_write = transport.write
+
+    def recording_write(data: Any) -> None:
+        writes.append(bytes(data))
+        real_write(data)
+
+    transport.write = recording_write  # type: ignore[method-assign]
+    return conn, writes
+
+
+async def test_publishes_in_one_iteration_share_one_socket_write() -> None:
+    """The first publish on an idle connection goes out at once (nothing to wait for); the
+    other 49 of the same loop turn join one socket write."""
+    async with ScriptedServer(_answers_pubs(50)) as srv:
+        conn, writes = await _recording(srv.port)
         await asyncio.gather(*(conn.publish("t", b"x" * 10) for _ in range(50)))
-        one = len(commands.pub("t", b"x" * 10))
-        assert writes == [one, 49 * one]
+        one = commands.pub("t", b"x" * 10)
+        assert writes == [one, one * 49]
         await conn.close()
 
 
@@ -116,26 +128,8 @@ async def test_one_request_at_a_time_is_written_without_a_loop_turn() -> None:
     """A publish awaited before the next (a web handler's pattern) is on the socket when
     send_request returns; with a publish already in flight, the next one waits for the loop
     turn's single write."""
-    async def script(p: Peer) -> None:
-        await p.handshake()
-        for _ in range(3):
-            await p.expect(b"PUB")
-            p.send_response()
-        await p.expect_eof()
-
-    async with ScriptedServer(script) as srv:
-        conn = Connection("127.0.0.1", srv.port, cfg())
-        await conn.connect()
-        transport = conn._core.wire._transport  # type: ignore[union-attr]
-        assert transport is not None
-        writes: list[bytes] = []
-        real_write = transport.write
-
-        def recording_write(data: Any) -> None:
-            writes.append(bytes(data))
-            real_write(data)
-
-        transport.write = recording_write  # type: ignore[method-assign]
+    async with ScriptedServer(_answers_pubs(3)) as srv:
+        conn, writes = await _recording(srv.port)
         pub = commands.pub("t", b"one")
         first = asyncio.ensure_future(conn.publish("t", b"one"))
         await asyncio.sleep(0)  # the coroutine runs up to its wait for the answer
