@@ -15,7 +15,9 @@ Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|
   pub_inflight_awaited (1 and 1000 callers, each awaiting a future per PUB that the OK
   resolves: the floor of an API whose publish is awaited; in pub_sequential and pub_inflight
   the next PUB is written from the read that brought an OK, with no future and no task
-  switch, which no awaitable publish can do)
+  switch, which no awaitable publish can do), consume_fin_awaited (consume_fin through an
+  ``async def`` handler awaited per message, one task handing the queued messages over: the
+  floor of a consumer with such handlers)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import os
 import struct
 import sys
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import BODY, Meter, Result, peer_main
@@ -241,6 +243,65 @@ class _Consumer(_Raw):
             self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 
+class _Delivered:
+    """The least a message handed to a handler can be: its id and body."""
+
+    __slots__ = ("body", "id")
+
+    def __init__(self, msg_id: bytes, body: bytes) -> None:
+        self.id = msg_id
+        self.body = body
+
+
+class _HandlerConsumer(_Raw):
+    """The raw consumer with an ``async def`` handler awaited per message: reads queue the
+    messages, one task hands them to the handler in order and FINs each after it returned
+    (the FINs of a run of handlers in one write). No flow control, no error handling."""
+
+    def __init__(self, count: int, meter: Meter,
+                 handler: Callable[[_Delivered], Awaitable[None]]) -> None:
+        super().__init__()
+        self.left = count
+        self.meter = meter
+        self.first = True
+        self.handler = handler
+        self.queue: deque[tuple[bytes, bytes]] = deque()
+        self.wake: asyncio.Future[None] | None = None
+
+    def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
+              out: list[bytes]) -> None:
+        if ftype == _FRAME_MESSAGE:
+            if self.first:
+                self.first = False
+                self.meter.start()
+            self.queue.append((bytes(buf[start + 10:start + 26]), bytes(buf[start + 26:stop])))
+            wake = self.wake
+            if wake is not None and not wake.done():
+                wake.set_result(None)
+        elif ftype != _FRAME_RESPONSE and not self.done.done():
+            self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+
+    async def work(self) -> None:
+        queue, handler = self.queue, self.handler
+        loop = asyncio.get_running_loop()
+        while self.left:
+            if not queue:
+                self.wake = loop.create_future()
+                await self.wake
+                continue
+            fins: list[bytes] = []
+            while queue:
+                msg_id, body = queue.popleft()
+                await handler(_Delivered(msg_id, body))
+                fins.append(msg_id)
+            assert self.transport is not None
+            self.transport.write(b"FIN " + b"\nFIN ".join(fins) + b"\n")
+            self.left -= len(fins)
+        self.meter.stop()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 async def _connect(addr: str, proto: _Raw) -> None:
     host, _, port = addr.rpartition(":")
     await asyncio.get_running_loop().create_connection(lambda: proto, host, int(port))
@@ -311,11 +372,33 @@ async def _consume(addr: str, topic: str, count: int) -> Result:
     return Result("raw", "consume_fin", count, meter.wall, meter.cpu, meter.sys)
 
 
+async def _consume_handler(addr: str, topic: str, count: int) -> Result:
+    meter = Meter()
+    seen = 0
+
+    async def handler(msg: _Delivered) -> None:
+        nonlocal seen
+        seen += 1
+
+    proto = _HandlerConsumer(count, meter, handler)
+    await _connect(addr, proto)
+    assert proto.transport is not None
+    proto.transport.write(b"SUB %s bench\nRDY 2500\n" % topic.encode())
+    worker = asyncio.ensure_future(proto.work())
+    await asyncio.wait_for(proto.done, _TIMEOUT)
+    await worker
+    await asyncio.sleep(0.2)  # let the last FINs go out
+    proto.transport.close()
+    return Result("raw awaited", "consume_fin", count, meter.wall, meter.cpu, meter.sys)
+
+
 #: the event loop (same choice as smartnsq's row: uvloop when installed)
 LOOP = "uvloop"
 
 
 def publish(addr: str, topic: str, count: int, scenario: str) -> Result:
+    if scenario == "consume_fin_awaited":  # not a publish, but not peer_main's consume_fin
+        return _run(_consume_handler(addr, topic, count), LOOP)
     return _run(_publish(addr, topic, count, scenario), LOOP)
 
 

@@ -85,7 +85,8 @@ STOCK = [
 #: scenarios whose raw loop also runs as "raw awaited" (peer_raw.py's scenario of that name):
 #: the raw row writes each next PUB from the read that brought the OK, which an API whose
 #: publish is awaited cannot do
-AWAITED = {"pub_sequential": "pub_sequential_awaited", "pub_inflight": "pub_inflight_awaited"}
+AWAITED = {"pub_sequential": "pub_sequential_awaited", "pub_inflight": "pub_inflight_awaited",
+           "consume_fin": "consume_fin_awaited"}
 
 #: issue 20's targets: smartnsq's client CPU per message ÷ the raw loop's, same run
 RAW_RATIO_TARGETS = {"consume_fin": 1.4, "pub_inflight": 1.0, "mpub": 2.5,
@@ -186,7 +187,9 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
             got = run_peer(PEER_SCRIPT[client], sc.key, "--nsqd", nsqd, "--topic", topic,
                            "--count", str(n), *extra, timeout=peer_timeout(n))
             if client == "raw" and sc.key in AWAITED:
-                # the floor of an awaited publish, beside the raw loop's chained writes
+                # the floor of an awaited publish (or handler), beside the raw loop's
+                if sc.key == "consume_fin":
+                    preload(nsqd, topic, n)
                 got += run_peer(PEER_SCRIPT[client], AWAITED[sc.key], "--nsqd", nsqd,
                                 "--topic", topic, "--count", str(n), *extra,
                                 timeout=peer_timeout(n))
@@ -269,8 +272,9 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
           "struct parsing, one write per read, no client library): the ceiling; the distance "
           "to it is the client's own cost.")
     print("raw awaited = the raw loop with callers awaiting a future per PUB (the raw row "
-          "writes the next PUB from the read that brought an OK): the floor of an awaited "
-          "publish.")
+          "writes the next PUB from the read that brought an OK), or, for consume, handing "
+          "each message to an async handler it awaits: the floor of an awaited publish or "
+          "handler.")
     print("sys = the kernel's share of µs/msg (socket reads and writes; on loopback a write "
           "also delivers to nsqd).")
     print("msg/s ×pynsq = rate ÷ pynsq's rate; CPU ×pynsq = pynsq's µs/msg ÷ this client's "
