@@ -248,7 +248,7 @@ class _Delivered:
 
     __slots__ = ("body", "id")
 
-    def __init__(self, msg_id: bytes, body: bytes) -> None:
+    def __init__(self, msg_id: bytearray, body: bytearray) -> None:
         self.id = msg_id
         self.body = body
 
@@ -265,7 +265,7 @@ class _HandlerConsumer(_Raw):
         self.meter = meter
         self.first = True
         self.handler = handler
-        self.queue: deque[tuple[bytes, bytes]] = deque()
+        self.queue: deque[tuple[bytearray, bytearray]] = deque()
         self.wake: asyncio.Future[None] | None = None
 
     def frame(self, ftype: int, buf: bytearray, start: int, stop: int,
@@ -274,7 +274,8 @@ class _HandlerConsumer(_Raw):
             if self.first:
                 self.first = False
                 self.meter.start()
-            self.queue.append((bytes(buf[start + 10:start + 26]), bytes(buf[start + 26:stop])))
+            # one copy each (a bytearray slice): the id joins the FIN, the body is handed over
+            self.queue.append((buf[start + 10:start + 26], buf[start + 26:stop]))
             wake = self.wake
             if wake is not None and not wake.done():
                 wake.set_result(None)
@@ -289,7 +290,7 @@ class _HandlerConsumer(_Raw):
                 self.wake = loop.create_future()
                 await self.wake
                 continue
-            fins: list[bytes] = []
+            fins: list[bytearray] = []
             while queue:
                 msg_id, body = queue.popleft()
                 await handler(_Delivered(msg_id, body))
