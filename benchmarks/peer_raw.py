@@ -231,15 +231,24 @@ class _Consumer(_Raw):
               out: list[bytes]) -> None:
         if ftype == _FRAME_MESSAGE:
             if self.first:
-                self.first = False
-                self.meter.start()
+                self.started()
             # message: timestamp (8), attempts (2), id (16), body
             out.append(b"FIN " + bytes(buf[start + 10:start + 26]) + b"\n")
             self.left -= 1
             if not self.left and not self.done.done():
                 self.meter.stop()
                 self.done.set_result(None)
-        elif ftype != _FRAME_RESPONSE and not self.done.done():
+        else:
+            self.other(ftype, buf, start, stop)
+
+    def started(self) -> None:
+        """The first message: the clock starts."""
+        self.first = False
+        self.meter.start()
+
+    def other(self, ftype: int, buf: bytearray, start: int, stop: int) -> None:
+        """A frame that is not a message: an error fails the run."""
+        if ftype != _FRAME_RESPONSE and not self.done.done():
             self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 
@@ -253,17 +262,14 @@ class _Delivered:
         self.body = body
 
 
-class _HandlerConsumer(_Raw):
+class _HandlerConsumer(_Consumer):
     """The raw consumer with an ``async def`` handler awaited per message: reads queue the
     messages, one task hands them to the handler in order and FINs each after it returned
     (the FINs of a run of handlers in one write). No flow control, no error handling."""
 
     def __init__(self, count: int, meter: Meter,
                  handler: Callable[[_Delivered], Awaitable[None]]) -> None:
-        super().__init__()
-        self.left = count
-        self.meter = meter
-        self.first = True
+        super().__init__(count, meter)
         self.handler = handler
         self.queue: deque[tuple[bytearray, bytearray]] = deque()
         self.wake: asyncio.Future[None] | None = None
@@ -272,15 +278,14 @@ class _HandlerConsumer(_Raw):
               out: list[bytes]) -> None:
         if ftype == _FRAME_MESSAGE:
             if self.first:
-                self.first = False
-                self.meter.start()
+                self.started()
             # one copy each (a bytearray slice): the id joins the FIN, the body is handed over
             self.queue.append((buf[start + 10:start + 26], buf[start + 26:stop]))
             wake = self.wake
             if wake is not None and not wake.done():
                 wake.set_result(None)
-        elif ftype != _FRAME_RESPONSE and not self.done.done():
-            self.done.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
+        else:
+            self.other(ftype, buf, start, stop)
 
     async def work(self) -> None:
         queue, handler = self.queue, self.handler

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -130,17 +130,23 @@ async def rewind(cluster: DevCluster, partition: int, spec: str) -> None:
         assert r.status == 200, await r.text()
 
 
-async def test_decreasing_offset_stops_the_consumer(cluster: DevCluster) -> None:
-    await publish(leader_address(cluster, 0), TOPIC, bodies("v", 10), partition=0)
-    gate = asyncio.Event()
-
+def held_at(body: bytes, gate: asyncio.Event,
+            got: Collector) -> Callable[[Message], Awaitable[None]]:
+    """A handler that collects into ``got``, waiting for ``gate`` before ``body`` (so the
+    channel can be moved while it waits)."""
     async def handler(msg: Message) -> None:
-        if msg.body == b"v-5":
+        if msg.body == body:
             await gate.wait()
         await got(msg)
 
+    return handler
+
+
+async def test_decreasing_offset_stops_the_consumer(cluster: DevCluster) -> None:
+    await publish(leader_address(cluster, 0), TOPIC, bodies("v", 10), partition=0)
+    gate = asyncio.Event()
     got = Collector()
-    c = consumer(cluster, handler)
+    c = consumer(cluster, held_at(b"v-5", gate, got))
     await c.start()
     await got.wait_for(lambda: len(got.handled) == 5)
     await rewind(cluster, 0, "msgcount:2")
@@ -196,15 +202,9 @@ async def test_an_offset_skipped_ahead_is_counted_as_a_gap(cluster: DevCluster) 
     and counts it (smartnsq_consumer_ordered_offset_gaps_total)."""
     await publish(leader_address(cluster, 2), TOPIC, bodies("g", 10), partition=2)
     gate = asyncio.Event()
-
-    async def handler(msg: Message) -> None:
-        if msg.body == b"g-2":
-            await gate.wait()
-        await got(msg)
-
     got = Collector()
     metrics = PrometheusMetrics(CollectorRegistry())
-    async with consumer(cluster, handler, metrics=metrics) as c:
+    async with consumer(cluster, held_at(b"g-2", gate, got), metrics=metrics) as c:
         await got.wait_for(lambda: len(got.handled) == 2)
         await rewind(cluster, 2, "msgcount:7")
         gate.set()
