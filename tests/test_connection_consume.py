@@ -451,6 +451,9 @@ async def test_stock_fins_keep_their_order_among_other_commands() -> None:
             conn.fin(b"abc")
         with pytest.raises(ConfigError, match=r"16 bytes, got 16 \(bytearray\)"):
             conn.fin(bytearray(16))  # type: ignore[arg-type]
+        for answer in (conn.fin, conn.touch, lambda x: conn.req(x, 10)):
+            with pytest.raises(ConfigError, match="message id must be 16 bytes, got int"):
+                answer(12345)  # type: ignore[arg-type]
         assert conn.in_flight == 0
         await conn.close()
     # the NOP answering the heartbeat went out first, from the receive path

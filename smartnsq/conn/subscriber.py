@@ -230,9 +230,9 @@ class Subscriber(Generic[C]):
 
     def fin(self, msg_id: bytes) -> bool:
         """FIN (fire-and-forget). False if the connection can no longer write."""
-        if not self._life.can_write:
-            return False
-        if len(msg_id) != 16 or type(msg_id) is not bytes:
+        if type(msg_id) is not bytes or len(msg_id) != 16:
+            if not self._life.can_write:
+                return False  # as for any id: nothing is sent once it cannot write
             commands.fin(msg_id)  # raises the ConfigError that says what is wrong with it
         return self.fin_delivered(msg_id)
 

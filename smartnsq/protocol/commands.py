@@ -67,7 +67,9 @@ def _check_body(body: bytes, what: str = "message body") -> None:
         raise ConfigError(f"{what} must not be empty")
 
 
-def _bad_id(msg_id: bytes) -> ConfigError:
+def _bad_id(msg_id: object) -> ConfigError:
+    if not isinstance(msg_id, bytes | bytearray | memoryview):
+        return ConfigError(f"message id must be 16 bytes, got {type(msg_id).__name__}")
     return ConfigError(f"message id must be 16 bytes, got {len(msg_id)} "
                        f"({type(msg_id).__name__})")
 
@@ -160,19 +162,19 @@ def rdy(count: int, max_rdy_count: int = 2500) -> bytes:
 
 # FIN/REQ/TOUCH run once per consumed message: checks are inlined to keep them cheap.
 def fin(msg_id: bytes) -> bytes:
-    if len(msg_id) != 16 or type(msg_id) is not bytes:
+    if type(msg_id) is not bytes or len(msg_id) != 16:
         raise _bad_id(msg_id)
     return b"FIN %s\n" % msg_id
 
 
 def req(msg_id: bytes, delay_ms: int) -> bytes:
-    if len(msg_id) != 16 or type(msg_id) is not bytes:
+    if type(msg_id) is not bytes or len(msg_id) != 16:
         raise _bad_id(msg_id)
     return b"REQ %s %d\n" % (msg_id, check_delay_ms(delay_ms, "REQ delay"))
 
 
 def touch(msg_id: bytes) -> bytes:
-    if len(msg_id) != 16 or type(msg_id) is not bytes:
+    if type(msg_id) is not bytes or len(msg_id) != 16:
         raise _bad_id(msg_id)
     return b"TOUCH %s\n" % msg_id
 
