@@ -119,10 +119,17 @@ def sessions() -> list[list[Example]]:
     return list(grouped.values())
 
 
+#: the default addresses the docs write, each a whole address (not a prefix of a longer port)
+_DOC_ADDRESS = re.compile(r"127\.0\.0\.1:(4150|4151|4161)(?!\d)")
+
+
 def with_addresses(code: str, cluster: DevCluster) -> str:
-    return (code.replace("127.0.0.1:4150", cluster.nsqd_tcp_addresses[0])
-            .replace("127.0.0.1:4151", cluster.nsqd_http_addresses[0])
-            .replace("127.0.0.1:4161", cluster.lookupd_http_addresses[0]))
+    """``code`` with the docs' default addresses made the cluster's, in one pass: replacing
+    them one after another would rewrite an address already put in (a TCP port 41515
+    would then have its ``127.0.0.1:4151`` taken for the HTTP address)."""
+    real = {"4150": cluster.nsqd_tcp_addresses[0], "4151": cluster.nsqd_http_addresses[0],
+            "4161": cluster.lookupd_http_addresses[0]}
+    return _DOC_ADDRESS.sub(lambda m: real[m.group(1)], code)
 
 
 async def run_process(*args: str, cwd: Path | None = None, what: str = "the example",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from tests.doc_examples import (
     runnable,
     sessions,
     unmarked,
+    with_addresses,
 )
 
 KINDS = ("standalone", "stock", "youzan", "spark", "cli", "pytest", "peer")
@@ -70,3 +73,14 @@ async def test_user_test_module_passes(example: Example, tmp_path: Path) -> None
     out = await run_process(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             "test_user.py", cwd=tmp_path, what=example.id, env=path_env())
     assert " passed" in out and "failed" not in out, out
+
+
+def test_addresses_are_substituted_whole_and_once() -> None:
+    """A cluster port that begins like another default (TCP 41515 begins with 4151) is not
+    rewritten again; a longer port in the text is left alone."""
+    cluster: Any = SimpleNamespace(nsqd_tcp_addresses=["127.0.0.1:41515"],
+                                   nsqd_http_addresses=["127.0.0.1:34847"],
+                                   lookupd_http_addresses=["127.0.0.1:41500"])
+    code = "127.0.0.1:4150 127.0.0.1:4151 127.0.0.1:4161 127.0.0.1:41501"
+    assert with_addresses(code, cluster) == \
+        "127.0.0.1:41515 127.0.0.1:34847 127.0.0.1:41500 127.0.0.1:41501"
