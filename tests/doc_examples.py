@@ -20,8 +20,14 @@ what it needs (a marker may be indented with its block, inside a tab or an admon
 
 Every example runs in a fresh interpreter (or shell), exactly as written except for the
 addresses: ``127.0.0.1:4150`` (nsqd TCP), ``127.0.0.1:4151`` (nsqd HTTP) and
-``127.0.0.1:4161`` (nsqlookupd HTTP) become the embedded cluster's. Commands shown but not run
-(installs, servers that run until Ctrl-C) are ``sh`` blocks, output is ``text``.
+``127.0.0.1:4161`` (nsqlookupd HTTP) become the embedded cluster's, and the metrics ports the
+docs serve on (``9108``, ``9109``) become free ones, so that an exporter already listening
+there cannot fail an example. Commands shown but not run (installs, servers that run until
+Ctrl-C) are ``sh`` blocks, output is ``text``.
+
+An example (a shell session: all its blocks together) has :data:`EXAMPLE_TIMEOUT`; the tests
+that run them allow :data:`TEST_TIMEOUT`, so that an example running past its time fails with
+what it printed until then, not with pytest's bare timeout.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import asyncio
 import contextlib
 import os
 import re
+import socket
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +48,10 @@ from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parent.parent
-#: how long one example may run (a Spark one starts a JVM)
+#: how long one example, or one shell session, may run (a Spark one starts a JVM)
 EXAMPLE_TIMEOUT = 120.0
+#: the pytest timeout of a test that runs one: the example's time, its cluster's start and stop
+TEST_TIMEOUT = EXAMPLE_TIMEOUT + 60.0
 #: the languages whose blocks are examples and need a marker
 EXAMPLE_LANGS = ("python", "bash")
 
@@ -121,31 +131,58 @@ def sessions() -> list[list[Example]]:
 
 #: the default addresses the docs write, each a whole address (not a prefix of a longer port)
 _DOC_ADDRESS = re.compile(r"127\.0\.0\.1:(4150|4151|4161)(?!\d)")
+#: the metrics ports the docs serve on, each a whole number
+_DOC_METRICS_PORT = re.compile(r"(?<!\d)(9108|9109)(?!\d)")
 
 
-def with_addresses(code: str, cluster: DevCluster) -> str:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def with_addresses(code: str, cluster: DevCluster, ports: dict[str, str] | None = None) -> str:
     """``code`` with the docs' default addresses made the cluster's, in one pass: replacing
     them one after another would rewrite an address already put in (a TCP port 41515
-    would then have its ``127.0.0.1:4151`` taken for the HTTP address)."""
+    would then have its ``127.0.0.1:4151`` taken for the HTTP address). Then its metrics
+    ports made ``ports``' (:func:`with_metrics_ports`)."""
     real = {"4150": cluster.nsqd_tcp_addresses[0], "4151": cluster.nsqd_http_addresses[0],
             "4161": cluster.lookupd_http_addresses[0]}
-    return _DOC_ADDRESS.sub(lambda m: real[m.group(1)], code)
+    return with_metrics_ports(_DOC_ADDRESS.sub(lambda m: real[m.group(1)], code), ports)
+
+
+def with_metrics_ports(code: str, ports: dict[str, str] | None = None) -> str:
+    """``code`` with each metrics port of the docs (9108, 9109: a whole number, not part of
+    a longer one) made ``ports``' (default: a free port each)."""
+    if ports is None:
+        ports = {p: str(free_port()) for p in ("9108", "9109")}
+    return _DOC_METRICS_PORT.sub(lambda m: ports[m.group(1)], code)
 
 
 async def run_process(*args: str, cwd: Path | None = None, what: str = "the example",
-                      env: dict[str, str] | None = None) -> str:
-    """Run a process to its end within :data:`EXAMPLE_TIMEOUT`; its output (stdout and
-    stderr); it must exit 0."""
+                      env: dict[str, str] | None = None, within: float = EXAMPLE_TIMEOUT) -> str:
+    """Run a process to its end within ``within`` seconds; its output (stdout and stderr); it
+    must exit 0. One that runs past its time is killed, and the error shows what it printed
+    until then."""
     proc = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=cwd,
         env=env)
+    assert proc.stdout is not None
+    out = bytearray()
     try:
-        async with asyncio.timeout(EXAMPLE_TIMEOUT):
-            out, _ = await proc.communicate()
+        async with asyncio.timeout(within):
+            # read as it comes, so that a process killed at its timeout has its output shown
+            while chunk := await proc.stdout.read(65536):
+                out += chunk
+            await proc.wait()
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise AssertionError(f"{what} ran past {EXAMPLE_TIMEOUT:.0f} s") from None
+        printed = out.decode(errors="replace")[-4000:] or "(nothing)"
+        raise AssertionError(f"{what} ran past {within:.0f} s; it printed:\n{printed}") \
+            from None
     text = out.decode(errors="replace")
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{text}"
     return text
@@ -202,11 +239,16 @@ def path_env() -> dict[str, str]:
 
 
 async def run_session(cluster: DevCluster, blocks: Iterable[Example], cwd: Path) -> str:
-    """Each block with ``bash -euo pipefail`` in turn; their outputs, concatenated."""
+    """Each block with ``bash -euo pipefail`` in turn, all within :data:`EXAMPLE_TIMEOUT`;
+    their outputs, concatenated. The session's blocks share its metrics ports, as a reader's
+    commands do."""
     out = []
+    ports = {p: str(free_port()) for p in ("9108", "9109")}
+    deadline = time.monotonic() + EXAMPLE_TIMEOUT
     for block in blocks:
         assert block.lang == "bash", f"{block.id}: a cli example is a bash block"
-        out.append(await run_process("bash", "-euo", "pipefail", "-c",
-                                     with_addresses(block.code, cluster), cwd=cwd,
-                                     what=block.id, env=path_env()))
+        code = with_addresses(block.code, cluster, ports)
+        out.append(await run_process("bash", "-euo", "pipefail", "-c", code, cwd=cwd,
+                                     what=block.id, env=path_env(),
+                                     within=max(1.0, deadline - time.monotonic())))
     return "".join(out)

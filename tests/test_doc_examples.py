@@ -13,6 +13,7 @@ import pytest
 
 from tests.doc_examples import (
     ROOT,
+    TEST_TIMEOUT,
     Example,
     all_examples,
     cluster_spec,
@@ -26,6 +27,7 @@ from tests.doc_examples import (
     sessions,
     unmarked,
     with_addresses,
+    with_metrics_ports,
 )
 
 KINDS = ("standalone", "stock", "youzan", "spark", "cli", "pytest", "peer")
@@ -43,17 +45,20 @@ def test_every_marker_names_a_known_kind() -> None:
     assert not bad, f"unknown example kinds: {bad}"
 
 
+@pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize("example", runnable("python"), ids=lambda e: e.id)
 async def test_example_runs(example: Example) -> None:
     assert example.lang == "python"
     if example.flavour == "standalone":
-        out = await run_process(sys.executable, "-c", example.code, what=example.id)
+        out = await run_process(sys.executable, "-c", with_metrics_ports(example.code),
+                                what=example.id)
     else:
         async with example_cluster(example.kind) as cluster:
             out = await run_python(cluster, example)
     assert out.strip(), "the example printed nothing"
 
 
+@pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize("blocks", sessions(), ids=lambda bs: bs[0].id)
 async def test_command_line_session_runs(blocks: list[Example], tmp_path: Path) -> None:
     """A shell session: every command in order, each must succeed (``bash -e`` with
@@ -63,6 +68,7 @@ async def test_command_line_session_runs(blocks: list[Example], tmp_path: Path) 
     assert out.strip(), "the session printed nothing"
 
 
+@pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize("example", runnable("pytest"), ids=lambda e: e.id)
 async def test_user_test_module_passes(example: Example, tmp_path: Path) -> None:
     """A user's test module, with only the plugin's fixtures: pytest runs it and every test
@@ -84,3 +90,20 @@ def test_addresses_are_substituted_whole_and_once() -> None:
     code = "127.0.0.1:4150 127.0.0.1:4151 127.0.0.1:4161 127.0.0.1:41501"
     assert with_addresses(code, cluster) == \
         "127.0.0.1:41515 127.0.0.1:34847 127.0.0.1:41500 127.0.0.1:41501"
+
+
+def test_metrics_ports_are_substituted_whole() -> None:
+    """The docs' metrics ports become the given ones wherever they stand alone (a call's
+    argument, a flag's value, an address); a longer number that contains one stays."""
+    ports = {"9108": "40001", "9109": "40002"}
+    code = "serve(9108) --metrics-port 9109 http://127.0.0.1:9109/metrics 191090 91080"
+    assert with_metrics_ports(code, ports) == \
+        "serve(40001) --metrics-port 40002 http://127.0.0.1:40002/metrics 191090 91080"
+
+
+async def test_a_process_past_its_time_fails_with_what_it_printed() -> None:
+    """The harness's own timeout fires first and its error carries the output so far (an
+    example cut off by pytest's timeout would show nothing)."""
+    code = "import sys, time; print('started', flush=True); time.sleep(60)"
+    with pytest.raises(AssertionError, match=r"ran past 1 s; it printed:\nstarted"):
+        await run_process(sys.executable, "-c", code, what="sleeper", within=1.0)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from smartnsq.spark.env import java_missing_reason
-from tests.doc_examples import Example, example_cluster, run_python, runnable
+from tests.doc_examples import TEST_TIMEOUT, Example, example_cluster, run_python, runnable
 
 
+@pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize("example", runnable("spark"), ids=lambda e: e.id)
 async def test_spark_example_runs(example: Example, tmp_path: Path) -> None:
     reason = java_missing_reason()
