@@ -7,6 +7,9 @@ running nsqd:
 
 * ``pub_sequential`` — one ``await producer.publish()`` at a time;
 * ``pub_inflight`` — 1000 concurrent callers on one Producer;
+* ``pub_autobatch`` — 5000 concurrent callers on a Producer with linger 1 ms, max_batch 500
+  (the throughput benchmark's auto-batched row);
+* ``mpub`` — 50 concurrent callers of ``publish_many`` with 100 bodies each (per message);
 * ``consume_fin`` — a Consumer with an ``async def`` handler, max_in_flight 2500 (the
   messages are published before the count starts).
 
@@ -28,14 +31,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import consumer_bench
 from _harness import BODY
 
-from smartnsq import Consumer, Producer
+from smartnsq import Consumer, Producer, ProducerConfig
 
 try:
     import uvloop
 except ImportError:  # then asyncio's own Python code is counted too
     uvloop = None  # type: ignore[assignment]
 
-SCENARIOS = ("pub_sequential", "pub_inflight", "consume_fin")
+SCENARIOS = ("pub_sequential", "pub_inflight", "pub_autobatch", "mpub", "consume_fin")
 _LIMIT = 300.0
 
 
@@ -75,23 +78,38 @@ async def _pub_sequential(nsqd: str, n: int, ops: OpcodeCounter) -> None:
         ops.off()
 
 
+async def _concurrent(p: Producer, calls: int, callers: int, ops: OpcodeCounter,
+                      one: Callable[[], Awaitable[object]]) -> None:
+    """``callers`` tasks make ``calls`` calls of ``one`` in all, traced."""
+    await p.publish("opcodes_pub", BODY)
+    per, extra = divmod(calls, callers)
+
+    # tasks inherit nothing from settrace: each caller turns it on for itself
+    async def caller(k: int) -> None:
+        ops.on()
+        for _ in range(k):
+            await one()
+
+    await asyncio.gather(*(caller(per + (i < extra)) for i in range(callers)))
+    ops.off()
+
+
 async def _pub_inflight(nsqd: str, n: int, ops: OpcodeCounter) -> None:
     async with Producer(nsqd=nsqd) as p:
-        await p.publish("opcodes_pub", BODY)
-        callers = 1000
-        per, extra = divmod(n, callers)
+        await _concurrent(p, n, 1000, ops, lambda: p.publish("opcodes_pub", BODY))
 
-        async def caller(k: int) -> None:
-            for _ in range(k):
-                await p.publish("opcodes_pub", BODY)
 
-        # tasks inherit nothing from settrace: each caller turns it on for itself
-        async def traced(k: int) -> None:
-            ops.on()
-            await caller(k)
+async def _pub_autobatch(nsqd: str, n: int, ops: OpcodeCounter) -> None:
+    config = ProducerConfig(linger=0.001, max_batch=500)
+    async with Producer(nsqd=nsqd, config=config) as p:
+        await _concurrent(p, n, 5000, ops, lambda: p.publish("opcodes_pub", BODY))
 
-        await asyncio.gather(*(traced(per + (i < extra)) for i in range(callers)))
-        ops.off()
+
+async def _mpub(nsqd: str, n: int, ops: OpcodeCounter) -> None:
+    bodies = [BODY] * 100
+    async with Producer(nsqd=nsqd) as p:
+        await _concurrent(p, max(1, n // 100), 50, ops,
+                          lambda: p.publish_many("opcodes_pub", bodies))
 
 
 async def _consume_fin(nsqd: str, n: int, ops: OpcodeCounter) -> None:
@@ -112,6 +130,8 @@ async def _consume_fin(nsqd: str, n: int, ops: OpcodeCounter) -> None:
 RUN: dict[str, Callable[[str, int, OpcodeCounter], Awaitable[None]]] = {
     "pub_sequential": _pub_sequential,
     "pub_inflight": _pub_inflight,
+    "pub_autobatch": _pub_autobatch,
+    "mpub": _mpub,
     "consume_fin": _consume_fin,
 }
 
