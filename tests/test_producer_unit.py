@@ -3,6 +3,7 @@ trace switch, and bad input rejected before any I/O."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 from types import MappingProxyType
@@ -31,7 +32,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.view import Node, TopicMeta, TopicView
 from smartnsq.producer import Producer, PublishReceipt, TraceSwitch
-from smartnsq.producer.batcher import one_mpub_body, split_batches
+from smartnsq.producer.batcher import Batcher, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.retry import Action, classify
 from smartnsq.producer.router import TopicRoute
@@ -285,3 +286,29 @@ def test_a_plain_encoded_mpub_goes_out_as_head_and_body_and_a_mutable_body_as_a_
     assert parts[0] == mpub_encoded("t", body)
     # a partition or a traced body: the op sends itself
     assert EncodedMPub("t", 1, body, 2).plain_command() is None
+
+
+async def test_a_caller_cancelled_while_its_batch_is_out_gets_its_cancellation() -> None:
+    """The batch was sent with every body; a caller cancelled before the answer keeps its
+    CancelledError and the others get the answer (the all-waiting case answers them in one
+    step, this one one by one)."""
+    on_wire = asyncio.Event()
+    answer = asyncio.Event()
+    sent: list[list[bytes]] = []
+
+    async def send(key: object, bodies: list[bytes], deadline: float) -> None:
+        sent.append(bodies)
+        on_wire.set()
+        await answer.wait()
+
+    batcher = Batcher(send, linger=60.0, max_batch=3, max_body_size=1 << 20)
+    deadline = asyncio.get_running_loop().time() + 5
+    futures = [batcher.add("t", b"%d" % i, deadline) for i in range(3)]  # full: sent
+    async with asyncio.timeout(5):
+        await on_wire.wait()
+        futures[1].cancel()
+        answer.set()
+        await batcher.drain()
+    assert sent == [[b"0", b"1", b"2"]]
+    assert [f.cancelled() for f in futures] == [False, True, False]
+    assert futures[0].result() is None and futures[2].result() is None
