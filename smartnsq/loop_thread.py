@@ -10,12 +10,13 @@ prefork, multiprocessing) the child has no loop thread, and :meth:`BackgroundLoo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from smartnsq.errors import EventLoopError
+from smartnsq.errors import ClientClosedError, EventLoopError
 
 __all__ = ["BackgroundLoop", "check_blocking_allowed"]
 
@@ -41,6 +42,8 @@ class BackgroundLoop:
         #: the process whose thread runs the loop (a forked child has no such thread)
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        #: stop() was called: what the loop cancels from then on was cut short by it
+        self._stopping = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -103,6 +106,13 @@ class BackgroundLoop:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
+        except concurrent.futures.CancelledError:
+            if self._stopping:
+                # the loop ended under the call (its last user stopped its client meanwhile)
+                # and cancelled it: say so, not a bare cancellation from another module
+                raise ClientClosedError("the call was cut short: its client was stopped "
+                                        "(from another thread) while it ran") from None
+            raise
         except BaseException:
             fut.cancel()
             raise
@@ -111,6 +121,7 @@ class BackgroundLoop:
         """Stop the loop and wait for its thread (at most ``timeout`` seconds); idempotent."""
         if self.loop.is_closed() or not self.alive:
             return
+        self._stopping = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -177,7 +177,7 @@ class RetryEngine(Generic[C]):
                     try:
                         channel = target.pick()
                         if channel is None:
-                            channel = await target.get()
+                            channel = await _connection(op, target, partition, plan, deadline)
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             raise late_connection(op, target.address, partition, plan.last_exc)
@@ -215,6 +215,22 @@ class RetryEngine(Generic[C]):
                 await plan.failed(target, action, deadline)
         finally:
             self.leave()
+
+
+async def _connection(op: Publish[C], target: Target[C], partition: int | None,
+                      plan: Plan[C], deadline: float) -> C:
+    """``target``'s channel, dialled if need be, by loop time ``deadline``: the handshake
+    with a silent nsqd (``handshake_timeout``) must not hold a publish past its own
+    timeout. The dial goes on in the background, for the publishes that come after."""
+    until = asyncio.timeout_at(deadline)
+    try:
+        async with until:
+            return await target.get()
+    except TimeoutError:
+        if until.expired():
+            raise late_connection(op, target.address, partition, plan.last_exc) \
+                from plan.last_exc
+        raise
 
 
 class TcpEngine(RetryEngine[Connection]):

@@ -56,8 +56,8 @@ def late_connection(op: Publish[Any], address: str, partition: int | None,
                     last: BaseException | None) -> PublishTimeoutError:
     """The deadline passed while the connection to ``address`` was being made."""
     err = PublishTimeoutError(
-        f"{op.what} to {_where(op, partition)} timed out: the connection to nsqd {address} "
-        "came up too late" + (f" (last error: {last})" if last is not None else ""))
+        f"{op.what} to {_where(op, partition)} timed out while connecting to nsqd {address}"
+        + (f" (last error: {last})" if last is not None else ""))
     err.__cause__ = last
     return err
 

@@ -246,7 +246,12 @@ class NodePool:
                     await conn.connect()
         except asyncio.CancelledError:
             self._dialing = None
-            fut.cancel()
+            if self._closed:
+                # close() gave up on it: its waiters learn why, not a bare cancellation
+                fut.set_exception(ClientClosedError(
+                    f"the producer stopped while connecting to nsqd {self.address}"))
+            else:
+                fut.cancel()
             raise
         except Exception as exc:
             self._dialing = None
@@ -256,8 +261,9 @@ class NodePool:
             return
         self._dialing = None
         if self._closed:
-            await conn.close()
+            # answered before the await: close() may cancel this task in conn.close()
             fut.set_exception(ClientClosedError(f"the pool for nsqd {self.address} is closed"))
+            await conn.close()
             return
         if not self._silent:
             self._failures = 0
@@ -365,10 +371,13 @@ class NodePool:
         self._up_waiters.clear()
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
-        dialing = self._dialing
-        if dialing is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(dialing)
+        # a dial under way is given up (a silent nsqd would hold close() for the whole
+        # handshake timeout): the publishes waiting for it were given their time by stop()
+        dials = list(self._tasks)
+        for task in dials:
+            task.cancel()
+        if dials:
+            await asyncio.gather(*dials, return_exceptions=True)
         conns = list(self._all)
         self._up.clear()
         self._all.clear()
