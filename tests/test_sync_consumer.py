@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -196,8 +197,36 @@ def test_wait_raises_the_error_that_stopped_it(youzan: ClusterThread) -> None:
                                config=fast_config())
     with pytest.raises(Exception, match="E_SUB_ORDER_IS_MUST"):
         c.start()
-    with pytest.raises(ClientClosedError):
+    # stopped already: wait() does not block, and raises what stopped it
+    with pytest.raises(Exception, match="E_SUB_ORDER_IS_MUST"):
         c.wait()
+    assert _loop._shared is None
+
+
+def test_stop_from_its_own_handler_returns_at_once(stock: ClusterThread) -> None:
+    """A handler that stops its consumer (it got what it needed) is not held for the drain
+    timeout waiting for itself: stop() returns, the handler's message is finished when it
+    returns, not requeued, and wait() in another thread sees the consumer stop."""
+    addr = stock.cluster.nsqd_tcp_addresses[0]
+    stock.call(publish(addr, "t", [b"only one"]))
+    returned: list[float] = []
+    consumer: smartnsq.sync.Consumer | None = None
+
+    def handle(msg: ThreadMessage) -> None:
+        assert consumer is not None
+        t0 = time.monotonic()
+        consumer.stop()
+        returned.append(time.monotonic() - t0)
+
+    consumer = smartnsq.sync.Consumer("t", "c", handle, nsqd=[addr],
+                                      config=fast_config(drain_timeout=20.0))
+    consumer.start()
+    assert consumer.wait(timeout=WAIT)
+    assert len(returned) == 1 and returned[0] < 5.0  # not the 20 s drain timeout
+    assert consumer.wait(timeout=0.1)  # stopped: no wait, no error
+    consumer.stop()  # idempotent
+    st = consumer.stats()
+    assert (st.finished, st.requeued, st.in_flight) == (1, 0, 0)
     assert _loop._shared is None
 
 

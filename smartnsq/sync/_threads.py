@@ -45,9 +45,14 @@ class HandlerThreads(Executor):
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
                 thread = threading.Thread(target=self._work, daemon=True,
                                           name=f"{self._name}_{len(self._threads)}")
-                thread.start()
+                # listed before it runs a call: running_here() is asked from the calls
                 self._threads.append(thread)
+                thread.start()
             return fut
+
+    def running_here(self) -> bool:
+        """True when called from one of these threads (a handler using its own consumer)."""
+        return threading.current_thread() in self._threads
 
     def _work(self) -> None:
         while (call := self._calls.get()) is not None:

@@ -21,6 +21,7 @@ are the parent's), and the exit hook leaves it alone.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -211,6 +212,8 @@ class Consumer:
         self._loop: BackgroundLoop | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: a handler called stop(): the consumer is stopping (see _stop_from_handler)
+        self._stopping = False
         #: the interpreter is exiting: handlers not started yet are skipped
         self._exiting = False
 
@@ -296,6 +299,9 @@ class Consumer:
         started it only lets go of it: the consumer runs on in the parent."""
         # checked before anything is released: a bad value must leave the consumer running
         drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
+        if self._pool is not None and self._pool.running_here():
+            self._stop_from_handler(drain_timeout)
+            return
         check_blocking_allowed("smartnsq.sync.Consumer.stop()")
         with self._lock:
             if self._closed:
@@ -316,6 +322,29 @@ class Consumer:
             self._closed = True
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
+
+    def _stop_from_handler(self, drain_timeout: float | None) -> None:
+        """:meth:`stop` called by one of this consumer's handlers. Waiting there would wait
+        for the drain, which waits for that very handler (until ``drain_timeout``, then its
+        message is requeued although it was handled). So the stop is started and this
+        returns, as the asyncio consumer's does: the consumer stops once its running
+        handlers, the caller's included, have returned (their messages are finished), and
+        its loop and threads are let go of then."""
+        with self._lock:
+            loop = self._loop
+            if self._closed or self._stopping or loop is None:
+                return
+            self._stopping = True
+        done = asyncio.run_coroutine_threadsafe(self._async.stop(drain_timeout), loop.loop)
+        done.add_done_callback(self._stopped_from_handler)
+
+    def _stopped_from_handler(self, done: concurrent.futures.Future[None]) -> None:
+        """The end of :meth:`_stop_from_handler`'s stop, on the loop's thread (which must
+        not wait for the handler threads: they are only told to end)."""
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("consumer of %s/%s: stop failed: %r", self._async.topic,
+                        self._async.channel, done.exception())
+        self._shutdown_resources(wait=False)
 
     def _shutdown_resources(self, *, wait: bool = True) -> None:
         with self._lock:
@@ -351,10 +380,18 @@ class Consumer:
             self._shutdown_resources()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the consumer stops (another thread called ``stop()``, or an error
-        stopped it: then that error is raised). False if ``timeout`` seconds passed."""
+        """Block until the consumer stops (another thread or a handler called ``stop()``,
+        or an error stopped it: then that error is raised). False if ``timeout`` seconds
+        passed. A consumer that has stopped already returns at once (a thread's ``join``
+        does the same), so a stop that wins the race with this call is not an error."""
         timeout = check_optional_duration(timeout, "timeout")
         check_blocking_allowed("smartnsq.sync.Consumer.wait()")
+        with self._lock:
+            stopped = self._closed and self._async.is_closed
+        if stopped:
+            if self._async.error is not None:
+                raise self._async.error
+            return True
         loop = self._running_loop()
 
         async def waiter() -> bool:
