@@ -7,14 +7,18 @@ and every command returns within its stated time (here: a generous bound).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -125,6 +129,84 @@ def test_tail_into_head_keeps_what_it_did_not_print(stock: ClusterThread) -> Non
     # what tail did not print is all still there
     r = sh(f"{SMARTNSQ} tail headed --nsqd {nsqd} --channel {CHANNEL} -n {ch['depth']}")
     assert sorted(lines(r.stdout)) == sent[printed:]
+
+
+def test_tail_into_a_slow_head_ends_when_head_does(stock: ClusterThread) -> None:
+    """``tail | { sleep 1; head -n 3; }`` with fewer messages than a pipe holds: every line
+    is written before head reads, and no more messages come. tail must not wait for a next
+    write to notice that head exited: it ends promptly, says how many lines went into the
+    pipe (head read three of them), and the channel keeps the rest, nothing in flight."""
+    stock.call(lambda: stock.cluster.create_topic("slowhead", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    sent = [f"s{i}" for i in range(10)]
+    r = sh(f"{SMARTNSQ} publish slowhead --nsqd {nsqd}", input="\n".join(sent).encode())
+    assert r.returncode == 0, r.stderr
+    r = sh(f"{SMARTNSQ} tail slowhead --nsqd {nsqd} --channel {CHANNEL} | "
+           "{ sleep 1; head -n 3; }")
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert lines(r.stdout) == sent[:3]
+    (note,) = err.splitlines()
+    assert note.startswith("smartnsq: tail: the output was closed after ")
+    printed = int(note.split(" after ")[1].split()[0])
+    ch = channel(stock, "slowhead")
+    assert ch["in_flight_count"] == 0 and ch["depth"] == len(sent) - printed
+
+
+def test_tail_into_a_full_disk_fails_and_keeps_every_message(stock: ClusterThread) -> None:
+    """An output error other than a closed pipe (``/dev/full``: no space left) ends tail at
+    once with one error line and exit 1, instead of requeueing the message with backoff
+    forever; nothing was printed, so everything stays in the channel."""
+    stock.call(lambda: stock.cluster.create_topic("fulldisk", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    r = sh(f"{SMARTNSQ} publish fulldisk --nsqd {nsqd}", input=b"a\nb\nc\nd\ne")
+    assert r.returncode == 0, r.stderr
+    r = sh(f"{SMARTNSQ} tail fulldisk --nsqd {nsqd} --channel {CHANNEL} -n 3 > /dev/full")
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    (line,) = err.splitlines()
+    assert line.startswith("smartnsq: error: cannot write the output: No space left on device")
+    ch = channel(stock, "fulldisk")
+    assert (ch["depth"], ch["in_flight_count"]) == (5, 0)
+
+
+def test_ctrl_c_stops_tail_while_its_reader_reads_nothing(stock: ClusterThread) -> None:
+    """``tail | less`` with the pager never scrolled: the pipe fills up. Ctrl-C still stops
+    tail promptly (a blocking write would hold its event loop, signal handler included),
+    and every message is either in the pipe (printed) or back in the channel."""
+    stock.call(lambda: stock.cluster.create_topic("stalled", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    # lines of one page each: the pipe (16 pages) is full at 64 KiB
+    sent = [b"%04d" % i + b"x" * 4091 for i in range(300)]
+    r = sh(f"{SMARTNSQ} publish stalled --nsqd {nsqd}", input=b"\n".join(sent))
+    assert r.returncode == 0, r.stderr
+    tail = subprocess.Popen([sys.executable, "-m", "smartnsq", "tail", "stalled", "--nsqd",
+                             nsqd, "--channel", CHANNEL],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert tail.stdout is not None and tail.stderr is not None
+    try:
+        deadline = time.monotonic() + WAIT
+        while pipe_bytes(tail.stdout) < 64 * 1024:  # full: tail waits for the reader
+            assert time.monotonic() < deadline, "the pipe never filled"
+            assert tail.poll() is None, tail.stderr.read()
+            time.sleep(0.05)
+        tail.send_signal(signal.SIGINT)
+        assert tail.wait(timeout=WAIT) == 0
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+    printed = tail.stdout.read().splitlines()
+    tail.stdout.close()
+    tail.stderr.close()
+    assert printed == sent[:len(printed)]
+    ch = channel(stock, "stalled")
+    assert (ch["depth"], ch["in_flight_count"]) == (len(sent) - len(printed), 0)
+
+
+def pipe_bytes(reader: IO[bytes]) -> int:
+    """Bytes written into a pipe and not read yet (FIONREAD on its read end)."""
+    return struct.unpack("i", fcntl.ioctl(reader.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
 def test_tail_json_into_a_python_reader(yz: ClusterThread) -> None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import random
+import select
+import stat
 import sys
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import click
@@ -76,18 +80,74 @@ def message_json(msg: Message) -> dict[str, Any]:
     return doc
 
 
+class OutputPipe:
+    """The output when it is a pipe (``| head``, ``| less``): whether it takes a line
+    without blocking, and when its reader has gone. A write into a full pipe blocks the
+    event loop (Ctrl-C included) until the reader reads; a reader that exits is seen by a
+    write only at the next message, which may never come."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLOUT)
+
+    @classmethod
+    def of(cls, out: BinaryIO) -> OutputPipe | None:
+        try:
+            fd = out.fileno()
+            is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+        except (OSError, ValueError, AttributeError):  # not a real file (tests' capture)
+            return None
+        return cls(fd) if is_pipe else None
+
+    def full(self) -> bool:
+        """True when a write could block (a reader gone is not full: the write fails)."""
+        return not self._poll.poll(0)
+
+    async def room(self) -> None:
+        """Return once the pipe takes more (or its reader has gone)."""
+        loop = asyncio.get_running_loop()
+        await self._ready(loop, loop.add_writer, loop.remove_writer)
+
+    async def hung_up(self) -> None:
+        """Return once the reader has gone: the write end reports an error condition,
+        which a reader registration gets (a write end is never readable)."""
+        loop = asyncio.get_running_loop()
+        await self._ready(loop, loop.add_reader, loop.remove_reader)
+
+    async def _ready(self, loop: asyncio.AbstractEventLoop, add: Callable[..., object],
+                     remove: Callable[[int], object]) -> None:
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def fired() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        add(self.fd, fired)
+        try:
+            await ready
+        finally:
+            remove(self.fd)
+
+
 class Printer:
     """Writes each message (in arrival order, which per partition is queue order) and stops
-    after ``count`` messages, or when the output's reader goes away (``| head``); later
-    deliveries, and the message whose write failed, are requeued untouched for other
-    readers. A message is finished only once its line was written."""
+    after ``count`` messages, when the output's reader goes away (``| head``), when the
+    output fails (a full disk: :attr:`error`) or when ``stopping`` is set while the output
+    takes nothing; later deliveries, and the message not written, are requeued untouched
+    for other readers. A message is finished only once its line was written."""
 
-    def __init__(self, fmt: str, count: int | None, out: BinaryIO) -> None:
+    def __init__(self, fmt: str, count: int | None, out: BinaryIO,
+                 stopping: asyncio.Event) -> None:
         self.fmt = fmt
         self.count = count
         self.out = out
+        self.pipe = OutputPipe.of(out)
+        self.stopping = stopping
         self.printed = 0
         self.output_closed = False
+        #: the write error (other than a closed pipe) that stopped the printing
+        self.error: OSError | None = None
         self.done = asyncio.Event()
 
     async def __call__(self, msg: Message) -> None:
@@ -98,18 +158,51 @@ class Printer:
             line = json.dumps(message_json(msg), ensure_ascii=False).encode("utf-8")
         else:
             line = msg.body
+        if self.pipe is not None and self.pipe.full() and not await self._room(self.pipe):
+            msg.requeue(0, backoff=False)  # stopping while the reader reads nothing
+            return
         try:
             self.out.write(line + b"\n")
             self.out.flush()
-        except BrokenPipeError:
-            self.output_closed = True
-            stdout_closed()
+        except OSError as exc:
+            # not printed: back to the channel at once, and no more (the next write would
+            # fail the same way: a message requeued with backoff forever)
             msg.requeue(0, backoff=False)
-            self.done.set()
+            if isinstance(exc, BrokenPipeError):
+                self._reader_gone()
+            else:
+                self.error = exc
+                self.done.set()
             return
         self.printed += 1
         if self.count is not None and self.printed >= self.count:
             self.done.set()
+
+    async def _room(self, pipe: OutputPipe) -> bool:
+        """Wait until the pipe takes more; False if the command stops first."""
+        room = asyncio.ensure_future(pipe.room())
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((room, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+            stopping.cancel()
+        return not self.stopping.is_set()
+
+    def _reader_gone(self) -> None:
+        if not self.output_closed:
+            self.output_closed = True
+            stdout_closed()
+        self.done.set()
+
+    async def watch_output(self) -> None:
+        """Return once the output is a pipe whose reader has gone (then printing is done);
+        never for a terminal or a file."""
+        if self.pipe is None:
+            await asyncio.get_running_loop().create_future()
+            return
+        await self.pipe.hung_up()
+        self._reader_gone()
 
 
 async def topic_view(lookup: Lookup, topic: str) -> TopicView:
@@ -202,9 +295,9 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     if cluster.nsqd and (partitions or ordered or start is not None):
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
                                "youzan partitions, which the lookupds publish)")
-    printer = Printer(fmt, count, sys.stdout.buffer)
-    chan = channel or ephemeral_channel()
     stop = stop_event()
+    printer = Printer(fmt, count, sys.stdout.buffer, stop)
+    chan = channel or ephemeral_channel()
     consumer: Consumer
     if cluster.nsqd:
         config = _config(max_in_flight, count, len(cluster.nsqd))
@@ -255,4 +348,9 @@ def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConf
 
 async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,
                connect_timeout: float) -> None:
-    await consume_watched(consumer, stop, printer.done, connect_timeout=connect_timeout)
+    await consume_watched(consumer, stop, printer.done, connect_timeout=connect_timeout,
+                          guards=[printer.watch_output])
+    if printer.error is not None:
+        raise CliError(f"cannot write the output: {printer.error.strerror or printer.error} "
+                       f"(after {printer.printed} message(s); the one that failed went back "
+                       "to the channel)")
