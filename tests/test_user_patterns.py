@@ -128,6 +128,32 @@ async def test_break_after_one_with_deep_read_ahead_gives_nothing_up() -> None:
     assert all(n == 1 for n in seen.values()), seen
 
 
+async def test_break_before_finish_waits_the_drain_and_says_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The careless loop: ``break`` before ``finish()``. Leaving ``async with`` then waits
+    for that message up to drain_timeout (another task may still answer it), and says so
+    early, naming the fix; after the drain it is requeued, and the next reader gets it."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        addr = cluster.nsqd_tcp_addresses
+        async with Producer(nsqd=addr) as p:
+            await p.publish("careless", b"only")
+        config = ConsumerConfig(drain_timeout=2.0)
+        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+            async with asyncio.timeout(STEP):
+                async with Consumer("careless", "app", nsqd=addr, config=config) as c:
+                    async for msg in c:
+                        assert msg.body == b"only"
+                        break  # no finish()
+        hints = [r.getMessage() for r in caplog.records
+                 if "call finish() or requeue() on each" in r.getMessage()]
+        assert len(hints) == 1 and "careless/app" in hints[0], caplog.text
+        async with asyncio.timeout(STEP), Consumer("careless", "app", nsqd=addr) as again:
+            async for msg in again:
+                assert msg.body == b"only" and msg.attempts == 2
+                msg.finish()
+                break
+
+
 # ---------------------------------------------------------------------- iterate with timeouts
 
 

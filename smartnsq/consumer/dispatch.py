@@ -30,6 +30,7 @@ the last section here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -64,6 +65,9 @@ Handler = Callable[[Message], Awaitable[object]]
 
 #: a record's attempts count
 _attempts = itemgetter(ATTEMPTS)
+#: seconds into the drain after which messages ``async for`` handed out and nothing answered
+#: are worth a warning (a loop left with ``break`` before ``finish()``)
+_HINT_AFTER = 1.0
 
 
 def _call_user(cb: Callable[..., object], args: tuple[Any, ...], what: str,
@@ -417,8 +421,12 @@ class Dispatcher:
         if self.outstanding and within > 0:
             self._drained = asyncio.Event()
             self.drain_watch = True
+            now = asyncio.get_running_loop().time()
+            end = now + within
             try:
-                async with asyncio.timeout(within):
+                if self.workers is None:
+                    await self._hint_unanswered(min(end, now + _HINT_AFTER), within)
+                async with asyncio.timeout_at(end):
                     await self._drained.wait()
             except TimeoutError:
                 pass
@@ -430,6 +438,20 @@ class Dispatcher:
                         "timeout; requeueing them", self.topic, self.channel,
                         self.outstanding)
             self.requeue_outstanding()
+
+    async def _hint_unanswered(self, until: float, within: float) -> None:
+        """Iteration: what is outstanding at stop was handed out by ``async for`` (the
+        buffer went back already). Unanswered a moment into the drain, it is most likely
+        a loop left with ``break`` before ``finish()``: say why stop() is waiting."""
+        assert self._drained is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(until):
+                await self._drained.wait()
+        if self.outstanding:
+            log.warning("consumer of %s/%s: stop() waits up to %.1fs (drain_timeout) for %d "
+                        "message(s) that async for handed out and nothing answered yet; "
+                        "call finish() or requeue() on each, before leaving the loop",
+                        self.topic, self.channel, within, self.outstanding)
 
     def requeue_outstanding(self) -> None:
         """Queued messages (never seen) and tracked ones go back to nsqd."""
