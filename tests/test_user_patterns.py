@@ -154,6 +154,37 @@ async def test_break_before_finish_waits_the_drain_and_says_why(
                 break
 
 
+async def test_a_timeout_around_the_consumer_cuts_its_stop_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``async with asyncio.timeout(t): async with Consumer(...)``, the timeout firing while
+    the stop drains (a message handed out and not answered): the consumer still ends closed,
+    with no task left behind, and the message is back in the channel at once, not held for
+    the rest of the drain (nor for nsqd's message timeout)."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        addr = cluster.nsqd_tcp_addresses
+        async with Producer(nsqd=addr) as p:
+            sent = await publish_bodies(p, "cut", 5)
+        c = Consumer("cut", "app", nsqd=addr, config=ConsumerConfig(drain_timeout=60.0))
+        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"), \
+                pytest.raises(TimeoutError):
+            async with asyncio.timeout(1.0), c:
+                async for _ in c:
+                    break  # unanswered: the stop's drain would wait for it
+        assert c.is_closed
+        assert "stop() was cancelled" in caplog.text
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+                  and "Consumer" in repr(t.get_coro())]
+        assert not others, others
+        got: list[bytes] = []
+        async with asyncio.timeout(STEP), Consumer("cut", "app", nsqd=addr) as again:
+            async for msg in again:
+                got.append(msg.body)
+                msg.finish()
+                if len(got) == len(sent):
+                    break
+        assert sorted(got) == sent
+
+
 # ---------------------------------------------------------------------- iterate with timeouts
 
 

@@ -372,7 +372,39 @@ class Consumer:
         me = asyncio.current_task()
         if me is not None and me in self._workers:
             return  # a handler stopping its own consumer must not wait for itself
-        await asyncio.shield(self._stop_task)
+        try:
+            await asyncio.shield(self._stop_task)
+        except asyncio.CancelledError:
+            # the caller stopped waiting (a timeout around it): the graceful stop would go
+            # on unwatched, holding messages in flight until its drain ended, and be cut off
+            # anywhere when the loop ends. Cut it short now instead, then raise.
+            await self._abort()
+            raise
+
+    async def _abort(self) -> None:
+        """End a cancelled stop at once: the graceful steps are given up, what is in flight
+        is requeued (nsqd would hold it until its message timeout after a close), and the
+        connections are closed without waiting for answers; what was written (FINs, those
+        REQs) still goes out."""
+        task = self._stop_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+        if self._closed:
+            return
+        self._driver.close()
+        self._dispatch.requeue_buffered()
+        self._dispatch.requeue_outstanding()
+        await self._conns.close()
+        await self._discovery.close()
+        await self._subscriptions.close_all(0.0)
+        await self._dispatch.stop_workers(asyncio.get_running_loop().time())
+        self._observe.stop()
+        self._closed = True
+        if self._closed_event is not None:
+            self._closed_event.set()
+        log.warning("consumer of %s/%s: stop() was cancelled; closed without draining (the "
+                    "messages in flight were requeued)", self.topic, self.channel)
 
     async def _shutdown(self, drain_timeout: float) -> None:
         self._stopping = True
