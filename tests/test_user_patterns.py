@@ -185,6 +185,25 @@ async def test_a_timeout_around_the_consumer_cuts_its_stop_short(
         assert sorted(got) == sent
 
 
+async def test_a_partition_the_topic_lacks_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """``partitions=[1, 7]`` on a topic of two partitions (a typo, or the wrong topic): the
+    consumer reads partition 1 and says that there is no partition 7."""
+    async with DevCluster(nodes=2, flavour="youzan") as cluster:
+        cluster.create_topic("two", partition_num=2, replica=1, channels=["app"])
+        lookupd = cluster.lookupd_http_addresses
+        async with Producer(lookupd=lookupd) as p:
+            await p.publish("two", b"on one", partition=1)
+        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+            async with asyncio.timeout(STEP), \
+                    Consumer("two", "app", lookupd=lookupd, partitions=[1, 7]) as c:
+                async for msg in c:
+                    assert (msg.body, msg.partition) == (b"on one", 1)
+                    msg.finish()
+                    break
+    said = [r.getMessage() for r in caplog.records if "no partition 7" in r.getMessage()]
+    assert len(said) == 1 and "partitions 0..1" in said[0], caplog.text
+
+
 # ---------------------------------------------------------------------- iterate with timeouts
 
 

@@ -197,6 +197,8 @@ class LookupDiscovery(Discovery):
         self._closed = False
         #: why the first lookup failed (polling goes on in the background)
         self._unanswered: LookupFailedError | None = None
+        #: the asked-for partitions the topic lacked at the last look (said once)
+        self._missing_said: list[int] = []
 
     @property
     def lookup(self) -> Lookup:
@@ -216,12 +218,25 @@ class LookupDiscovery(Discovery):
             # keep polling in the background: lookupds may come up later
             self._unanswered = exc
             return Topology()
-        return topology_from_view(view, self._partitions)
+        return self._topology(view)
 
     def _changed(self, change: TopicChange) -> None:
         if self._closed or change.view is None or self._on_update is None:
             return
-        self._on_update(topology_from_view(change.view, self._partitions))
+        self._on_update(self._topology(change.view))
+
+    def _topology(self, view: TopicView) -> Topology:
+        """:func:`topology_from_view`, saying once which asked-for partitions the topic does
+        not have (a typo would otherwise subscribe to less than asked, without a word)."""
+        wanted = self._partitions
+        if wanted is not None and view.is_partitioned and view.partition_num:
+            missing = sorted(p for p in wanted if p >= view.partition_num)
+            if missing and missing != self._missing_said:
+                log.warning("consumer of topic %r: no partition %s (it has partitions 0..%d); "
+                            "subscribing to the others asked for", self._topic,
+                            ", ".join(map(str, missing)), view.partition_num - 1)
+            self._missing_said = missing
+        return topology_from_view(view, wanted)
 
     def connection_lost(self, endpoint: Endpoint, stale_leader: bool) -> None:
         if self._closed:
