@@ -13,10 +13,12 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from smartnsq._version import __version__
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import MAX_DELAY_MS
 
-USER_AGENT = "smartnsq/0.1.0"
+#: IDENTIFY's user_agent and the HTTP clients' User-Agent: the package's one version
+USER_AGENT = f"smartnsq/{__version__}"
 
 
 class _Model(BaseModel):
