@@ -297,12 +297,38 @@ async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...
                     "channel set-offset")
 
 
+async def _refuse_stock(addresses: tuple[str, ...]) -> None:
+    """``--partition`` with ``--nsqd``: refused when an nsqd's /info names a stock version,
+    since stock nsqd ignores the partition parameter and would act on the whole channel (a
+    youzan version carries ``HA``). An nsqd whose /info tells nothing gets the call as asked:
+    its own answer says whether it took it."""
+    async with NsqdHttpClient() as http:
+        versions = await asyncio.gather(*(_version(http, a) for a in addresses))
+    for address, version in zip(addresses, versions, strict=True):
+        if Flavour.of_version(version) is Flavour.STOCK:
+            raise CliError(f"--partition: nsqd {address} is stock NSQ (version {version}): "
+                           "its topics are not partitioned; without --partition the command "
+                           "acts on the whole channel")
+
+
+async def _version(http: NsqdHttpClient, address: str) -> str:
+    """The version in the nsqd's /info; empty when it does not say."""
+    try:
+        info = await http.info(address)
+    except NSQError:
+        return ""
+    version = info.get("version")
+    return version if isinstance(version, str) else ""
+
+
 async def _channel_targets(cluster: Cluster, topic: str, channel: str,
                            partitions: tuple[int, ...], *, register: bool = False,
                            youzan_only: str | None = None) -> list[Target]:
     if cluster.nsqd:
         if len(partitions) > 1:
             raise click.UsageError("with --nsqd give at most one --partition")
+        if partitions:
+            await _refuse_stock(cluster.nsqd)
         part = partitions[0] if partitions else None
         return [Target(a, part) for a in cluster.nsqd]
     async with cluster.lookup() as lk:
