@@ -19,9 +19,11 @@ from smartnsq.cli.common import (
     CliError,
     Cluster,
     FromParam,
+    OutputClosed,
     StartAt,
     cluster_options,
     command_runner,
+    echo,
     one_line,
     pick_cluster,
     topic_argument,
@@ -124,12 +126,17 @@ async def _call_all(targets: list[Target], call: Call, what: str, *,
 
     async with NsqdHttpClient() as nsqd:
         results = await asyncio.gather(*(one(nsqd, t) for t in targets))
-    failed = 0
-    for t, answer, ok in results:
-        click.echo(f"{what}: {t.label()}: {answer}")
-        failed += not ok
+    failed = sum(not ok for _, _, ok in results)
+    closed: OutputClosed | None = None
+    try:
+        for t, answer, _ in results:
+            echo(f"{what}: {t.label()}: {answer}")
+    except OutputClosed as exc:
+        closed = exc  # a failed target still says so (on stderr) and exits non-zero
     if failed:
         raise CliError(f"{what} failed on {failed} of {len(results)} nsqd target(s)")
+    if closed is not None:
+        raise closed
 
 
 # -- topic -----------------------------------------------------------------------------------
@@ -188,8 +195,8 @@ async def topic_create(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
                 retention_days=retention_days)
         except LookupdError as exc:
             raise CliError(f"topic create {name}: {exc}") from None
-    click.echo(f"topic create: lookupd {', '.join(took)}: OK ({partitions} partition(s), "
-               f"replica {replica})")
+    echo(f"topic create: lookupd {', '.join(took)}: OK ({partitions} partition(s), "
+         f"replica {replica})")
 
 
 @topic.command("delete", epilog=TOPIC_EPILOG)
@@ -217,7 +224,7 @@ async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
             took = await lk.admin.delete_topic(name)
         except LookupdError as exc:
             raise CliError(f"topic delete {name}: {exc}") from None
-    click.echo(f"topic delete: lookupd {', '.join(took)}: OK")
+    echo(f"topic delete: lookupd {', '.join(took)}: OK")
 
 
 async def _stock_nodes(lk: Lookup) -> list[Target]:

@@ -13,16 +13,23 @@ the command groups here map onto it directly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
 
 from smartnsq import __version__
-from smartnsq.cli.common import EXIT_INTERRUPTED, cli_logging, one_line
+from smartnsq.cli.common import (
+    EXIT_INTERRUPTED,
+    OutputClosed,
+    cli_logging,
+    one_line,
+    stdout_closed,
+)
 from smartnsq.cli.dev import DevOptions, TopicSpec, build_parser, run_dev
 
 __all__ = ["DevOptions", "TopicSpec", "build_parser", "cli", "main", "run_dev"]
@@ -38,7 +45,17 @@ Examples:
 
 
 class SmartnsqGroup(click.Group):
-    """Every failure ends as one line on stderr and a non-zero exit code, never a traceback."""
+    """Every failure ends as one line on stderr and a non-zero exit code, never a traceback;
+    a closed stdout ends a command quietly (exit code 0)."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        with _closed_output_ends():  # --help, --version
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _closed_output_ends():  # a command's --help, and what click itself prints
+            return super().invoke(ctx)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -62,6 +79,8 @@ class SmartnsqGroup(click.Group):
             return EXIT_INTERRUPTED
         except click.exceptions.Exit as exc:
             return exc.exit_code
+        except OutputClosed:
+            return 0
         except click.ClickException as exc:
             where = ""
             if isinstance(exc, click.UsageError) and exc.ctx is not None:
@@ -75,6 +94,17 @@ class SmartnsqGroup(click.Group):
                   file=sys.stderr)
             return 1
         return rv if isinstance(rv, int) else 0
+
+
+@contextlib.contextmanager
+def _closed_output_ends() -> Iterator[None]:
+    """click's own output (help, version) to a closed stdout: end like a command does, not
+    with click's exit code 1. Commands' own writes are handled where they write."""
+    try:
+        yield
+    except BrokenPipeError:
+        stdout_closed()
+        raise OutputClosed from None
 
 
 @click.group(cls=SmartnsqGroup, epilog=EPILOG,

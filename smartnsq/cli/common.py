@@ -3,6 +3,11 @@ parsers for the option values (addresses, start positions, rates), and the rich 
 
 Errors reach the operator as one line (``smartnsq: error: ...``) with a non-zero exit code and
 no traceback; ``SMARTNSQ_TRACEBACK=1`` shows the traceback for bug reports.
+
+A closed output (``| head`` that has read enough) is not an error: the command ends quietly
+with exit code 0, as ``tail`` does, unless it left work undone because of it (``publish``
+exits 141, 128 + SIGPIPE, when input was left unpublished). Another failed write to stdout
+(a full disk) is one error line.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +50,11 @@ class CliError(click.ClickException):
     """A one-line error for the operator (exit code 1)."""
 
 
+class OutputClosed(Exception):
+    """stdout's reader went away: the command ends quietly with exit code 0 (the group's
+    ``run_main`` catches it). Not an OSError, so that :func:`run` lets it through."""
+
+
 def one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -52,9 +63,18 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's own exits with 1; end like every other command whose output was closed
+        self.quiet = True
+        stdout_closed()
+        raise OutputClosed
+
+
 def stdout_console() -> Console:
-    """Tables on a terminal fit it; piped output gets room for addresses and ids."""
-    return Console(width=None if sys.stdout.isatty() else 240)
+    """Tables on a terminal fit it; piped output gets room for addresses and ids. A closed
+    stdout raises :class:`OutputClosed` from ``print``."""
+    return _StdoutConsole(width=None if sys.stdout.isatty() else 240)
 
 
 # -- the cluster a command talks to ----------------------------------------------------------
@@ -369,3 +389,52 @@ def stdout_closed() -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+@contextlib.contextmanager
+def writing_stdout() -> Iterator[None]:
+    """Around writes to stdout: a reader gone away raises :class:`OutputClosed`, any other
+    failed write (a full disk) a one-line :class:`CliError`. Either way what is still
+    buffered for stdout is dropped, so that the interpreter's last flush does not fail
+    again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        yield
+    except BrokenPipeError:
+        stdout_closed()
+        raise OutputClosed from None
+    except OSError as exc:
+        stdout_closed()
+        raise CliError(f"cannot write the output: {exc.strerror or exc}") from None
+
+
+def echo(text: str) -> None:
+    """``text`` and a newline on stdout, flushed (see :func:`writing_stdout`)."""
+    with writing_stdout():
+        click.echo(text)
+
+
+async def stdout_gone() -> None:
+    """Return once stdout is a pipe whose reader has gone; never for a terminal or a file.
+
+    A long-running command would otherwise learn it only at its next write. The write end
+    of a pipe without readers reports an error condition, which a reader registration
+    receives (a write end never becomes readable)."""
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    try:
+        fd = sys.stdout.fileno()
+        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except (OSError, ValueError, AttributeError):  # not a real file (tests' captured output)
+        is_pipe = False
+    if not is_pipe:
+        await gone  # nothing to watch: only cancelled
+
+    def hung_up() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(fd, hung_up)
+    try:
+        await gone
+    finally:
+        loop.remove_reader(fd)

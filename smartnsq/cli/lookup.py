@@ -15,8 +15,10 @@ from smartnsq.cli.common import (
     CliError,
     cluster_options,
     command_runner,
+    echo,
     pick_cluster,
     stdout_console,
+    writing_stdout,
 )
 from smartnsq.cli.common import topic_argument as _topic
 from smartnsq.cli.stat import build_doc, take_sample
@@ -117,8 +119,9 @@ async def lookup(topic: str, lookupd: tuple[str, ...], access: str, as_json: boo
         raise CliError(f"topic {topic!r} not found on lookupd "
                        f"{', '.join(doc['answered_by'])}")
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
-    else:
+        echo(json.dumps(doc, indent=2))
+        return
+    with writing_stdout():
         print_view(stdout_console(), doc)
 
 
