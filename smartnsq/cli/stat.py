@@ -20,12 +20,13 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import click
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -42,10 +43,13 @@ from smartnsq.cli.common import (
     CliError,
     cluster_options,
     command_runner,
+    echo,
     pick_cluster,
     stdout_console,
+    stdout_gone,
     stop_event,
     topic_argument,
+    writing_stdout,
 )
 from smartnsq.errors import NsqdHttpError, ServerError
 from smartnsq.nsqd_http import NsqdHttpClient
@@ -370,24 +374,46 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
             await asyncio.wait_for(stop.wait(), interval)
         return await take_sample(http, nodes, topic, clients)
 
+    console = stdout_console()
     if once and not as_json:
         # a one-off snapshot shows rates too: measured over the interval
         first, sample = sample, await after()
-        stdout_console().print(render(build_doc(sample, first)))
+        with writing_stdout():
+            console.print(render(build_doc(sample, first)))
         return
-    if as_json:
-        # one JSON document per line and refresh (rates from the second on)
-        previous: Sample | None = None
-        while True:
-            click.echo(json.dumps(build_doc(sample, previous)))
-            if once:
-                return
-            previous, sample = sample, await after()
-            if stop.is_set():
-                return
+    if once:
+        echo(json.dumps(build_doc(sample, None)))
+        return
+    if as_json or not console.is_terminal:
+        await _stream(sample, after, stop, as_json, console)
+        return
     last: Sample | None = None
-    with Live(render(build_doc(sample, None)), console=stdout_console(),
-              auto_refresh=False) as live:
+    with Live(render(build_doc(sample, None)), console=console, auto_refresh=False) as live:
         while not stop.is_set():
             live.update(render(build_doc(sample, last)), refresh=True)
             last, sample = sample, await after()
+
+
+async def _stream(sample: Sample, after: Callable[[], Awaitable[Sample]], stop: asyncio.Event,
+                  as_json: bool, console: Console) -> None:
+    """One JSON line or one plain table per refresh (rates from the second on), each
+    flushed: a pipe or a file gets them as they come, where a live table would show only
+    at the end. Ends on Ctrl-C, or as soon as a pipe's reader has gone (``| head``)."""
+
+    async def watch() -> None:
+        await stdout_gone()
+        stop.set()
+
+    watcher = asyncio.ensure_future(watch())
+    previous: Sample | None = None
+    try:
+        while not stop.is_set():
+            doc = build_doc(sample, previous)
+            if as_json:
+                echo(json.dumps(doc))
+            else:
+                with writing_stdout():
+                    console.print(render(doc))
+            previous, sample = sample, await after()
+    finally:
+        watcher.cancel()
