@@ -108,6 +108,8 @@ class Totals:
     bytes: int = 0
     #: stdout's reader went away (``--trace | head``): the run stops like on a signal
     output_closed: bool = False
+    #: a receipt could not be written (a full disk): the run ends with an error
+    output_failed: bool = False
 
 
 class Pacer:
@@ -314,7 +316,8 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
     out = sys.stdout
 
     def receipt(r: PublishReceipt | None) -> None:
-        if r is None or not trace or totals.output_closed:
+        """Print a receipt of a message already counted as published."""
+        if r is None or not trace or totals.output_closed or totals.output_failed:
             return
         try:
             print(receipt_line(r), file=out, flush=True)
@@ -323,6 +326,12 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
             totals.output_closed = True
             stdout_closed()
             stop.set()
+        except OSError as exc:
+            # a full disk: the run ends with one error line; the line still buffered is
+            # dropped, so the interpreter's last flush does not fail again
+            totals.output_failed = True
+            stdout_closed()
+            raise CliError(f"cannot write the receipts: {exc.strerror or exc}") from None
 
     if rule is not None:
         # keys run in parallel; one key's records keep input order (the producer's lanes)
@@ -331,9 +340,10 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         async def settle(keep: int) -> AsyncIterator[int]:
             while len(pending) > keep:
                 rec, fut = pending.pop(0)
-                receipt(await fut)
+                r = await fut
                 totals.messages += 1
                 totals.bytes += len(rec.body)
+                receipt(r)
                 yield rec.consumed
 
         bad: CliError | RecordTooLong | None = None
@@ -370,10 +380,10 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
             bodies = [r.body for r in chunk]
             sent = await producer.publish_many(
                 topic, bodies, partition=partition, trace_id=chunk[0].number if trace else None)
-            for r in sent.receipts:
-                receipt(r)
             totals.messages += len(chunk)
             totals.bytes += sum(len(b) for b in bodies)
+            for r in sent.receipts:
+                receipt(r)
             done = chunk[-1].consumed
             chunk.clear()
             return done
@@ -398,13 +408,15 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         if stop.is_set():
             break
         await pacer.wait()
+        r = None
         if defer is not None:
             await producer.publish_deferred(topic, rec.body, defer)
         else:
-            receipt(await producer.publish(topic, rec.body, partition=partition,
-                                           trace_id=rec.number if trace else None))
+            r = await producer.publish(topic, rec.body, partition=partition,
+                                       trace_id=rec.number if trace else None)
         totals.messages += 1
         totals.bytes += len(rec.body)
+        receipt(r)
         yield rec.consumed
 
 
