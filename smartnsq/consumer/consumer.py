@@ -8,9 +8,11 @@ the parts that do the work, each owning its state:
   docstring walks the per-message path);
 * :mod:`smartnsq.consumer.rdy_driver`: executes :mod:`smartnsq.flow` actions (RDY, backoff);
 * :mod:`smartnsq.consumer.policy`: admission, requeue and failure decisions (the ordered
-  consumer brings its own).
+  consumer brings its own);
+* :mod:`smartnsq.consumer.stop_steps`: the stop sequence over those parts, graceful or cut
+  short.
 
-The consumer itself holds the lifecycle (start, the stop sequence, fatal errors), stats and
+The consumer itself holds the lifecycle (start, stop and its flags, fatal errors), stats and
 the public methods.
 """
 
@@ -47,6 +49,7 @@ from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
 from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.stats import ConsumerStats
+from smartnsq.consumer.stop_steps import StopSteps
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.subscriptions import SubscriptionSet
 from smartnsq.errors import (
@@ -212,6 +215,9 @@ class Consumer:
             self.topic, self.channel, config, policy, self._dispatch, self._driver,
             self._start_at, tracing, discovery, is_fatal=self._is_fatal,
             on_fatal=self._fatal, rng=self._rng)
+
+        self._stop_steps = StopSteps(config, self._driver, self._subscriptions, discovery,
+                                     self._dispatch, observe)
 
         # lifecycle
         self._started = False
@@ -382,27 +388,15 @@ class Consumer:
             raise
 
     async def _abort(self) -> None:
-        """End a cancelled stop at once: the graceful steps are given up, what is in flight
-        is requeued (nsqd would hold it until its message timeout after a close), and the
-        connections are closed without waiting for answers; what was written (FINs, those
-        REQs) still goes out."""
+        """End a cancelled stop at once (:meth:`StopSteps.cut_short`)."""
         task = self._stop_task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait((task,))
         if self._closed:
             return
-        self._driver.close()
-        self._dispatch.requeue_buffered()
-        self._dispatch.requeue_outstanding()
-        await self._conns.close()
-        await self._discovery.close()
-        await self._subscriptions.close_all(0.0)
-        await self._dispatch.stop_workers(asyncio.get_running_loop().time())
-        self._observe.stop()
-        self._closed = True
-        if self._closed_event is not None:
-            self._closed_event.set()
+        await self._stop_steps.cut_short()
+        self._set_closed()
         log.warning("consumer of %s/%s: stop() was cancelled; closed without draining (the "
                     "messages in flight were requeued)", self.topic, self.channel)
 
@@ -410,37 +404,14 @@ class Consumer:
         self._stopping = True
         self._subscriptions.closing = True
         self._dispatch.stopping = True
-        loop = self._loop
-        assert loop is not None
-        # 1. no more deliveries, before anything else can happen: RDY 0 now (max_in_flight 0
-        # in the flow keeps it from raising RDY again), so nothing returned below can come
-        # straight back to us; what is already on its way waits in the buffer until step 3
-        self._driver.close()
-        self._driver.set_max_in_flight(0)
-        self._subscriptions.rdy_zero()
-        await self._conns.close()
-        await self._discovery.close()
-        # 2. CLS: only CLOSE_WAIT proves that no message is still on its way to us. CLS and
-        # the final close share one close_timeout, so stop() takes at most drain_timeout +
-        # close_timeout however the server behaves
-        close_deadline = loop.time() + self._config.connection.close_timeout
-        await self._subscriptions.cls_all()
-        # 3. iterated messages nobody took yet go back at once
-        self._dispatch.requeue_buffered()
-        # 4. let in-flight messages be answered
-        await self._dispatch.drain(drain_timeout)
-        # 5. close (what was written goes out first)
-        drain_end = loop.time()
-        close_deadline = max(close_deadline, drain_end)
-        await self._subscriptions.close_all(close_deadline - drain_end)
-        await self._dispatch.stop_workers(close_deadline)
-        if self._driver.flow is not None:
-            self._driver.flush()
-        self._observe.stop()
+        await self._stop_steps.graceful(drain_timeout)
+        self._set_closed()
+        log.info("consumer of %s/%s stopped", self.topic, self.channel)
+
+    def _set_closed(self) -> None:
         self._closed = True
         if self._closed_event is not None:
             self._closed_event.set()
-        log.info("consumer of %s/%s stopped", self.topic, self.channel)
 
     # ------------------------------------------------------------------ flow control
 
