@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import aiohttp
 import click
 from rich.console import Console
 
+from smartnsq.cli.output_pipe import output_gone
 from smartnsq.config import LookupConfig
 from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup
@@ -415,26 +415,5 @@ def echo(text: str) -> None:
 
 async def stdout_gone() -> None:
     """Return once stdout is a pipe whose reader has gone; never for a terminal or a file.
-
-    A long-running command would otherwise learn it only at its next write. The write end
-    of a pipe without readers reports an error condition, which a reader registration
-    receives (a write end never becomes readable)."""
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-    try:
-        fd = sys.stdout.fileno()
-        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
-    except (OSError, ValueError, AttributeError):  # not a real file (tests' captured output)
-        is_pipe = False
-    if not is_pipe:
-        await gone  # nothing to watch: only cancelled
-
-    def hung_up() -> None:
-        if not gone.done():
-            gone.set_result(None)
-
-    loop.add_reader(fd, hung_up)
-    try:
-        await gone
-    finally:
-        loop.remove_reader(fd)
+    A long-running command would otherwise learn it only at its next write."""
+    await output_gone(sys.stdout)

@@ -6,12 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import random
-import select
-import stat
 import sys
-from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import click
@@ -30,6 +26,7 @@ from smartnsq.cli.common import (
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
+from smartnsq.cli.output_pipe import OutputPipe
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
@@ -78,56 +75,6 @@ def message_json(msg: Message) -> dict[str, Any]:
     except UnicodeDecodeError:
         doc["body_base64"] = base64.b64encode(body).decode("ascii")
     return doc
-
-
-class OutputPipe:
-    """The output when it is a pipe (``| head``, ``| less``): whether it takes a line
-    without blocking, and when its reader has gone. A write into a full pipe blocks the
-    event loop (Ctrl-C included) until the reader reads; a reader that exits is seen by a
-    write only at the next message, which may never come."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLOUT)
-
-    @classmethod
-    def of(cls, out: BinaryIO) -> OutputPipe | None:
-        try:
-            fd = out.fileno()
-            is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
-        except (OSError, ValueError, AttributeError):  # not a real file (tests' capture)
-            return None
-        return cls(fd) if is_pipe else None
-
-    def full(self) -> bool:
-        """True when a write could block (a reader gone is not full: the write fails)."""
-        return not self._poll.poll(0)
-
-    async def room(self) -> None:
-        """Return once the pipe takes more (or its reader has gone)."""
-        loop = asyncio.get_running_loop()
-        await self._ready(loop, loop.add_writer, loop.remove_writer)
-
-    async def hung_up(self) -> None:
-        """Return once the reader has gone: the write end reports an error condition,
-        which a reader registration gets (a write end is never readable)."""
-        loop = asyncio.get_running_loop()
-        await self._ready(loop, loop.add_reader, loop.remove_reader)
-
-    async def _ready(self, loop: asyncio.AbstractEventLoop, add: Callable[..., object],
-                     remove: Callable[[int], object]) -> None:
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def fired() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        add(self.fd, fired)
-        try:
-            await ready
-        finally:
-            remove(self.fd)
 
 
 class Printer:
