@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+import pytest
 from click.testing import CliRunner, Result
 
 from smartnsq.cli.app import cli
@@ -62,6 +63,21 @@ class ClusterThread:
     @property
     def lookupd(self) -> str:
         return self.cluster.lookupd_http_addresses[0]
+
+
+def cluster_fixture(flavour: str, nodes: int) -> Callable[[], Iterator[ClusterThread]]:
+    """A module-scoped fixture: an embedded cluster of ``nodes`` nsqd and one lookupd on its
+    own thread, stopped after the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def fixture() -> Iterator[ClusterThread]:
+        ct = ClusterThread(nodes=nodes, lookupds=1, flavour=flavour)
+        try:
+            yield ct
+        finally:
+            ct.stop()
+
+    return fixture
 
 
 def invoke(args: Sequence[str], input: bytes | str | None = None) -> Result:

@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 
 from smartnsq import Producer
-from tests.cli_support import WAIT, ClusterThread, closed_port, http_json, lines, run_cli, smartnsq
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    closed_port,
+    cluster_fixture,
+    http_json,
+    lines,
+    run_cli,
+    smartnsq,
+)
 
 SRC_CHANNEL = "nsq_to_nsq"
 DST_CHANNEL = "c"
@@ -32,13 +41,7 @@ BOUND = 2.0
 SLACK = 8.0
 
 
-@pytest.fixture(scope="module")
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+stock = cluster_fixture("stock", nodes=1)
 
 
 @pytest.fixture

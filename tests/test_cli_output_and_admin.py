@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from tests.cli_support import (
     WAIT,
     ClusterThread,
     assert_one_line_error,
+    cluster_fixture,
     http_json,
     invoke,
     lines,
@@ -39,22 +40,10 @@ SMARTNSQ = [sys.executable, "-m", "smartnsq"]
 FULL = Path("/dev/full")
 
 
-@pytest.fixture(scope="module")
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+stock = cluster_fixture("stock", nodes=1)
 
 
-@pytest.fixture(scope="module")
-def yz() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=2, lookupds=1, flavour="youzan")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+yz = cluster_fixture("youzan", nodes=2)
 
 
 def finish(proc: subprocess.Popen[bytes], what: Sequence[str]) -> tuple[bytes, bytes]:

@@ -10,24 +10,18 @@ import io
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from smartnsq.cli.records import Record, RecordTooLong, read_records
-from tests.cli_support import WAIT, ClusterThread, http_json, spawn_cli
+from tests.cli_support import WAIT, ClusterThread, cluster_fixture, http_json, spawn_cli
 
 CHANNEL = "c"
 
 
-@pytest.fixture(scope="module")
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+stock = cluster_fixture("stock", nodes=1)
 
 
 def make_topic(ct: ClusterThread, name: str) -> None:

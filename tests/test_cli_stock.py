@@ -9,17 +9,16 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mmh3
-import pytest
 
 from tests.cli_support import (
     WAIT,
     ClusterThread,
     assert_one_line_error,
+    cluster_fixture,
     http_json,
     invoke,
     lines,
@@ -29,13 +28,7 @@ from tests.cli_support import (
 CHANNEL = "c"
 
 
-@pytest.fixture(scope="module")
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+stock = cluster_fixture("stock", nodes=1)
 
 
 def nsqd_tcp(ct: ClusterThread) -> str:
@@ -266,13 +259,7 @@ def test_to_file_bad_input(stock: ClusterThread, tmp_path: Path) -> None:
 # -- bridge ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def youzan() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=2, lookupds=1, flavour="youzan")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+youzan = cluster_fixture("youzan", nodes=2)
 
 
 def test_bridge_stock_to_youzan_loses_nothing(stock: ClusterThread,

@@ -17,34 +17,19 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
 from typing import IO, Any
 
-import pytest
-
-from tests.cli_support import WAIT, ClusterThread, http_json, lines
+from tests.cli_support import WAIT, ClusterThread, cluster_fixture, http_json, lines
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 PYTHON = shlex.quote(sys.executable)
 CHANNEL = "c"
 
 
-@pytest.fixture(scope="module")
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+stock = cluster_fixture("stock", nodes=1)
 
 
-@pytest.fixture(scope="module")
-def yz() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=2, lookupds=1, flavour="youzan")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+yz = cluster_fixture("youzan", nodes=2)
 
 
 def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

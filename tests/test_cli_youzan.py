@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import mmh3
@@ -17,6 +16,7 @@ from tests.cli_support import (
     WAIT,
     ClusterThread,
     assert_one_line_error,
+    cluster_fixture,
     http_json,
     invoke,
     lines,
@@ -26,13 +26,7 @@ from tests.cli_support import (
 CHANNEL = "c"
 
 
-@pytest.fixture(scope="module")
-def yz() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=2, lookupds=1, flavour="youzan")
-    try:
-        yield ct
-    finally:
-        ct.stop()
+yz = cluster_fixture("youzan", nodes=2)
 
 
 def make_topic(yz: ClusterThread, name: str, partitions: int = 1, **kw: bool) -> None:
