@@ -144,6 +144,16 @@ def http_json(url: str) -> Any:
         return json.loads(resp.read())
 
 
+def channel_stats(ct: ClusterThread, topic: str, channel: str) -> dict[str, Any]:
+    """The first nsqd's ``/stats`` of one channel (depth, in flight, requeued ...)."""
+    doc = http_json(f"http://{ct.cluster.nsqd_http_addresses[0]}/stats?format=json"
+                    f"&topic={topic}&channel={channel}")
+    (t,) = doc["topics"]
+    (ch,) = t["channels"]
+    assert isinstance(ch, dict)
+    return ch
+
+
 def lines(out: bytes | str) -> list[str]:
     text = out.decode() if isinstance(out, bytes) else out
     return text.splitlines()

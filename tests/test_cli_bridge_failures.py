@@ -25,9 +25,9 @@ from smartnsq import Producer
 from tests.cli_support import (
     WAIT,
     ClusterThread,
+    channel_stats,
     closed_port,
     cluster_fixture,
-    http_json,
     lines,
     run_cli,
     smartnsq,
@@ -60,15 +60,6 @@ def tcp(ct: ClusterThread) -> str:
 
 def make_topic(ct: ClusterThread, name: str, channel: str) -> None:
     ct.call(lambda: ct.cluster.create_topic(name, channels=[channel]))
-
-
-def channel_stats(ct: ClusterThread, topic: str, channel: str) -> dict[str, Any]:
-    doc = http_json(f"http://{ct.cluster.nsqd_http_addresses[0]}/stats?format=json"
-                    f"&topic={topic}&channel={channel}")
-    (t,) = doc["topics"]
-    (ch,) = t["channels"]
-    assert isinstance(ch, dict)
-    return ch
 
 
 async def publish(ct: ClusterThread, topic: str, bodies: list[str]) -> None:

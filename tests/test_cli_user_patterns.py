@@ -19,7 +19,7 @@ import termios
 import time
 from typing import IO, Any
 
-from tests.cli_support import WAIT, ClusterThread, cluster_fixture, http_json, lines
+from tests.cli_support import WAIT, ClusterThread, channel_stats, cluster_fixture, lines
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 PYTHON = shlex.quote(sys.executable)
@@ -50,12 +50,7 @@ def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[b
 
 
 def channel(ct: ClusterThread, topic: str) -> dict[str, Any]:
-    doc = http_json(f"http://{ct.cluster.nsqd_http_addresses[0]}/stats?format=json"
-                    f"&topic={topic}&channel={CHANNEL}")
-    (t,) = doc["topics"]
-    (ch,) = t["channels"]
-    assert isinstance(ch, dict)
-    return ch
+    return channel_stats(ct, topic, CHANNEL)
 
 
 def test_publish_from_a_generator_then_tail_and_count(stock: ClusterThread) -> None:
