@@ -128,78 +128,80 @@ async def test_break_after_one_with_deep_read_ahead_gives_nothing_up() -> None:
     assert all(n == 1 for n in seen.values()), seen
 
 
+@pytest.mark.real_nsqd
 async def test_break_before_finish_waits_the_drain_and_says_why(
-        caplog: pytest.LogCaptureFixture) -> None:
+        stock: StockServer, caplog: pytest.LogCaptureFixture) -> None:
     """The careless loop: ``break`` before ``finish()``. Leaving ``async with`` then waits
     for that message up to drain_timeout (another task may still answer it), and says so
     early, naming the fix; after the drain it is requeued, and the next reader gets it."""
-    async with DevCluster(nodes=1, flavour="stock") as cluster:
-        addr = cluster.nsqd_tcp_addresses
-        async with Producer(nsqd=addr) as p:
-            await p.publish("careless", b"only")
-        config = ConsumerConfig(drain_timeout=2.0)
-        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
-            async with asyncio.timeout(STEP):
-                async with Consumer("careless", "app", nsqd=addr, config=config) as c:
-                    async for msg in c:
-                        assert msg.body == b"only"
-                        break  # no finish()
-        hints = [r.getMessage() for r in caplog.records
-                 if "call finish() or requeue() on each" in r.getMessage()]
-        assert len(hints) == 1 and "careless/app" in hints[0], caplog.text
-        async with asyncio.timeout(STEP), Consumer("careless", "app", nsqd=addr) as again:
-            async for msg in again:
-                assert msg.body == b"only" and msg.attempts == 2
-                msg.finish()
-                break
+    topic = await stock_topic(stock, "careless")
+    addr = [stock.nsqd_tcp]
+    async with Producer(nsqd=addr) as p:
+        await p.publish(topic, b"only")
+    config = ConsumerConfig(drain_timeout=2.0)
+    with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+        async with asyncio.timeout(STEP):
+            async with Consumer(topic, "app", nsqd=addr, config=config) as c:
+                async for msg in c:
+                    assert msg.body == b"only"
+                    break  # no finish()
+    hints = [r.getMessage() for r in caplog.records
+             if "call finish() or requeue() on each" in r.getMessage()]
+    assert len(hints) == 1 and f"{topic}/app" in hints[0], caplog.text
+    async with asyncio.timeout(STEP), Consumer(topic, "app", nsqd=addr) as again:
+        async for msg in again:
+            assert msg.body == b"only" and msg.attempts == 2
+            msg.finish()
+            break
 
 
+@pytest.mark.real_nsqd
 async def test_a_timeout_around_the_consumer_cuts_its_stop_short(
-        caplog: pytest.LogCaptureFixture) -> None:
+        stock: StockServer, caplog: pytest.LogCaptureFixture) -> None:
     """``async with asyncio.timeout(t): async with Consumer(...)``, the timeout firing while
     the stop drains (a message handed out and not answered): the consumer still ends closed,
     with no task left behind, and the message is back in the channel at once, not held for
     the rest of the drain (nor for nsqd's message timeout)."""
-    async with DevCluster(nodes=1, flavour="stock") as cluster:
-        addr = cluster.nsqd_tcp_addresses
-        async with Producer(nsqd=addr) as p:
-            sent = await publish_bodies(p, "cut", 5)
-        c = Consumer("cut", "app", nsqd=addr, config=ConsumerConfig(drain_timeout=60.0))
-        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"), \
-                pytest.raises(TimeoutError):
-            async with asyncio.timeout(1.0), c:
-                async for _ in c:
-                    break  # unanswered: the stop's drain would wait for it
-        assert c.is_closed
-        assert "stop() was cancelled" in caplog.text
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
-                  and "Consumer" in repr(t.get_coro())]
-        assert not others, others
-        got: list[bytes] = []
-        async with asyncio.timeout(STEP), Consumer("cut", "app", nsqd=addr) as again:
-            async for msg in again:
-                got.append(msg.body)
-                msg.finish()
-                if len(got) == len(sent):
-                    break
-        assert sorted(got) == sent
+    topic = await stock_topic(stock, "cut")
+    addr = [stock.nsqd_tcp]
+    async with Producer(nsqd=addr) as p:
+        sent = await publish_bodies(p, topic, 5)
+    c = Consumer(topic, "app", nsqd=addr, config=ConsumerConfig(drain_timeout=60.0))
+    with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"), \
+            pytest.raises(TimeoutError):
+        async with asyncio.timeout(1.0), c:
+            async for _ in c:
+                break  # unanswered: the stop's drain would wait for it
+    assert c.is_closed
+    assert "stop() was cancelled" in caplog.text
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+              and "Consumer" in repr(t.get_coro())]
+    assert not others, others
+    got: list[bytes] = []
+    async with asyncio.timeout(STEP), Consumer(topic, "app", nsqd=addr) as again:
+        async for msg in again:
+            got.append(msg.body)
+            msg.finish()
+            if len(got) == len(sent):
+                break
+    assert sorted(got) == sent
 
 
-async def test_a_partition_the_topic_lacks_is_named(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.real_youzan
+async def test_a_partition_the_topic_lacks_is_named(
+        youzan: YouzanCluster, caplog: pytest.LogCaptureFixture) -> None:
     """``partitions=[1, 7]`` on a topic of two partitions (a typo, or the wrong topic): the
     consumer reads partition 1 and says that there is no partition 7."""
-    async with DevCluster(nodes=2, flavour="youzan") as cluster:
-        cluster.create_topic("two", partition_num=2, replica=1, channels=["app"])
-        lookupd = cluster.lookupd_http_addresses
-        async with Producer(lookupd=lookupd) as p:
-            await p.publish("two", b"on one", partition=1)
-        with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
-            async with asyncio.timeout(STEP), \
-                    Consumer("two", "app", lookupd=lookupd, partitions=[1, 7]) as c:
-                async for msg in c:
-                    assert (msg.body, msg.partition) == (b"on one", 1)
-                    msg.finish()
-                    break
+    topic = await youzan_topic(youzan, "two", partitions=2)
+    async with Producer(lookupd=youzan.lookupd) as p:
+        await p.publish(topic, b"on one", partition=1)
+    with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+        async with asyncio.timeout(STEP), \
+                Consumer(topic, "app", lookupd=youzan.lookupd, partitions=[1, 7]) as c:
+            async for msg in c:
+                assert (msg.body, msg.partition) == (b"on one", 1)
+                msg.finish()
+                break
     said = [r.getMessage() for r in caplog.records if "no partition 7" in r.getMessage()]
     assert len(said) == 1 and "partitions 0..1" in said[0], caplog.text
 
