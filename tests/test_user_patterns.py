@@ -187,6 +187,29 @@ async def test_a_timeout_around_the_consumer_cuts_its_stop_short(
     assert sorted(got) == sent
 
 
+async def test_a_second_stop_waiting_beside_a_cancelled_one_returns() -> None:
+    """Two tasks stop one consumer (a shutdown hook and the ``async with`` exit, say); the
+    first is cancelled while the stop drains. The second was not cancelled: it returns,
+    the consumer stopped, without a CancelledError of its own."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        addr = cluster.nsqd_tcp_addresses
+        async with Producer(nsqd=addr) as p:
+            await p.publish("twostops", b"held")
+        c = Consumer("twostops", "app", nsqd=addr, config=ConsumerConfig(drain_timeout=60.0))
+        await c.start()
+        async with asyncio.timeout(STEP):
+            await anext(aiter(c))  # handed out, never answered: the drain waits for it
+            first = asyncio.create_task(c.stop())
+            second = asyncio.create_task(c.stop())
+            await asyncio.sleep(0)  # one loop turn: both are waiting for the stop
+            assert not c.is_running and not first.done() and not second.done()
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await second
+        assert c.is_closed
+
+
 @pytest.mark.real_youzan
 async def test_a_partition_the_topic_lacks_is_named(
         youzan: YouzanCluster, caplog: pytest.LogCaptureFixture) -> None:

@@ -225,6 +225,8 @@ class Consumer:
         self._stopping = False
         self._closed = False
         self._stop_task: asyncio.Task[None] | None = None
+        #: a cancelled stop() cutting the stop short (see stop())
+        self._cut_task: asyncio.Future[None] | None = None
         self._closed_event: asyncio.Event | None = None
         self._error: BaseException | None = None
 
@@ -381,13 +383,16 @@ class Consumer:
         try:
             await asyncio.shield(self._stop_task)
         except asyncio.CancelledError:
-            # the caller stopped waiting (a timeout around it): the graceful stop would go
-            # on unwatched, holding messages in flight until its drain ended, and be cut off
-            # anywhere when the loop ends. Cut it short now instead, then raise.
-            await self._abort()
-            raise
+            # the caller gave up waiting (a timeout around it): rather than a graceful stop
+            # left unwatched, holding messages in flight, the stop is cut short. Another
+            # caller's wait also ends here; not cancelled itself, it returns, stopped.
+            if self._cut_task is None:
+                self._cut_task = asyncio.ensure_future(self._cut_short())
+            await asyncio.shield(self._cut_task)
+            if me is not None and me.cancelling():
+                raise
 
-    async def _abort(self) -> None:
+    async def _cut_short(self) -> None:
         """End a cancelled stop at once (:meth:`StopSteps.cut_short`)."""
         task = self._stop_task
         if task is not None and not task.done():
