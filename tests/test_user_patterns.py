@@ -201,7 +201,8 @@ async def test_a_second_stop_waiting_beside_a_cancelled_one_returns() -> None:
             await anext(aiter(c))  # handed out, never answered: the drain waits for it
             first = asyncio.create_task(c.stop())
             second = asyncio.create_task(c.stop())
-            await asyncio.sleep(0)  # one loop turn: both are waiting for the stop
+            for _ in range(2):  # two loop turns: both wait for the stop, which has begun
+                await asyncio.sleep(0)
             assert not c.is_running and not first.done() and not second.done()
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
