@@ -392,11 +392,12 @@ def stdout_closed() -> None:
 
 
 @contextlib.contextmanager
-def writing_stdout() -> Iterator[None]:
-    """Around writes to stdout: a reader gone away raises :class:`OutputClosed`, any other
-    failed write (a full disk) a one-line :class:`CliError`. Either way what is still
-    buffered for stdout is dropped, so that the interpreter's last flush does not fail
-    again ("Exception ignored ... BrokenPipeError")."""
+def writing_stdout(what: str = "the output") -> Iterator[None]:
+    """Around writes to stdout (``what`` they are, for the error): a reader gone away raises
+    :class:`OutputClosed`, any other failed write (a full disk) a one-line
+    :class:`CliError`. Either way what is still buffered for stdout is dropped, so that the
+    interpreter's last flush does not fail again ("Exception ignored ...
+    BrokenPipeError")."""
     try:
         yield
     except BrokenPipeError:
@@ -404,7 +405,7 @@ def writing_stdout() -> Iterator[None]:
         raise OutputClosed from None
     except OSError as exc:
         stdout_closed()
-        raise CliError(f"cannot write the output: {exc.strerror or exc}") from None
+        raise CliError(f"cannot write {what}: {exc.strerror or exc}") from None
 
 
 def echo(text: str) -> None:

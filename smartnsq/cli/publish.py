@@ -31,15 +31,16 @@ from rich.progress import (
 from smartnsq.cli.common import (
     CliError,
     Cluster,
+    OutputClosed,
     RateParam,
     cluster_options,
     command_runner,
     describe,
     pick_cluster,
     stderr_console,
-    stdout_closed,
     stop_event,
     topic_argument,
+    writing_stdout,
 )
 from smartnsq.cli.records import Record, RecordTooLong, parse_delimiter, read_records
 from smartnsq.config import ProducerConfig
@@ -108,8 +109,6 @@ class Totals:
     bytes: int = 0
     #: stdout's reader went away (``--trace | head``): the run stops like on a signal
     output_closed: bool = False
-    #: a receipt could not be written (a full disk): the run ends with an error
-    output_failed: bool = False
 
 
 class Pacer:
@@ -317,21 +316,15 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
 
     def receipt(r: PublishReceipt | None) -> None:
         """Print a receipt of a message already counted as published."""
-        if r is None or not trace or totals.output_closed or totals.output_failed:
+        if r is None or not trace or totals.output_closed:
             return
         try:
-            print(receipt_line(r), file=out, flush=True)
-        except BrokenPipeError:
+            with writing_stdout("the receipts"):  # another failure: the run's error line
+                print(receipt_line(r), file=out, flush=True)
+        except OutputClosed:
             # nobody reads the receipts any more: publish nothing more (this one is out)
             totals.output_closed = True
-            stdout_closed()
             stop.set()
-        except OSError as exc:
-            # a full disk: the run ends with one error line; the line still buffered is
-            # dropped, so the interpreter's last flush does not fail again
-            totals.output_failed = True
-            stdout_closed()
-            raise CliError(f"cannot write the receipts: {exc.strerror or exc}") from None
 
     if rule is not None:
         # keys run in parallel; one key's records keep input order (the producer's lanes)

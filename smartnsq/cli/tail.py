@@ -15,6 +15,7 @@ import click
 from smartnsq.cli.common import (
     CliError,
     FromParam,
+    OutputClosed,
     StartAt,
     cluster_options,
     command_runner,
@@ -23,10 +24,11 @@ from smartnsq.cli.common import (
     stdout_closed,
     stop_event,
     topic_argument,
+    writing_stdout,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
-from smartnsq.cli.output_pipe import OutputPipe
+from smartnsq.cli.output_pipe import OutputPipe, output_gone
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
@@ -94,7 +96,7 @@ class Printer:
         self.printed = 0
         self.output_closed = False
         #: the write error (other than a closed pipe) that stopped the printing
-        self.error: OSError | None = None
+        self.error: CliError | None = None
         self.done = asyncio.Event()
 
     async def __call__(self, msg: Message) -> None:
@@ -109,17 +111,16 @@ class Printer:
             msg.requeue(0, backoff=False)  # stopping while the reader reads nothing
             return
         try:
-            self.out.write(line + b"\n")
-            self.out.flush()
-        except OSError as exc:
+            with writing_stdout():
+                self.out.write(line + b"\n")
+                self.out.flush()
+        except (OutputClosed, CliError) as exc:
             # not printed: back to the channel at once, and no more (the next write would
             # fail the same way: a message requeued with backoff forever)
             msg.requeue(0, backoff=False)
-            if isinstance(exc, BrokenPipeError):
-                self._reader_gone()
-            else:
+            if isinstance(exc, CliError):
                 self.error = exc
-                self.done.set()
+            self._reader_gone()
             return
         self.printed += 1
         if self.count is not None and self.printed >= self.count:
@@ -137,18 +138,16 @@ class Printer:
         return not self.stopping.is_set()
 
     def _reader_gone(self) -> None:
-        if not self.output_closed:
-            self.output_closed = True
-            stdout_closed()
+        """No more printing: the output was closed, or failed (:attr:`error`); stdout is
+        /dev/null now, so nothing may be taken as printed any more."""
+        self.output_closed = True
         self.done.set()
 
     async def watch_output(self) -> None:
         """Return once the output is a pipe whose reader has gone (then printing is done);
         never for a terminal or a file."""
-        if self.pipe is None:
-            await asyncio.get_running_loop().create_future()
-            return
-        await self.pipe.hung_up()
+        await output_gone(self.out)
+        stdout_closed()
         self._reader_gone()
 
 
@@ -276,7 +275,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
 def _output_note(printer: Printer, channel: str | None) -> None:
     """On a named channel, say how many messages a closed output took (the ones its reader
     dropped unread are among them); the others stay in the channel."""
-    if printer.output_closed and channel is not None:
+    if printer.output_closed and printer.error is None and channel is not None:
         err_print(f"smartnsq: tail: the output was closed after {printer.printed} "
                   f"message(s) were printed; the rest stay in channel {channel}")
 
@@ -298,6 +297,5 @@ async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,
     await consume_watched(consumer, stop, printer.done, connect_timeout=connect_timeout,
                           guards=[printer.watch_output])
     if printer.error is not None:
-        raise CliError(f"cannot write the output: {printer.error.strerror or printer.error} "
-                       f"(after {printer.printed} message(s); the one that failed went back "
-                       "to the channel)")
+        raise CliError(f"{printer.error.message} (after {printer.printed} message(s); the "
+                       "one that failed went back to the channel)")
