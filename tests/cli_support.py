@@ -118,6 +118,19 @@ async def smartnsq(*args: str, bound: float = WAIT) -> tuple[int, bytes, bytes]:
     return proc.returncode, out, err
 
 
+async def finish_process(proc: asyncio.subprocess.Process) -> tuple[int, bytes]:
+    """The rest of a CLI process's stderr and its exit code; killed if it outlives WAIT."""
+    assert proc.stderr is not None
+    try:
+        rest = await asyncio.wait_for(proc.stderr.read(), WAIT)
+        code = await asyncio.wait_for(proc.wait(), WAIT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return code, rest
+
+
 def closed_port() -> str:
     """A local address nobody listens on."""
     with socket.socket() as s:

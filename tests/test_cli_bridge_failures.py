@@ -28,6 +28,7 @@ from tests.cli_support import (
     channel_stats,
     closed_port,
     cluster_fixture,
+    finish_process,
     lines,
     run_cli,
     smartnsq,
@@ -135,19 +136,6 @@ async def _forward_one(source: ClusterThread, dst: ClusterThread, topic: str) ->
         channel_stats(source, topic, SRC_CHANNEL)["depth"]) == (0, 0))
 
 
-async def _finish(proc: asyncio.subprocess.Process) -> tuple[int, bytes]:
-    """The rest of stderr and the exit code (the process is killed if it outlives WAIT)."""
-    assert proc.stderr is not None
-    try:
-        rest = await asyncio.wait_for(proc.stderr.read(), WAIT)
-        code = await asyncio.wait_for(proc.wait(), WAIT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return code, rest
-
-
 async def test_a_destination_lost_mid_run_ends_with_an_error_and_keeps_the_rest(
         stock: ClusterThread, dest: ClusterThread) -> None:
     topic = "lostdest"
@@ -164,7 +152,7 @@ async def test_a_destination_lost_mid_run_ends_with_an_error_and_keeps_the_rest(
         assert warning.startswith(b"smartnsq: warning: destination: "), warning
         assert tcp(dest).encode() in warning and b"went back to the source" in warning
     finally:
-        code, rest = await _finish(proc)
+        code, rest = await finish_process(proc)
     assert time.monotonic() - lost < BOUND + SLACK
     text = rest.decode()
     assert code == 1 and "Traceback" not in text, text
@@ -201,7 +189,7 @@ async def test_a_destination_back_within_the_bound_is_carried_on_with(
         assert f"up to {WAIT:g} s".encode() in warning and proc.returncode is None, warning
         dest.run(dest.cluster.start_node(0))
     finally:
-        code, rest = await _finish(proc)
+        code, rest = await finish_process(proc)
     text = rest.decode()
     assert code == 0 and "error" not in text, text
     assert text.splitlines()[-1] == f"forwarded 2 message(s) from {topic} to {topic}", text

@@ -20,7 +20,7 @@ import pytest
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
-from tests.cli_support import WAIT, closed_port, smartnsq
+from tests.cli_support import WAIT, closed_port, finish_process, smartnsq
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -102,12 +102,11 @@ async def test_a_wrong_port_is_named_at_once_then_given_up(
             # promptly, while it is still trying
             assert first.startswith(b"smartnsq: warning: ") and addr.encode() in first, first
             assert why in first and proc.returncode is None, first
-            rest = await asyncio.wait_for(proc.stderr.read(), WAIT)
-            code = await asyncio.wait_for(proc.wait(), WAIT)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        code, rest = await finish_process(proc)
         assert code == 1, (first, rest)
         assert time.monotonic() - began < 3 + 10  # the bound plus start-up and a retry
         last = rest.decode().splitlines()[-1]
