@@ -6,17 +6,29 @@ promptly with the shell's exit code and the count published so far."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import io
 import signal
+import struct
 import subprocess
+import sys
+import termios
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from smartnsq.cli.publish import DRAIN_SECONDS
 from smartnsq.cli.records import Record, RecordTooLong, read_records
-from tests.cli_support import WAIT, ClusterThread, cluster_fixture, http_json, spawn_cli
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    cluster_fixture,
+    http_json,
+    run_cli,
+    spawn_cli,
+)
 
 CHANNEL = "c"
 
@@ -162,3 +174,123 @@ def test_publish_from_an_open_pipe_stops_on_a_signal(stock: ClusterThread, sig: 
     (line,) = err.decode().splitlines()
     assert line.startswith("published 3 message(s), 11 bytes, to " + topic), line
     assert line.endswith(f"(interrupted by {signal.Signals(sig).name})"), line
+
+
+# -- a signal while records are held ---------------------------------------------------------
+
+
+def bodies(ct: ClusterThread, topic: str, n: int) -> list[bytes]:
+    """The channel's messages, read back with ``smartnsq tail -n`` as a user would."""
+    r = subprocess.run([sys.executable, "-m", "smartnsq", "tail", topic, "--nsqd",
+                        ct.cluster.nsqd_tcp_addresses[0], "--channel", CHANNEL, "-n", str(n)],
+                       capture_output=True, timeout=WAIT, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def feed_slowly(proc: subprocess.Popen[bytes], lines_: list[bytes]) -> None:
+    """Write lines into the pipe one at a time, as a slow producer does (the pipe stays
+    open), and wait until publish has read them all (nothing left in the pipe)."""
+    assert proc.stdin is not None
+    for line in lines_:
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+        time.sleep(0.05)
+    deadline = time.monotonic() + WAIT
+    while pipe_unread(proc.stdin) > 0:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.2)  # read from the pipe: handed to the command's loop right after
+
+
+def pipe_unread(writer: Any) -> int:
+    """Bytes written into a pipe and not read yet (FIONREAD on the write end works too)."""
+    return int(struct.unpack("i", fcntl.ioctl(writer.fileno(), termios.FIONREAD,
+                                               b"\0" * 4))[0])
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str, float]:
+    """Exit code, stderr and seconds from now to the exit (killed after WAIT)."""
+    began = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err.decode(), time.monotonic() - began
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_publishes_the_partial_batch_it_holds(stock: ClusterThread, sig: int,
+                                                       code: int) -> None:
+    """``slow-producer | smartnsq publish T --batch 100``, then Ctrl-C: the 7 lines read
+    into a batch that never filled are published, not dropped; the usual exit code."""
+    topic = f"partial{code}"
+    make_topic(stock, topic)
+    proc = spawn_cli(["publish", topic, "--nsqd", stock.cluster.nsqd_tcp_addresses[0],
+                      "--batch", "100"], stdin=subprocess.PIPE)
+    sent = [b"line%d" % i for i in range(7)]
+    feed_slowly(proc, sent)
+    assert depth(stock, topic) == 0  # held: the batch is not full
+    proc.send_signal(sig)
+    rc, err, elapsed = finish(proc)
+    assert rc == code, err
+    assert elapsed < 5.0, f"{elapsed:.1f} s after the signal"
+    (line,) = err.splitlines()
+    assert line.startswith(f"published 7 message(s), 35 bytes, to {topic}"), line
+    assert line.endswith(f"(interrupted by {signal.Signals(sig).name})"), line
+    assert bodies(stock, topic, 7) == sent
+    assert depth(stock, topic) == 0
+
+
+def test_a_signal_reports_what_a_silent_nsqd_never_confirmed(stock: ClusterThread) -> None:
+    """The nsqd stops answering while a batch is out and another record is held: after
+    Ctrl-C publish waits at most DRAIN_SECONDS, then says how many records read were not
+    published (or not confirmed) and exits 130; a second Ctrl-C ends the wait at once."""
+    node = stock.cluster.nodes[0]
+    for second in (False, True):
+        topic = f"silent{int(second)}"
+        make_topic(stock, topic)
+        proc = spawn_cli(["publish", topic, "--nsqd", stock.cluster.nsqd_tcp_addresses[0],
+                          "--batch", "3"], stdin=subprocess.PIPE)
+        try:
+            feed_slowly(proc, [b"a1", b"a2", b"a3"])
+            wait_depth(stock, topic, 3, proc)
+            stock.call(lambda: node.set_response_delay(60))
+            feed_slowly(proc, [b"b1", b"b2", b"b3", b"b4"])  # one MPUB out, b4 held
+            proc.send_signal(signal.SIGINT)
+            if second:
+                time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)
+            rc, err, elapsed = finish(proc)
+        finally:
+            stock.call(lambda: node.set_response_delay(0))
+        assert rc == 130, err
+        bound = 2.0 if second else DRAIN_SECONDS + 2.0
+        assert elapsed < bound, f"{elapsed:.1f} s after the signal"
+        summary, warning = err.splitlines()
+        assert summary.startswith("published 3 message(s)"), err
+        why = "a second signal" if second else f"the {DRAIN_SECONDS:g} s allowed"
+        assert warning.startswith("smartnsq: warning: publish: 4 record(s) read before "
+                                  "SIGINT were not published, or not confirmed"), warning
+        assert why in warning, warning
+        # nothing vanished unreported: each record is in the channel or in the warning
+        assert depth(stock, topic) + 4 >= 7
+
+
+def test_empty_records_are_skipped_and_counted(stock: ClusterThread) -> None:
+    """nsqd refuses an empty body: blank lines (CRLF ones too) are skipped, as to_nsq does,
+    and the summary says how many."""
+    make_topic(stock, "blank")
+    r = run_cli(["publish", "blank", "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
+                input=b"a\n\nb\r\n\r\n\nc")
+    (line,) = r.stderr.decode().splitlines()
+    assert r.returncode == 0, line
+    assert line.startswith("published 3 message(s), 3 bytes, to blank"), line
+    assert "skipped 3 empty record(s)" in line, line
+    assert bodies(stock, "blank", 3) == [b"a", b"b", b"c"]
+    # none skipped: nothing said about it
+    r = run_cli(["publish", "blank", "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
+                input=b"d\n")
+    assert r.returncode == 0 and b"skipped" not in r.stderr, r.stderr

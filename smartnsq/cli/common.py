@@ -4,16 +4,24 @@ parsers for the option values (addresses, start positions, rates), and the rich 
 Errors reach the operator as one line (``smartnsq: error: ...``) with a non-zero exit code and
 no traceback; ``SMARTNSQ_TRACEBACK=1`` shows the traceback for bug reports.
 
-A closed output (``| head`` that has read enough) is not an error: the command ends quietly
-with exit code 0, as ``tail`` does, unless it left work undone because of it (``publish``
-exits 141, 128 + SIGPIPE, when input was left unpublished). Another failed write to stdout
-(a full disk) is one error line.
+Exit codes, one convention for every command (owned here: :func:`command_runner` applies it):
+
+- 0: done; also a closed output (``| head`` that has read enough), which is not an error,
+  unless the command left work undone because of it: ``publish`` then exits 141 (128 +
+  SIGPIPE, :data:`EXIT_OUTPUT_CLOSED`), its input not all published;
+- 1: an error (one line on stderr), also when a signal came first; 2: a usage error;
+- 130 after SIGINT (Ctrl-C), 143 after SIGTERM: 128 + the signal's number, as shells report a
+  command a signal ended, also when the command stopped gracefully on it (drained, closed),
+  so that a script or a shell loop around it sees it was interrupted.
+
+Another failed write to stdout (a full disk) is one error line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as _dt
 import functools
 import logging
@@ -43,7 +51,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 #: exit code after Ctrl-C (128 + SIGINT), as shells report it
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+#: exit code after SIGTERM (128 + SIGTERM)
+EXIT_TERMINATED = 128 + signal.SIGTERM
+#: ``publish``'s input was not all published because stdout's reader went away: 128 +
+#: SIGPIPE, as shells report a command a broken pipe ended
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+
+
+def exit_code_after(signum: int) -> int:
+    """The exit code of a command stopped by signal ``signum``: 128 + its number."""
+    return 128 + signum
 
 
 class CliError(click.ClickException):
@@ -253,24 +271,44 @@ class RateParam(click.ParamType[float]):
 
 
 class StopEvent(asyncio.Event):
-    """Set on SIGINT/SIGTERM; :attr:`signum` says which signal set it."""
+    """Set on SIGINT/SIGTERM; :attr:`signum` says which signal set it, :attr:`hurry` is set
+    by a second signal (the operator does not want to wait for the graceful stop)."""
 
     signum: int | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hurry = asyncio.Event()
 
     def on_signal(self, signum: int) -> None:
         if self.signum is None:
             self.signum = signum
+        elif self.is_set():
+            self.hurry.set()
         self.set()
 
     def exit_code(self) -> int | None:
         """128 + the signal number (130 for SIGINT, 143 for SIGTERM), as shells report a
         command a signal ended; None when no signal came."""
-        return None if self.signum is None else 128 + self.signum
+        return None if self.signum is None else exit_code_after(self.signum)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "a stop"
+
+
+#: the stop events of the command being run (see :func:`command_runner`)
+_STOPS: contextvars.ContextVar[list[StopEvent] | None] = contextvars.ContextVar(
+    "smartnsq_cli_stops", default=None)
 
 
 def stop_event() -> StopEvent:
-    """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close)."""
+    """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close); a
+    command that then returns exits with 128 + the signal's number (:func:`command_runner`)."""
     event = StopEvent()
+    stops = _STOPS.get()
+    if stops is not None:
+        stops.append(event)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         # not on every platform (Windows), nor outside the main thread (tests)
@@ -337,13 +375,23 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
-    """Decorate an ``async def`` command body so click can call it."""
+    """Decorate an ``async def`` command body so click can call it. A body that returns
+    after a signal stopped it (its :func:`stop_event` was set by SIGINT/SIGTERM) exits with
+    128 + the signal's number; an error it raises keeps its own exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        stops: list[StopEvent] = []
+
         async def main() -> T:
+            _STOPS.set(stops)  # this task's own context: the command's stop events
             return await fn(*args, **kwargs)
-        return run(main())
+
+        result = run(main())
+        codes = [c for c in (s.exit_code() for s in stops) if c is not None]
+        if codes:
+            raise click.exceptions.Exit(codes[0])
+        return result
 
     return wrapper
 

@@ -8,13 +8,11 @@ import asyncio
 import contextlib
 import json
 import os
-import re
-import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypeVar
 
 import click
 from rich.progress import (
@@ -29,10 +27,12 @@ from rich.progress import (
 )
 
 from smartnsq.cli.common import (
+    EXIT_OUTPUT_CLOSED,
     CliError,
     Cluster,
     OutputClosed,
     RateParam,
+    StopEvent,
     cluster_options,
     command_runner,
     describe,
@@ -42,7 +42,15 @@ from smartnsq.cli.common import (
     topic_argument,
     writing_stdout,
 )
-from smartnsq.cli.records import Record, RecordTooLong, parse_delimiter, read_records
+from smartnsq.cli.records import (
+    InputState,
+    Record,
+    RecordTooLong,
+    ShardKeyRule,
+    parse_delimiter,
+    read_records,
+    shard_rule,
+)
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup, TopicView
@@ -58,49 +66,16 @@ Examples:
   echo later | smartnsq publish jobs --nsqd 127.0.0.1:4150 --defer 30
 """
 
+T = TypeVar("T")
+
 #: records read ahead of the publishes (ordered mode keeps this many in flight)
 WINDOW = 256
 #: nsqd's default --max-msg-size and --max-body-size
 MAX_MSG_SIZE = 1024 * 1024
 MAX_BODY_SIZE = 5 * 1024 * 1024
-#: the input was not all published because stdout's reader went away: 128 + SIGPIPE, as
-#: shells report a command a broken pipe ended
-EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
-
-
-class ShardKeyRule:
-    """Where a record's shard key is: a JSON field (dotted path) or a regex's first group."""
-
-    def __init__(self, *, field: str | None = None, regex: re.Pattern[bytes] | None = None,
-                 path: list[str] | None = None) -> None:
-        self.field = field
-        self.regex = regex
-        self.path = path or []
-
-    def key(self, rec: Record) -> str | int:
-        where = f"{rec.source} record {rec.number}"
-        if self.regex is not None:
-            m = self.regex.search(rec.body)
-            if m is None:
-                raise CliError(f"{where}: --shard-key-regex {self.regex.pattern.decode()!r} "
-                               "does not match")
-            raw = m.group(1) if self.regex.groups else m.group(0)
-            if raw is None or not raw:
-                raise CliError(f"{where}: --shard-key-regex matched an empty shard key")
-            return raw.decode("utf-8", "replace")
-        try:
-            doc: Any = json.loads(rec.body)
-        except ValueError as exc:
-            raise CliError(f"{where}: not JSON ({exc}); --shard-key-field needs JSON "
-                           "lines") from None
-        for part in self.path:
-            if not isinstance(doc, dict) or part not in doc:
-                raise CliError(f"{where}: no field {self.field!r} in the JSON object")
-            doc = doc[part]
-        if isinstance(doc, bool) or not isinstance(doc, str | int) or doc == "":
-            raise CliError(f"{where}: field {self.field!r} is {json.dumps(doc)}; a shard key "
-                           "must be a non-empty string or an integer")
-        return doc
+#: after SIGINT/SIGTERM, the records already read are still published for at most this long
+#: (a second signal cuts it short); the rest are reported as not published
+DRAIN_SECONDS = 5.0
 
 
 @dataclass
@@ -109,16 +84,71 @@ class Totals:
     bytes: int = 0
     #: stdout's reader went away (``--trace | head``): the run stops like on a signal
     output_closed: bool = False
+    #: records read but not (confirmed) published when the drain after a signal was cut
+    unpublished: int = 0
+
+
+class DrainCut(Exception):
+    """The drain after a signal is over (its bound passed, or a second signal came);
+    ``held`` records taken from the input were not (confirmed) published."""
+
+    def __init__(self, held: int = 0) -> None:
+        super().__init__(held)
+        self.held = held
+
+
+class Drain:
+    """Bounds the publishing after a stop: the records already read are published until
+    :data:`DRAIN_SECONDS` after the signal, or a second signal; a publish still out then is
+    abandoned (:class:`DrainCut`)."""
+
+    def __init__(self, stop: StopEvent, seconds: float = DRAIN_SECONDS) -> None:
+        self.stop = stop
+        self.seconds = seconds
+        self._deadline: float | None = None
+
+    async def _cut(self) -> None:
+        await self.stop.wait()
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + self.seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.hurry.wait(), max(0.0, self._deadline - loop.time()))
+
+    def over(self) -> bool:
+        if not self.stop.is_set():
+            return False
+        if self._deadline is None:
+            self._deadline = asyncio.get_running_loop().time() + self.seconds
+        return (self.stop.hurry.is_set()
+                or asyncio.get_running_loop().time() >= self._deadline)
+
+    async def bounded(self, aw: Awaitable[T]) -> T:
+        """``aw``'s result, or :class:`DrainCut` (``aw`` cancelled) once the drain is over."""
+        task = asyncio.ensure_future(aw)
+        if self.over():
+            task.cancel()
+        cut = asyncio.ensure_future(self._cut())
+        try:
+            await asyncio.wait((task, cut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+        if task.done() and not task.cancelled():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise DrainCut
 
 
 class Pacer:
-    """Spaces publishes to ``rate`` messages per second (no burst beyond one batch); a
-    wait ends early when ``stop`` is set."""
+    """Spaces publishes to ``rate`` messages per second (no burst beyond one batch), also
+    while the records read before a signal are drained; a wait ends the drain early."""
 
-    def __init__(self, rate: float | None, stop: asyncio.Event) -> None:
+    def __init__(self, rate: float | None, drain: Drain) -> None:
         self.interval = 1.0 / rate if rate else 0.0
         self.next = 0.0
-        self.stop = stop
+        self.drain = drain
 
     async def wait(self, n: int = 1) -> None:
         if not self.interval:
@@ -126,8 +156,7 @@ class Pacer:
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self.next > now:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), self.next - now)
+            await self.drain.bounded(asyncio.sleep(self.next - now))
         self.next = max(self.next, now) + n * self.interval
 
 
@@ -169,11 +198,13 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
     """Publish one message per record of FILEs (or stdin; '-' is stdin too) to TOPIC;
     records from a pipe are published as they arrive (with --batch, a batch at a time).
     A summary line goes to stderr; --trace receipts go to stdout as JSON lines.
-    SIGINT/SIGTERM stop it after the publishes under way: the summary counts what was
-    published, and the exit code is 130/143 (141 when the receipts' reader went away)."""
+    SIGINT/SIGTERM stop reading; what was read is still published (for at most 5 s, a
+    second signal ends at once; what is left then is reported), and the exit code is
+    130/143 (141 when the receipts' reader went away). Empty records are skipped (nsqd
+    refuses empty bodies) and counted in the summary."""
     cluster = pick_cluster(lookupd, nsqd)
     delim = parse_delimiter(delimiter)
-    rule = _shard_rule(shard_key_field, shard_key_regex)
+    rule = shard_rule(shard_key_field, shard_key_regex)
     if rule is not None and (batch or partition is not None or defer is not None):
         raise click.UsageError("--shard-key-* publishes each record to its key's partition; "
                                "it cannot be combined with --batch, --partition or --defer")
@@ -186,10 +217,11 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
     sources, total = _open_sources(files)
     show = progress if progress is not None else sys.stdout.isatty()
     stop = stop_event()
+    drain = Drain(stop)
     totals = Totals()
+    state = InputState()
     began = False
     started = time.perf_counter()
-    console = stderr_console()
     producer = _producer(cluster, max_msg_size)
     try:
         async with producer:
@@ -198,15 +230,15 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
                 assert lookup is not None
                 await _check_topic(lookup, topic)
             began = True
-            records = read_records(sources, delim, limit=max_msg_size, stop=stop)
+            records = read_records(sources, delim, limit=max_msg_size, stop=stop, state=state)
             with _progress(show, total) as bar:
                 task = bar.add_task("publishing", total=total)
-                pacer = Pacer(rate, stop)
+                pacer = Pacer(rate, drain)
                 try:
                     async for done in _publish_all(producer, topic, records, rule=rule,
                                                    batch=batch, partition=partition,
                                                    trace=trace, defer=defer, pacer=pacer,
-                                                   stop=stop, totals=totals):
+                                                   drain=drain, totals=totals):
                         bar.update(task, completed=done)
                 except (CliError, NSQError, RecordTooLong, OSError) as exc:
                     # the one error line also says how far the input got
@@ -218,40 +250,37 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
             if name != "<stdin>":
                 stream.close()
     if began:
-        elapsed = time.perf_counter() - started
-        rate_txt = f", {totals.messages / elapsed:,.0f} msg/s" if elapsed > 0 else ""
-        why = ""
-        if stop.signum is not None:
-            why = f" (interrupted by {signal.Signals(stop.signum).name})"
-        elif totals.output_closed:
-            why = " (stopped: the output was closed)"
-        console.print(f"published {totals.messages} message(s), {totals.bytes:,} bytes, to "
-                      f"{topic} in {elapsed:.2f}s{rate_txt}{why}",
-                      highlight=False, soft_wrap=True)
-    code = stop.exit_code()
-    if code is None and totals.output_closed:
-        code = EXIT_OUTPUT_CLOSED
-    if code is not None:
-        raise click.exceptions.Exit(code)
+        _summary(topic, totals, state, stop, time.perf_counter() - started)
+    if totals.output_closed and stop.signum is None:
+        raise click.exceptions.Exit(EXIT_OUTPUT_CLOSED)
+    # after a signal, command_runner exits 128 + its number
 
 
-def _shard_rule(field_name: str | None, regex: str | None) -> ShardKeyRule | None:
-    if field_name is not None and regex is not None:
-        raise click.UsageError("give --shard-key-field or --shard-key-regex, not both")
-    if field_name is not None:
-        path = field_name.split(".")
-        if not all(path):
-            raise click.BadParameter(f"malformed field name {field_name!r}",
-                                     param_hint="--shard-key-field")
-        return ShardKeyRule(field=field_name, path=path)
-    if regex is not None:
-        try:
-            pattern = re.compile(regex.encode("utf-8"))
-        except re.error as exc:
-            raise click.BadParameter(f"invalid regex {regex!r}: {exc}",
-                                     param_hint="--shard-key-regex") from None
-        return ShardKeyRule(regex=pattern)
-    return None
+def _summary(topic: str, totals: Totals, state: InputState, stop: StopEvent,
+             elapsed: float) -> None:
+    """The summary line on stderr, and after a signal what was read and not published."""
+    rate_txt = f", {totals.messages / elapsed:,.0f} msg/s" if elapsed > 0 else ""
+    skipped = f"; skipped {state.empty} empty record(s)" if state.empty else ""
+    why = ""
+    if stop.signum is not None:
+        why = f" (interrupted by {stop.signal_name})"
+    elif totals.output_closed:
+        why = " (stopped: the output was closed)"
+    console = stderr_console()
+    console.print(f"published {totals.messages} message(s), {totals.bytes:,} bytes, to "
+                  f"{topic} in {elapsed:.2f}s{rate_txt}{skipped}{why}",
+                  highlight=False, soft_wrap=True)
+    lost = []
+    if totals.unpublished:
+        cut = ("a second signal" if stop.hurry.is_set()
+               else f"the {DRAIN_SECONDS:g} s allowed after the signal passed")
+        lost.append(f"{totals.unpublished} record(s) read before {stop.signal_name} were "
+                    f"not published, or not confirmed ({cut})")
+    if state.unfinished and stop.signum is not None:
+        lost.append(f"an unfinished record ({state.unfinished:,} bytes read, no delimiter "
+                    "yet) was not published")
+    for text in lost:
+        console.print(f"smartnsq: warning: publish: {text}", highlight=False, soft_wrap=True)
 
 
 def _open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], int | None]:
@@ -307,11 +336,29 @@ def _progress(show: bool, total: int | None) -> Progress:
 
 async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Record], *,
                        rule: ShardKeyRule | None, batch: int | None, partition: int | None,
-                       trace: bool, defer: float | None, pacer: Pacer, stop: asyncio.Event,
+                       trace: bool, defer: float | None, pacer: Pacer, drain: Drain,
                        totals: Totals) -> AsyncIterator[int]:
     """Publish every record; yields the input bytes consumed after each acknowledged step.
     A record that cannot be published (too long, no shard key) ends the run after the
-    records before it were published."""
+    records before it were published. After a signal the records already read are still
+    published until the drain is over; those left then are counted in
+    ``totals.unpublished``."""
+    steps = _publish_steps(producer, topic, records, rule=rule, batch=batch,
+                           partition=partition, trace=trace, defer=defer, pacer=pacer,
+                           drain=drain, totals=totals)
+    try:
+        async for done in steps:
+            yield done
+    except DrainCut as cut:
+        # the rest of what was read before the signal: counted, not published
+        totals.unpublished = cut.held + sum([1 async for _ in records])
+
+
+async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[Record], *,
+                         rule: ShardKeyRule | None, batch: int | None, partition: int | None,
+                         trace: bool, defer: float | None, pacer: Pacer, drain: Drain,
+                         totals: Totals) -> AsyncIterator[int]:
+    """:func:`_publish_all`'s steps; a :class:`DrainCut` says how many records it held."""
     out = sys.stdout
 
     def receipt(r: PublishReceipt | None) -> None:
@@ -324,7 +371,7 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         except OutputClosed:
             # nobody reads the receipts any more: publish nothing more (this one is out)
             totals.output_closed = True
-            stop.set()
+            drain.stop.set()
 
     if rule is not None:
         # keys run in parallel; one key's records keep input order (the producer's lanes)
@@ -332,8 +379,12 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
 
         async def settle(keep: int) -> AsyncIterator[int]:
             while len(pending) > keep:
-                rec, fut = pending.pop(0)
-                r = await fut
+                rec, fut = pending[0]
+                try:
+                    r = await drain.bounded(asyncio.shield(fut))
+                except DrainCut:
+                    raise DrainCut(len(pending)) from None
+                pending.pop(0)
                 totals.messages += 1
                 totals.bytes += len(rec.body)
                 receipt(r)
@@ -343,10 +394,13 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         try:
             try:
                 async for rec in records:
-                    if stop.is_set():
+                    if totals.output_closed:
                         break
                     key = rule.key(rec)
-                    await pacer.wait()
+                    try:
+                        await pacer.wait()
+                    except DrainCut:
+                        raise DrainCut(len(pending) + 1) from None
                     fut = asyncio.ensure_future(producer.publish_ordered(
                         topic, key, rec.body, trace_id=rec.number if trace else None))
                     pending.append((rec, fut))
@@ -369,10 +423,14 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         chunk: list[Record] = []
 
         async def flush() -> int:
-            await pacer.wait(len(chunk))
-            bodies = [r.body for r in chunk]
-            sent = await producer.publish_many(
-                topic, bodies, partition=partition, trace_id=chunk[0].number if trace else None)
+            try:
+                await pacer.wait(len(chunk))
+                bodies = [r.body for r in chunk]
+                sent = await drain.bounded(producer.publish_many(
+                    topic, bodies, partition=partition,
+                    trace_id=chunk[0].number if trace else None))
+            except DrainCut:
+                raise DrainCut(len(chunk)) from None
             totals.messages += len(chunk)
             totals.bytes += sum(len(b) for b in bodies)
             for r in sent.receipts:
@@ -384,32 +442,35 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
         too_long: RecordTooLong | None = None
         try:
             async for rec in records:
-                if stop.is_set():
+                if totals.output_closed:
                     break
                 chunk.append(rec)
                 if len(chunk) >= batch:
                     yield await flush()
         except RecordTooLong as exc:
             too_long = exc  # the records before it are still published
-        if chunk and not stop.is_set():
+        # a partial batch, at the input's end or after a signal: published too
+        if chunk and not totals.output_closed:
             yield await flush()
         if too_long is not None:
             raise too_long
         return
 
     async for rec in records:
-        if stop.is_set():
+        if totals.output_closed:
             break
-        await pacer.wait()
         r = None
-        if defer is not None:
-            await producer.publish_deferred(topic, rec.body, defer)
-        else:
-            r = await producer.publish(topic, rec.body, partition=partition,
-                                       trace_id=rec.number if trace else None)
+        try:
+            await pacer.wait()
+            if defer is not None:
+                await drain.bounded(producer.publish_deferred(topic, rec.body, defer))
+            else:
+                r = await drain.bounded(producer.publish(
+                    topic, rec.body, partition=partition,
+                    trace_id=rec.number if trace else None))
+        except DrainCut:
+            raise DrainCut(1) from None
         totals.messages += 1
         totals.bytes += len(rec.body)
         receipt(r)
         yield rec.consumed
-
-

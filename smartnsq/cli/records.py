@@ -1,4 +1,5 @@
-"""The input of ``smartnsq publish``: files and stdin cut into records at a delimiter.
+"""The input of ``smartnsq publish``: files and stdin cut into records at a delimiter, and
+where a record's shard key is (``--shard-key-field`` / ``--shard-key-regex``).
 
 Each input is read on its own daemon thread with ``os.read`` on its file descriptor: the event
 loop stays free (a signal stops the command even while a pipe stays open and silent), what a
@@ -9,6 +10,10 @@ would). In-memory streams (tests) are read on the loop: they never wait.
 Records are cut in linear time: each chunk is searched once (plus the delimiter's length
 before it), and a record growing past the limit is refused at once, without reading the rest
 of it.
+
+On a stop (SIGINT/SIGTERM) nothing more is read, but every record already read is still
+handed over: those in the chunks read ahead too. Only an unfinished record (its delimiter
+not read yet) is left, and :class:`InputState` says how long it was.
 """
 
 from __future__ import annotations
@@ -16,14 +21,18 @@ from __future__ import annotations
 import asyncio
 import codecs
 import io
+import json
 import os
+import re
 import stat
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import click
+
+from smartnsq.cli.common import CliError
 
 #: bytes per read; a pipe hands over what it has, up to this
 READ_CHUNK = 1 << 18
@@ -39,6 +48,16 @@ class Record:
     body: bytes
     #: input bytes consumed up to and including this record
     consumed: int
+
+
+@dataclass
+class InputState:
+    """What the reading left out, for the command's summary."""
+
+    #: empty records skipped (nsqd refuses an empty body)
+    empty: int = 0
+    #: bytes of the record that was unfinished when a stop ended the reading
+    unfinished: int = 0
 
 
 class RecordTooLong(Exception):
@@ -115,6 +134,15 @@ class ChunkReader:
                 return
             self._room.acquire()
 
+    def read_nowait(self) -> bytes | None:
+        """A chunk already read and not handed over yet, without waiting; None when there is
+        none (or it was a read error: the command is stopping anyway)."""
+        if self._memory is not None or self._queue.empty():
+            return None
+        item = self._queue.get_nowait()
+        self._room.release()
+        return None if isinstance(item, OSError) else item
+
     async def read(self) -> bytes:
         """The next chunk; ``b""`` at the end of the input."""
         if self._memory is not None:
@@ -148,48 +176,125 @@ async def _until(stop: asyncio.Event, read: asyncio.Future[bytes]) -> bytes | No
     return None
 
 
+class _Cutter:
+    """Pieces of the input into numbered :class:`Record` s (over all the sources)."""
+
+    def __init__(self, delimiter: bytes, limit: int, state: InputState) -> None:
+        self.delimiter = delimiter
+        self.limit = limit
+        self.crlf = delimiter == b"\n"
+        # the \r dropped from a CRLF record's end is not part of the message
+        self.room = limit + 1 if self.crlf else limit
+        self.state = state
+        self.number = 0
+        self.consumed = 0
+
+    def cut(self, name: str, splitter: Splitter, chunk: bytes) -> Iterator[Record]:
+        """The records ``chunk`` completes; ``b""`` (the source's end) completes the last."""
+        if chunk:
+            parts = splitter.feed(chunk)
+        else:
+            parts = [bytes(splitter.pending)] if splitter.pending else []
+            splitter.pending.clear()
+        for part in parts:
+            self.consumed += len(part) + len(self.delimiter)
+            if self.crlf and part.endswith(b"\r"):
+                part = part[:-1]
+            if not part:
+                self.state.empty += 1
+                continue
+            self.number += 1
+            if len(part) > self.limit:
+                raise _too_long(name, self.number, self.limit)
+            yield Record(self.number, name, part, self.consumed)
+        if len(splitter.pending) > self.room:
+            raise _too_long(name, self.number + 1, self.limit)
+
+
 async def read_records(sources: list[tuple[str, BinaryIO]], delimiter: bytes, *, limit: int,
-                       stop: asyncio.Event) -> AsyncIterator[Record]:
-    """Records of every source in order, until the inputs end or ``stop`` is set. Empty
-    records are skipped (nsqd refuses empty bodies), a trailing ``\\r`` before a ``\\n``
-    delimiter is dropped; a record longer than ``limit`` bytes raises
+                       stop: asyncio.Event,
+                       state: InputState | None = None) -> AsyncIterator[Record]:
+    """Records of every source in order, until the inputs end or ``stop`` is set; then the
+    records already read are still yielded (see the module docstring). Empty records are
+    skipped (nsqd refuses empty bodies; counted in ``state``), a trailing ``\\r`` before a
+    ``\\n`` delimiter is dropped; a record longer than ``limit`` bytes raises
     :class:`RecordTooLong` as soon as it is known to be."""
-    crlf = delimiter == b"\n"
-    # the \r dropped from a CRLF record's end is not part of the message
-    room = limit + 1 if crlf else limit
-    number = 0
-    consumed = 0
+    state = state if state is not None else InputState()
+    cutter = _Cutter(delimiter, limit, state)
     for name, stream in sources:
+        if stop.is_set():
+            return
         splitter = Splitter(delimiter)
         reader = ChunkReader(stream)
         try:
             while True:
-                chunk = await _until(stop, asyncio.ensure_future(reader.read()))
-                if chunk is None:
-                    return
-                if chunk:
-                    parts = splitter.feed(chunk)
+                if stop.is_set():
+                    chunk = reader.read_nowait()  # stopping: only what was read already
                 else:
-                    parts = [bytes(splitter.pending)] if splitter.pending else []
-                    splitter.pending.clear()
-                for part in parts:
-                    consumed += len(part) + len(delimiter)
-                    if crlf and part.endswith(b"\r"):
-                        part = part[:-1]
-                    if not part:
-                        continue
-                    number += 1
-                    if len(part) > limit:
-                        raise _too_long(name, number, limit)
-                    yield Record(number, name, part, consumed)
-                    if stop.is_set():
-                        return
-                if len(splitter.pending) > room:
-                    raise _too_long(name, number + 1, limit)
+                    chunk = await _until(stop, asyncio.ensure_future(reader.read()))
+                if chunk is None:
+                    state.unfinished = len(splitter.pending)
+                    return
+                for rec in cutter.cut(name, splitter, chunk):
+                    yield rec
                 if not chunk:
                     break
         finally:
             reader.close()
+
+
+class ShardKeyRule:
+    """Where a record's shard key is: a JSON field (dotted path) or a regex's first group."""
+
+    def __init__(self, *, field: str | None = None, regex: re.Pattern[bytes] | None = None,
+                 path: list[str] | None = None) -> None:
+        self.field = field
+        self.regex = regex
+        self.path = path or []
+
+    def key(self, rec: Record) -> str | int:
+        where = f"{rec.source} record {rec.number}"
+        if self.regex is not None:
+            m = self.regex.search(rec.body)
+            if m is None:
+                raise CliError(f"{where}: --shard-key-regex {self.regex.pattern.decode()!r} "
+                               "does not match")
+            raw = m.group(1) if self.regex.groups else m.group(0)
+            if raw is None or not raw:
+                raise CliError(f"{where}: --shard-key-regex matched an empty shard key")
+            return raw.decode("utf-8", "replace")
+        try:
+            doc: Any = json.loads(rec.body)
+        except ValueError as exc:
+            raise CliError(f"{where}: not JSON ({exc}); --shard-key-field needs JSON "
+                           "lines") from None
+        for part in self.path:
+            if not isinstance(doc, dict) or part not in doc:
+                raise CliError(f"{where}: no field {self.field!r} in the JSON object")
+            doc = doc[part]
+        if isinstance(doc, bool) or not isinstance(doc, str | int) or doc == "":
+            raise CliError(f"{where}: field {self.field!r} is {json.dumps(doc)}; a shard key "
+                           "must be a non-empty string or an integer")
+        return doc
+
+
+def shard_rule(field_name: str | None, regex: str | None) -> ShardKeyRule | None:
+    if field_name is not None and regex is not None:
+        raise click.UsageError("give --shard-key-field or --shard-key-regex, not both")
+    if field_name is not None:
+        path = field_name.split(".")
+        if not all(path):
+            raise click.BadParameter(f"malformed field name {field_name!r}",
+                                     param_hint="--shard-key-field")
+        return ShardKeyRule(field=field_name, path=path)
+    if regex is not None:
+        try:
+            pattern = re.compile(regex.encode("utf-8"))
+        except re.error as exc:
+            raise click.BadParameter(f"invalid regex {regex!r}: {exc}",
+                                     param_hint="--shard-key-regex") from None
+        return ShardKeyRule(regex=pattern)
+    return None
 
 
 def _too_long(source: str, number: int, limit: int) -> RecordTooLong:
