@@ -14,6 +14,7 @@ from __future__ import annotations
 import aiohttp
 
 from smartnsq.errors import BodyTooLargeError
+from smartnsq.errors.ports import LOOKUPD_TCP, NOT_HTTP, NSQD_TCP
 
 MIB = 1024 * 1024
 #: nsqd ``/stats``: every topic, partition and channel of a node (and clients when asked)
@@ -49,3 +50,23 @@ async def read_body(resp: aiohttp.ClientResponse, *, server: str, path: str,
             raise BodyTooLargeError(server, path, limit)
         body += chunk
     return bytes(body)
+
+
+def not_http(exc: BaseException) -> str | None:
+    """What answered a request that failed with ``exc`` when the answer was no HTTP at all:
+    nsqd's or nsqlookupd's TCP listener (told by their ``E_BAD_PROTOCOL`` refusal, which
+    aiohttp quotes as the bad status line), else ``NOT_HTTP``; None for every other failure
+    (refused, reset, timed out: the server may just be down)."""
+    if not isinstance(exc, aiohttp.ClientResponseError) or \
+            not exc.message.startswith("Bad status line"):
+        return None
+    # the quoted line is a bytes (C parser) or str (Python parser) repr: escaped either way
+    if "\\x00\\x00\\x00\\x01E_BAD_PROTOCOL" in exc.message:
+        return NSQD_TCP
+    if "\\x0eE_BAD_PROTOCOL" in exc.message:
+        return LOOKUPD_TCP
+    return NOT_HTTP
+
+
+#: the answer of a Go HTTP server (nsqd's and nsqlookupd's) to a path it does not serve
+NO_SUCH_PATH = "NOT_FOUND"

@@ -17,7 +17,10 @@ here, once:
   ``E_TOPIC_NOT_EXIST`` :class:`~smartnsq.errors.TopicNotExistError`,
   ``E_FAILED_ON_NOT_WRITABLE`` :class:`~smartnsq.errors.NotWritableError`, as on TCP);
 * any other error answer: :class:`NsqdHttpError` with the status and the server's text
-  (stock's ``TOPIC_NOT_FOUND``, youzan's ``commit log end of file``).
+  (stock's ``TOPIC_NOT_FOUND``, youzan's ``commit log end of file``);
+* an address that is no nsqd HTTP port (an NSQ TCP port, or nsqlookupd's HTTP port, which has
+  no ``/stats``): :class:`~smartnsq.errors.NsqdHttpWrongPortError`, an
+  ``NsqdUnavailableError`` whose message names the mix-up; :func:`ask_again` says no.
 
 A partition's ``/stats`` saying another node leads it is ``ServerNotLeaderError`` too, and one that
 does not list it ``TopicNotExistError`` (:meth:`NsqdHttpClient.partition_stats`).
@@ -40,14 +43,17 @@ from smartnsq.errors import (
     LookupdError,
     NSQConnectionError,
     NsqdHttpError,
+    NsqdHttpWrongPortError,
     NsqdUnavailableError,
     NSQError,
     ServerError,
     ServerNotLeaderError,
     TopicNotExistError,
+    WrongPortError,
 )
+from smartnsq.errors.ports import LOOKUPD_HTTP
 from smartnsq.errors.server import SERVER_ERRORS
-from smartnsq.http_limits import nsqd_limit, read_body
+from smartnsq.http_limits import NO_SUCH_PATH, not_http, nsqd_limit, read_body
 from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.http import ACCEPT_V1
@@ -67,6 +73,10 @@ CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 TOPIC_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 #: every request to nsqd, the publishes of ``producer.http_nsqd`` too: the V1 envelope
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
+#: paths every nsqd (stock and youzan) serves and nsqlookupd does not: a 404 ``NOT_FOUND``
+#: there means the address is no nsqd (youzan nsqd has no ``/topic/pause``, stock no
+#: ``/channel/setoffset``, nsqlookupd has ``/channel/create``: none of those tell)
+NSQD_ONLY_PATHS = ("/stats", "/channel/pause", "/channel/unpause", "/channel/empty")
 
 
 def known_error(message: str, *, address: str, topic: str | None = None,
@@ -94,7 +104,10 @@ def ask_again(exc: BaseException) -> bool:
     """Whether asking again can help after ``exc`` failed an nsqd HTTP call (the partition's
     leader, after a lookup refresh): no usable answer, a leader that moved (a
     ``refresh_lookup`` code), or an answer that says the thing is not there (404) or not now
-    (503). Anything else is a refusal that asking again repeats."""
+    (503). Anything else is a refusal that asking again repeats, and so is an address that
+    is no nsqd HTTP port."""
+    if isinstance(exc, WrongPortError):
+        return False
     if isinstance(exc, NSQConnectionError):
         return True
     if isinstance(exc, ServerError):
@@ -165,10 +178,16 @@ class NsqdHttpClient:
         except BodyTooLargeError as exc:
             raise NsqdUnavailableError(where, path, exc.reason, status) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            found = not_http(exc)
+            if found is not None:
+                raise NsqdHttpWrongPortError(where, path, found, None) from None
             reason = str(exc) or type(exc).__name__
             raise NsqdUnavailableError(where, path, f"no answer ({reason})", None) from exc
         if not 200 <= status < 300:
-            raise error_from_answer(status, error_message(data), address=where, path=path,
+            message = error_message(data)
+            if status == 404 and message == NO_SUCH_PATH and path in NSQD_ONLY_PATHS:
+                raise NsqdHttpWrongPortError(where, path, LOOKUPD_HTTP, status)
+            raise error_from_answer(status, message, address=where, path=path,
                                     topic=topic, partition=partition)
         if not data.strip().startswith((b"{", b"[")):
             return data.decode("utf-8", "replace").strip()  # "OK" of older nsqd, or nothing

@@ -7,6 +7,9 @@ bytes, :class:`StartTLS`, :class:`Compress`, or :class:`Done` with the :class:`N
 facts), raising the typed errors a bad answer deserves. Frames are taken one at a time so an
 upgrade starts exactly at a frame boundary; bytes after it stay in the handshake's buffer
 and go to the next layer (:meth:`Handshake.take_buffer`), as h11's ``trailing_data`` does.
+An answer that shows the address is no nsqd TCP port (an HTTP status line, nsqlookupd's TCP
+refusal) is :class:`~smartnsq.errors.NsqdTcpWrongPortError`, a ``ProtocolError`` naming the
+mix-up.
 
 :func:`negotiate` runs those steps on a :class:`~smartnsq.conn.transport.Wire`;
 :class:`~smartnsq.conn.connecting.Opening` calls it once per connection and feeds the
@@ -22,8 +25,16 @@ from typing import Literal, NamedTuple
 
 from smartnsq.config import ConnectionConfig
 from smartnsq.conn.transport import Wire, tls_context
-from smartnsq.errors import ConfigError, Flavour, NSQError, ProtocolError, TLSError
+from smartnsq.errors import (
+    ConfigError,
+    Flavour,
+    NsqdTcpWrongPortError,
+    NSQError,
+    ProtocolError,
+    TLSError,
+)
 from smartnsq.errors.base import CommandKind
+from smartnsq.errors.ports import NSQD_TCP, tcp_listener
 from smartnsq.errors.server import error_from_frame
 from smartnsq.protocol import commands
 from smartnsq.protocol.compression import (
@@ -141,6 +152,12 @@ class Handshake:
         """What to do next; None: more bytes are needed (or an upgrade is under way)."""
         if self._phase in ("tls", "compress", "done"):
             return None
+        if self._phase == "identify" and len(self._buf) >= 8:
+            # the first answer tells another kind of listener (nsqd's own E_BAD_PROTOCOL is
+            # an ordinary error frame)
+            found = tcp_listener(bytes(self._buf[:8]))
+            if found is not None and found != NSQD_TCP:
+                raise NsqdTcpWrongPortError(self.address, found)
         frame = self._take_frame()
         if frame is None:
             return None

@@ -9,11 +9,13 @@ and on the command they answer) and whether "refresh the lookup and retry" can f
 
 from __future__ import annotations
 
-from smartnsq.errors import base, server
+from smartnsq.errors import base, ports, server
 from smartnsq.errors.base import *  # noqa: F403  (each module lists what it defines)
+from smartnsq.errors.ports import *  # noqa: F403
 from smartnsq.errors.server import *  # noqa: F403
 
 #: every error class (and Flavour): what smartnsq exports too
 __all__: list[str] = []
 __all__ += base.__all__
 __all__ += server.__all__
+__all__ += ports.__all__

@@ -1,4 +1,9 @@
-"""HTTP requests to one nsqlookupd, with a hard per-request timeout and envelope decoding."""
+"""HTTP requests to one nsqlookupd, with a hard per-request timeout and envelope decoding.
+
+Every failure is a :class:`LookupdError`; an address that is no nsqlookupd HTTP port (an NSQ
+TCP port, or nsqd's HTTP port, which has no ``/lookup``) is its subclass
+:class:`~smartnsq.errors.LookupdWrongPortError`, whose message names the mix-up.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,18 @@ from collections.abc import Mapping
 import aiohttp
 
 from smartnsq.config import USER_AGENT
-from smartnsq.errors import BodyTooLargeError, LookupdError
-from smartnsq.http_limits import LOOKUPD_LIMIT, read_body
+from smartnsq.errors import BodyTooLargeError, LookupdError, LookupdWrongPortError
+from smartnsq.errors.ports import NSQD_HTTP
+from smartnsq.http_limits import LOOKUPD_LIMIT, NO_SUCH_PATH, not_http, read_body
 from smartnsq.lookup.envelope import decode
 from smartnsq.metrics import CounterFamily
 from smartnsq.metrics.catalog import address_label
 from smartnsq.protocol.http import ACCEPT_V1
 
 HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
+#: paths every nsqlookupd (stock and youzan) serves and nsqd does not: a 404 ``NOT_FOUND``
+#: there means the address is no nsqlookupd (stock nsqlookupd has no ``/listlookup``)
+LOOKUPD_ONLY_PATHS = ("/lookup", "/nodes", "/topics", "/channels")
 
 
 class LookupdClient:
@@ -70,7 +79,9 @@ class LookupdClient:
                         raise LookupdError(exc.reason, lookupd=lookupd, path=path,
                                            status=resp.status) from None
                     return decode(resp.status, resp.headers, body, lookupd=lookupd, path=path)
-        except LookupdError:
+        except LookupdError as exc:
+            if exc.status == 404 and exc.reason == NO_SUCH_PATH and path in LOOKUPD_ONLY_PATHS:
+                raise LookupdWrongPortError(lookupd, path, NSQD_HTTP, 404) from None
             raise
         except TimeoutError:
             raise LookupdError(f"no answer within {self._timeout:g}s", lookupd=lookupd,
@@ -79,6 +90,9 @@ class LookupdClient:
             raise LookupdError(f"cannot connect: {exc.os_error.strerror or exc.os_error}",
                                lookupd=lookupd, path=path) from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
+            found = not_http(exc)
+            if found is not None:
+                raise LookupdWrongPortError(lookupd, path, found, None) from None
             raise LookupdError(f"request failed: {exc!r}", lookupd=lookupd,
                                path=path) from None
 
