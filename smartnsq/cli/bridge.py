@@ -29,7 +29,8 @@ are answered, then forwarded in place of a failed one or requeued once, without 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit
 
 import click
 
@@ -52,6 +53,7 @@ from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.producer import Producer
+from smartnsq.protocol.validation import parse_http_address, parse_tcp_address
 
 EPILOG = """\b
 Examples:
@@ -101,6 +103,13 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         raise click.UsageError("--ordered needs --from-lookupd (an ordered topic is read per "
                                "partition, which the lookupds publish)")
     dest_name = dest_topic or topic
+    if dest_name == topic:
+        # the cluster options are checked addresses: parsing them again cannot fail
+        for flag, there in (("nsqd", _shared(source.nsqd, dest.nsqd)),
+                            ("lookupd", _shared(source.lookupd, dest.lookupd, http=True))):
+            if there:
+                raise click.UsageError(_loop_text(topic, f"--from-{flag} and --to-{flag}",
+                                                  there))
     field = None
     if shard_key_field is not None:
         field = shard_key_field.split(".")
@@ -123,6 +132,9 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             view = await _check_topic(producer.lookup, dest_name)
             dest_parts = view.partition_num if view.is_partitioned else None
             dest_nodes = sorted(view.nodes)
+        if dest_name == topic and (there := _shared(source.nsqd, dest_nodes)):
+            raise CliError(_loop_text(topic, "--from-nsqd and the destination's lookup",
+                                      there))
         await reach_destination(producer, dest_nodes, pconfig.connection, connect_timeout)
         forwarder = Forwarder(producer, dest_name, field, count,
                               partitions=dest_parts if ordered else None,
@@ -139,6 +151,9 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             async with source.lookup(poll_interval=15.0) as lk:
                 src = await topic_view(lk, topic)
                 refuse_unordered(src, ordered)
+                if dest_name == topic and (there := _shared(src.nodes, dest_nodes)):
+                    raise CliError(_loop_text(
+                        topic, "the source's lookup and the destination", there))
                 sources = src.partition_num if src.is_partitioned else len(src.nodes)
                 if ordered:
                     # one message at a time per partition already: each needs a RDY
@@ -156,6 +171,31 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
                        f"were forwarded; the others stay in source channel {channel})")
     stderr_console().print(f"forwarded {forwarder.forwarded} message(s) from {topic} to "
                            f"{dest_name}", highlight=False, soft_wrap=True)
+
+
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _place(address: str, http: bool) -> tuple[str, int]:
+    if http:
+        parts = urlsplit(parse_http_address(address))
+        host, port = parts.hostname or "", parts.port or 80
+    else:
+        host, port = parse_tcp_address(address)
+    host = host.lower()
+    return ("127.0.0.1" if host in _LOOPBACK else host), port
+
+
+def _shared(source: Iterable[str], dest: Iterable[str], http: bool = False) -> list[str]:
+    """The addresses of ``source`` that ``dest`` names too (loopback names taken as one)."""
+    places = {_place(a, http) for a in dest}
+    return [a for a in source if _place(a, http) in places]
+
+
+def _loop_text(topic: str, where: str, shared: Sequence[str]) -> str:
+    return (f"source and destination are the same: topic {topic} on {', '.join(shared)} "
+            f"({where}); each message would be forwarded to itself for ever. Give "
+            "DEST_TOPIC, or a destination in another cluster")
 
 
 def _named(nsqd: Sequence[str], lookupd: Sequence[str]) -> str:

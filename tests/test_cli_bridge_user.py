@@ -1,0 +1,138 @@
+"""``smartnsq bridge`` used carelessly: the same topic as source and destination, and Ctrl-C
+(or SIGTERM) while messages are held for a destination that is down. Each run ends within
+its bound and every message published is in the source channel or at the destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    channel_stats,
+    cluster_fixture,
+    finish_process,
+    lines,
+    smartnsq,
+)
+from tests.test_cli_bridge_failures import (
+    DST_CHANNEL,
+    SLACK,
+    SRC_CHANNEL,
+    _start_bridge,
+    drain,
+    eventually,
+    make_topic,
+    publish,
+    tcp,
+)
+
+#: a channel of the source topic the application reads
+APP = "app"
+
+stock = cluster_fixture("stock", nodes=1)
+
+
+@pytest.fixture
+def dest() -> Iterator[ClusterThread]:
+    """A destination cluster of its own, to be stopped mid-run."""
+    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
+    try:
+        yield ct
+    finally:
+        ct.stop()
+
+
+def _loopback_alias(address: str) -> str:
+    return address.replace("127.0.0.1", "localhost")
+
+
+@pytest.mark.parametrize("how", ["nsqd", "localhost", "lookupd-to-nsqd", "lookupd"])
+async def test_the_same_topic_as_source_and_destination_is_refused(
+        stock: ClusterThread, how: str) -> None:
+    """``bridge orders --from-nsqd A --to-nsqd A`` (DEST_TOPIC forgotten) would forward each
+    message to itself for ever, copying it into every other channel: refused before anything
+    is read, with one line saying why, however the same nsqd is named."""
+    topic = f"same{how.replace('-', '')}"
+    make_topic(stock, topic, SRC_CHANNEL)
+    make_topic(stock, topic, APP)
+    await publish(stock, topic, ["a", "b"])
+    nsqd, lookupd = tcp(stock), stock.lookupd
+    args = {
+        "nsqd": ["--from-nsqd", nsqd, "--to-nsqd", nsqd],
+        "localhost": ["--from-nsqd", nsqd, "--to-nsqd", _loopback_alias(nsqd)],
+        "lookupd-to-nsqd": ["--from-lookupd", lookupd, "--to-nsqd", nsqd],
+        "lookupd": ["--from-lookupd", lookupd, "--to-lookupd", _loopback_alias(lookupd)],
+    }[how]
+    began = time.monotonic()
+    code, _, err = await smartnsq("bridge", topic, *args, bound=SLACK)
+    assert time.monotonic() - began < SLACK
+    text = err.decode()
+    (line,) = lines(text)
+    assert code == (1 if how == "lookupd-to-nsqd" else 2), text
+    assert "source and destination are the same" in line and f"topic {topic}" in line, text
+    assert "for ever" in line and "DEST_TOPIC" in line, text
+    for channel in (SRC_CHANNEL, APP):
+        ch = channel_stats(stock, topic, channel)
+        assert (ch["depth"], ch["in_flight_count"], ch["requeue_count"]) == (2, 0, 0), ch
+
+
+async def test_the_same_nsqd_with_another_topic_is_fine(stock: ClusterThread) -> None:
+    make_topic(stock, "copyin", SRC_CHANNEL)
+    make_topic(stock, "copyout", DST_CHANNEL)
+    await publish(stock, "copyin", ["a", "b"])
+    code, _, err = await smartnsq("bridge", "copyin", "copyout", "--from-nsqd", tcp(stock),
+                                  "--to-nsqd", _loopback_alias(tcp(stock)), "-n", "2",
+                                  bound=SLACK)
+    assert code == 0 and lines(err) == ["forwarded 2 message(s) from copyin to copyout"], err
+    assert sorted(d["body"] for d in await drain(stock, "copyout", DST_CHANNEL, 2)) == \
+        ["a", "b"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_while_messages_are_held_ends_at_once_and_keeps_them(
+        stock: ClusterThread, dest: ClusterThread, sig: signal.Signals) -> None:
+    """Ctrl-C while the destination is down and three messages are held (--connect-timeout
+    0: the bridge would wait for ever): it ends within seconds, not after the publish
+    timeout, the three requeued once each and none timed out; no error line."""
+    topic = f"sig{sig.name.lower()}"
+    make_topic(stock, topic, SRC_CHANNEL)
+    make_topic(dest, topic, DST_CHANNEL)
+    proc = await _start_bridge(stock, dest, topic, "--connect-timeout", "0")
+    assert proc.stderr is not None
+    try:
+        # started: the destination was reached before the source is read
+        await publish(stock, topic, ["zero"])
+        await eventually("zero forwarded",
+                         lambda: channel_stats(dest, topic, DST_CHANNEL)["depth"] == 1)
+        dest.run(dest.cluster.stop_node(0))
+        await publish(stock, topic, ["one", "two", "three"])
+        warning = await asyncio.wait_for(proc.stderr.readline(), WAIT)
+        assert warning.startswith(b"smartnsq: warning: destination: "), warning
+        await eventually("three held", lambda: channel_stats(
+            stock, topic, SRC_CHANNEL)["in_flight_count"] == 3)
+        proc.send_signal(sig)
+        signalled = time.monotonic()
+    finally:
+        code, rest = await finish_process(proc)
+    took = time.monotonic() - signalled
+    text = rest.decode()
+    assert took < 3.0, (took, text)
+    assert "error" not in text and "Traceback" not in text, text
+    # the exit code after a signal is the CLI's convention (smartnsq.cli.common), not
+    # bridge's: what bridge owes is a graceful end with its summary
+    assert code != 1, (code, text)
+    assert lines(text)[-1] == f"forwarded 1 message(s) from {topic} to {topic}", text
+    ch = channel_stats(stock, topic, SRC_CHANNEL)
+    assert (ch["depth"], ch["in_flight_count"], ch["deferred_count"], ch["requeue_count"],
+            ch["timeout_count"]) == (3, 0, 0, 3, 0), ch
+    left = await drain(stock, topic, SRC_CHANNEL, 3)
+    assert sorted(d["body"] for d in left) == ["one", "three", "two"]
+    assert [d["attempts"] for d in left] == [2, 2, 2]
+
