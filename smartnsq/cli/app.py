@@ -41,6 +41,11 @@ Examples:
   smartnsq tail orders --lookupd 127.0.0.1:4161 --from earliest -n 10
   printf 'a\\nb\\n' | smartnsq publish orders --lookupd 127.0.0.1:4161
   smartnsq stat --lookupd 127.0.0.1:4161 --once --json
+
+\b
+Exit codes: 0 done (also when the output was closed, | head), 1 error, 2 usage error,
+130 after Ctrl-C and 143 after SIGTERM (the command stopped gracefully first), 141 when
+publish --trace's reader went away with input left unpublished.
 """
 
 
