@@ -37,7 +37,7 @@ from smartnsq.errors import (
     ServerNotLeaderError,
 )
 from smartnsq.lookup import Lookup, TopicView
-from smartnsq.nsqd_http import NsqdHttpClient
+from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import check_channel
 
@@ -298,10 +298,41 @@ async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...
         assert t.partition is not None
         return position[t.partition] if isinstance(position, dict) else position
 
+    await _refuse_past_end(targets, topic_name, spec)
     await _call_all(targets, lambda n, t: n.set_offset(t.http_address, topic_name,
                                                        channel_name, t.partition or 0,
                                                        spec(t)),
                     "channel set-offset")
+
+
+async def _refuse_past_end(targets: list[Target], topic: str,
+                           spec: Callable[[Target], OffsetSpec]) -> None:
+    """Refuse, before any partition moves, an offset or count past a partition's end: youzan
+    takes it and moves the channel to the end (0.3.7-HA answers 200 with an empty body to
+    ``virtual_queue:1000000`` on a 510-byte partition), skipping every message a mistyped
+    number never meant to. ``count:`` one past the last message is the end, as youzan counts
+    from 1. A partition whose /stats cannot be read is left to the call to report."""
+    checks = [(t, spec(t)) for t in targets
+              if t.partition is not None and spec(t).kind in ("virtual_queue", "msgcount")]
+    if not checks:
+        return
+    async with NsqdHttpClient() as http:
+        found = await asyncio.gather(
+            *(http.partition_stats(t.http_address, topic, t.partition or 0)
+              for t, _ in checks), return_exceptions=True)
+    past = []
+    for (t, offset), st in zip(checks, found, strict=True):
+        if not isinstance(st, PartitionStats):
+            continue
+        if offset.kind == "virtual_queue" and offset.value > st.end:
+            past.append(f"partition {t.partition}: offset {offset.value} is past its end "
+                        f"({st.end})")
+        elif offset.kind == "msgcount" and offset.value > st.message_count + 1:
+            past.append(f"partition {t.partition}: count {offset.value} is past its "
+                        f"{st.message_count} message(s)")
+    if past:
+        raise CliError(f"channel set-offset: nothing moved: {'; '.join(past)}; youzan would "
+                       "move the channel to the end (--to end does that)")
 
 
 async def _refuse_stock(addresses: tuple[str, ...]) -> None:
@@ -316,6 +347,34 @@ async def _refuse_stock(addresses: tuple[str, ...]) -> None:
             raise CliError(f"--partition: nsqd {address} is stock NSQ (version {version}): "
                            "its topics are not partitioned; without --partition the command "
                            "acts on the whole channel")
+
+
+async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
+    """``--nsqd`` without ``--partition``: the whole channel on a stock nsqd; on a youzan nsqd
+    every partition of ``topic`` it leads. youzan acts on one partition when a call names
+    none, one the nsqd holds picked by Go's map order (0.3.7-HA: partition 2 eleven times and
+    5 once in 12 pauses on an nsqd leading both), where a user means them all."""
+    targets: list[Target] = []
+    async with NsqdHttpClient() as http:
+        versions = await asyncio.gather(*(_version(http, a) for a in addresses))
+        for address, version in zip(addresses, versions, strict=True):
+            if Flavour.of_version(version) is not Flavour.YOUZAN:
+                targets.append(Target(address, None))
+                continue
+            try:
+                stats = await http.stats(address, topic)
+            except NSQError as exc:
+                raise CliError(f"nsqd {address}: cannot list the partitions of {topic!r} it "
+                               f"leads: {one_line(str(exc))}") from None
+            led = sorted({int(t["topic_partition"]) for t in stats["topics"]
+                          if isinstance(t, dict) and t.get("topic_name") == topic
+                          and str(t.get("topic_partition", "")).isdigit()
+                          and t.get("is_leader") is not False})
+            if not led:
+                raise CliError(f"nsqd {address} (youzan) leads no partition of topic "
+                               f"{topic!r}: give --lookupd to reach every partition's leader")
+            targets += [Target(address, p) for p in led]
+    return targets
 
 
 async def _version(http: NsqdHttpClient, address: str) -> str:
@@ -336,8 +395,8 @@ async def _channel_targets(cluster: Cluster, topic: str, channel: str,
             raise click.UsageError("with --nsqd give at most one --partition")
         if partitions:
             await _refuse_stock(cluster.nsqd)
-        part = partitions[0] if partitions else None
-        return [Target(a, part) for a in cluster.nsqd]
+            return [Target(a, partitions[0]) for a in cluster.nsqd]
+        return await _nsqd_targets(cluster.nsqd, topic)
     async with cluster.lookup() as lk:
         view = await lk.lookup(topic, "r")
         if view.not_found or not view.nodes:
