@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from urllib.parse import urlsplit
 
 import click
 
@@ -53,7 +52,7 @@ from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.producer import Producer
-from smartnsq.protocol.validation import parse_http_address, parse_tcp_address
+from smartnsq.protocol.validation import parse_tcp_address
 
 EPILOG = """\b
 Examples:
@@ -103,13 +102,8 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         raise click.UsageError("--ordered needs --from-lookupd (an ordered topic is read per "
                                "partition, which the lookupds publish)")
     dest_name = dest_topic or topic
-    if dest_name == topic:
-        # the cluster options are checked addresses: parsing them again cannot fail
-        for flag, there in (("nsqd", _shared(source.nsqd, dest.nsqd)),
-                            ("lookupd", _shared(source.lookupd, dest.lookupd, http=True))):
-            if there:
-                raise click.UsageError(_loop_text(topic, f"--from-{flag} and --to-{flag}",
-                                                  there))
+    if dest_name == topic and (there := _shared(source.nsqd, dest.nsqd)):
+        raise click.UsageError(_loop_text(topic, "--from-nsqd and --to-nsqd", there))
     field = None
     if shard_key_field is not None:
         field = shard_key_field.split(".")
@@ -132,13 +126,15 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             view = await _check_topic(producer.lookup, dest_name)
             dest_parts = view.partition_num if view.is_partitioned else None
             dest_nodes = sorted(view.nodes)
-        if dest_name == topic and (there := _shared(source.nsqd, dest_nodes)):
-            raise CliError(_loop_text(topic, "--from-nsqd and the destination's lookup",
-                                      there))
         await reach_destination(producer, dest_nodes, pconfig.connection, connect_timeout)
         forwarder = Forwarder(producer, dest_name, field, count,
                               partitions=dest_parts if ordered else None,
                               destination=_named(dest.nsqd, dest.lookupd))
+        if dest_name == topic and (there := _shared(source.nsqd, dest_nodes)):
+            # told on the first message, not now: a refusal of the subscription (an ordered
+            # topic read without --ordered) says more, and comes first
+            forwarder.refuse(CliError(_loop_text(
+                topic, "--from-nsqd and the destination's lookup", there)))
         events = (stop, forwarder.failed, forwarder.done)
         watch = [functools.partial(forwarder.watch_destination, connect_timeout)]
         if source.nsqd:
@@ -151,6 +147,7 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             async with source.lookup(poll_interval=15.0) as lk:
                 src = await topic_view(lk, topic)
                 refuse_unordered(src, ordered)
+                # after refuse_unordered: that refusal says more
                 if dest_name == topic and (there := _shared(src.nodes, dest_nodes)):
                     raise CliError(_loop_text(
                         topic, "the source's lookup and the destination", there))
@@ -176,20 +173,17 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
-def _place(address: str, http: bool) -> tuple[str, int]:
-    if http:
-        parts = urlsplit(parse_http_address(address))
-        host, port = parts.hostname or "", parts.port or 80
-    else:
-        host, port = parse_tcp_address(address)
+def _place(address: str) -> tuple[str, int]:
+    host, port = parse_tcp_address(address)
     host = host.lower()
     return ("127.0.0.1" if host in _LOOPBACK else host), port
 
 
-def _shared(source: Iterable[str], dest: Iterable[str], http: bool = False) -> list[str]:
-    """The addresses of ``source`` that ``dest`` names too (loopback names taken as one)."""
-    places = {_place(a, http) for a in dest}
-    return [a for a in source if _place(a, http) in places]
+def _shared(source: Iterable[str], dest: Iterable[str]) -> list[str]:
+    """The nsqd addresses of ``source`` that ``dest`` names too (loopback names taken as
+    one). Checked addresses: parsing them again cannot fail."""
+    places = {_place(a) for a in dest}
+    return [a for a in source if _place(a) in places]
 
 
 def _loop_text(topic: str, where: str, shared: Sequence[str]) -> str:

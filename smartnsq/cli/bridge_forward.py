@@ -78,6 +78,13 @@ class Forwarder:
         #: messages in the handler, by the loop time they were last touched (or taken)
         self._held: dict[Message, float] = {}
         self._toucher: asyncio.Task[None] | None = None
+        #: set by :meth:`refuse`: every message is refused with it
+        self._refusal: CliError | None = None
+
+    def refuse(self, error: CliError) -> None:
+        """Forward nothing: the first message stops the run with ``error`` (and goes back
+        to the source once, with any other taken meanwhile)."""
+        self._refusal = error
 
     def shard_key(self, msg: Message) -> str | int:
         assert self.field is not None
@@ -110,6 +117,9 @@ class Forwarder:
     async def _forward(self, msg: Message) -> None:
         """Publish ``msg`` until acknowledged, refused for good, or the run ends."""
         taken = asyncio.get_running_loop().time()
+        if self._refusal is not None:
+            await self._stop_on(msg, self._refusal)
+            return
         while True:
             try:
                 abandoned = await self._publish_in_scope(msg)
