@@ -11,10 +11,13 @@ nsqd HTTP error) so it reaches users the way every other failure of the same cal
 
 from __future__ import annotations
 
+import ast
+import re
+
 import aiohttp
 
 from smartnsq.errors import BodyTooLargeError
-from smartnsq.errors.ports import LOOKUPD_TCP, NOT_HTTP, NSQD_TCP
+from smartnsq.errors.ports import NOT_HTTP, refusal_of
 
 MIB = 1024 * 1024
 #: nsqd ``/stats``: every topic, partition and channel of a node (and clients when asked)
@@ -60,12 +63,20 @@ def not_http(exc: BaseException) -> str | None:
     if not isinstance(exc, aiohttp.ClientResponseError) or \
             not exc.message.startswith("Bad status line"):
         return None
-    # the quoted line is a bytes (C parser) or str (Python parser) repr: escaped either way
-    if "\\x00\\x00\\x00\\x01E_BAD_PROTOCOL" in exc.message:
-        return NSQD_TCP
-    if "\\x0eE_BAD_PROTOCOL" in exc.message:
-        return LOOKUPD_TCP
-    return NOT_HTTP
+    return refusal_of(_quoted(exc.message)) or NOT_HTTP
+
+
+def _quoted(message: str) -> bytes:
+    """The answer aiohttp quotes in a bad-status-line message: a bytes repr (its C parser)
+    or a str repr (its Python parser); empty when there is none to read."""
+    match = re.search(r"""b?'((?:[^'\\]|\\.)*)'""", message)
+    if match is None:
+        return b""
+    try:
+        value = ast.literal_eval("b'" + match.group(1) + "'")
+    except (ValueError, SyntaxError):  # a str repr with characters a bytes literal refuses
+        return b""
+    return value if isinstance(value, bytes) else b""
 
 
 #: the answer of a Go HTTP server (nsqd's and nsqlookupd's) to a path it does not serve

@@ -214,3 +214,28 @@ async def test_cli_tail_given_nsqd_http_port_names_it(stock: StockServer) -> Non
     assert code != 0, text
     assert f"nsqd {stock.nsqd_http} is not an nsqd TCP port" in text, text
     assert "nsqd's TCP port is usually 4150" in text
+
+
+@pytest.mark.parametrize("line,found", [
+    # what aiohttp's C parser quoted from real nsqd 1.3.0 / nsqlookupd: the whole refusal, or
+    # only its 4-byte size when the first read stopped there (1 request in 200)
+    (b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL", "nsqd TCP"),
+    (b"\x00\x00\x00\x12", "nsqd TCP"),
+    (b"\x00\x00\x00\x0eE_BAD_PROTOCOL", "nsqlookupd TCP"),
+    (b"SSH-2.0-OpenSSH_9.2", "a server that does not speak HTTP"),
+])
+def test_a_refusal_is_told_however_much_of_it_was_read(line: bytes, found: str) -> None:
+    from aiohttp import ClientResponseError, RequestInfo
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    from smartnsq.http_limits import not_http
+
+    info = RequestInfo(URL("http://127.0.0.1:4150/stats"), "GET",
+                       CIMultiDictProxy(CIMultiDict()), URL("http://127.0.0.1:4150/stats"))
+    for message in (f"Bad status line:\n  Expected HTTP/, RTSP/ or ICE/:\n\n  {line!r}\n    ^",
+                    f"Bad status line {line.decode('latin-1')!r}"):  # the Python parser's
+        exc = ClientResponseError(info, (), status=400, message=message)
+        assert not_http(exc) == found, message
+    assert not_http(ClientResponseError(info, (), status=400, message="Server disconnected")) \
+        is None

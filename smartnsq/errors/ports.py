@@ -43,17 +43,24 @@ NSQD_BAD_PROTOCOL = b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL"
 LOOKUPD_BAD_PROTOCOL = b"\x00\x00\x00\x0eE_BAD_PROTOCOL"
 
 
+def refusal_of(data: bytes) -> str | None:
+    """Which NSQ TCP listener's ``E_BAD_PROTOCOL`` refusal ``data`` is, or begins (a read may
+    stop anywhere in it, even after the 4-byte size): :data:`NSQD_TCP`, :data:`LOOKUPD_TCP`,
+    or None."""
+    for found, refusal in ((NSQD_TCP, NSQD_BAD_PROTOCOL), (LOOKUPD_TCP, LOOKUPD_BAD_PROTOCOL)):
+        n = min(len(data), len(refusal))
+        if n >= 4 and data[:n] == refusal[:n]:
+            return found
+    return None
+
+
 def tcp_listener(data: bytes) -> str | None:
     """Which NSQ TCP listener starts its answer with ``data`` (:data:`NSQD_TCP`,
     :data:`LOOKUPD_TCP`), ``AN_HTTP_SERVER`` for an HTTP status line, None when it tells
     nothing (yet)."""
     if data.startswith(b"HTTP/"):
         return AN_HTTP_SERVER
-    if data.startswith(NSQD_BAD_PROTOCOL[:8]):
-        return NSQD_TCP
-    if data.startswith(LOOKUPD_BAD_PROTOCOL[:8]):
-        return LOOKUPD_TCP
-    return None
+    return refusal_of(data)
 
 
 def port_name(kind: str) -> str:
