@@ -152,7 +152,8 @@ def dest() -> Iterator[ClusterThread]:
 
 
 class CountingProxy:
-    """A TCP proxy on 127.0.0.1 in front of one nsqd, counting the connections made."""
+    """A TCP proxy on 127.0.0.1 in front of one nsqd, counting the connections made; while
+    :attr:`silent` it swallows what the client sends (an nsqd that stopped answering)."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.rsplit(":", 1)
@@ -160,6 +161,7 @@ class CountingProxy:
         self.accepted = 0
         #: connections that ended (either side closed)
         self.closed = 0
+        self.silent = False
         self.server: asyncio.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -171,8 +173,8 @@ class CountingProxy:
                       writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        pipes = [asyncio.ensure_future(self._pipe(reader, up_writer)),
-                 asyncio.ensure_future(self._pipe(up_reader, writer))]
+        pipes = [asyncio.ensure_future(self._pipe(reader, up_writer, self)),
+                 asyncio.ensure_future(self._pipe(up_reader, writer, None))]
         await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
         self.closed += 1
         for p in pipes:
@@ -181,11 +183,13 @@ class CountingProxy:
             w.close()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    muted: CountingProxy | None) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
+                if muted is None or not muted.silent:
+                    writer.write(data)
+                    await writer.drain()
 
     async def stop(self) -> None:
         assert self.server is not None

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from smartnsq.cli.bridge_forward import STOP_GRACE
 from tests.cli_support import (
     WAIT,
     ClusterThread,
@@ -32,6 +34,7 @@ from tests.test_cli_bridge_failures import (
     publish,
     tcp,
 )
+from tests.test_cli_bridge_holding import CountingProxy
 
 #: a channel of the source topic the application reads
 APP = "app"
@@ -144,3 +147,44 @@ async def test_a_signal_while_messages_are_held_ends_at_once_and_keeps_them(
     assert sorted(d["body"] for d in left) == ["one", "three", "two"]
     assert [d["attempts"] for d in left] == [2, 2, 2]
 
+
+
+async def test_ctrl_c_while_the_destination_is_silent_ends_within_the_grace(
+        stock: ClusterThread, dest: ClusterThread) -> None:
+    """The destination nsqd stops answering (connected, silent) with a publish out; Ctrl-C:
+    the publish gets :data:`STOP_GRACE` seconds, then is given up and its message goes back
+    once, instead of the run waiting out the publish's retries (30 s)."""
+    topic = "silentdest"
+    make_topic(stock, topic, SRC_CHANNEL)
+    make_topic(dest, topic, DST_CHANNEL)
+    proxy = CountingProxy(tcp(dest))
+    address = await proxy.start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smartnsq", "bridge", topic, "--from-nsqd", tcp(stock),
+        "--to-nsqd", address, "--connect-timeout", "0", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        await publish(stock, topic, ["one"])
+        await eventually("one forwarded",
+                         lambda: channel_stats(dest, topic, DST_CHANNEL)["depth"] == 1)
+        proxy.silent = True
+        await publish(stock, topic, ["two"])
+        await eventually("two taken", lambda: channel_stats(
+            stock, topic, SRC_CHANNEL)["in_flight_count"] == 1)
+        proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+    finally:
+        code, rest = await finish_process(proc)
+        await proxy.stop()
+    took = time.monotonic() - signalled
+    text = rest.decode()
+    assert took < STOP_GRACE + 3.0, (took, text)
+    assert "Traceback" not in text and code != 1, (code, text)
+    assert lines(text)[-1] == f"forwarded 1 message(s) from {topic} to {topic}", text
+    ch = channel_stats(stock, topic, SRC_CHANNEL)
+    assert (ch["depth"], ch["in_flight_count"], ch["deferred_count"], ch["requeue_count"],
+            ch["timeout_count"]) == (1, 0, 0, 1, 0), ch
+    (left,) = await drain(stock, topic, SRC_CHANNEL, 1)
+    assert (left["body"], left["attempts"]) == ("two", 2)
+    # the silent nsqd never got "two" (the proxy swallowed it): one copy of each, in all
+    assert [d["body"] for d in await drain(dest, topic, DST_CHANNEL, 1)] == ["one"]

@@ -29,6 +29,9 @@ RETRY_SECONDS = 0.5
 #: longest a message is held; then it goes back to the source once and is taken again.
 #: Below nsqd's --max-msg-timeout (15 min by default), past which TOUCH no longer helps
 HOLD_SECONDS = 300.0
+#: on a stop, a publish still unanswered after this is given up (its message goes back):
+#: ProducerConfig.request_timeout's default, the time the producer gives an nsqd to answer
+STOP_GRACE = 5.0
 
 
 def refused_for_good(exc: BaseException) -> BaseException | None:
@@ -275,11 +278,16 @@ class Forwarder:
         """Before the consumer stops: held messages go back to the source (publishes to a
         failing destination are given up). Woken one loop turn later, so that the
         consumer's stop (started next) sends RDY 0 before their REQs: nsqd must not hand
-        them straight back to us."""
+        them straight back to us. Publishes under way get :data:`STOP_GRACE` seconds
+        (answered, they count as forwarded)."""
         self.ending = True
+        loop = asyncio.get_running_loop()
         if self.failing_since is not None:
             self._abandon()
-        asyncio.get_running_loop().call_soon(self._changed)
+        elif self._publishing:
+            # a silent destination would hold the stop for the publish's whole timeout
+            loop.call_later(STOP_GRACE, self._abandon)
+        loop.call_soon(self._changed)
 
     async def watch_destination(self, bound: float) -> None:
         """Beside the consumer: while publishes fail, say so on stderr (at once, then every
