@@ -90,12 +90,16 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
                  connect_timeout: float) -> None:
     """Forward TOPIC from one cluster to DEST_TOPIC (default: the same name) on another,
     finishing each message on the source only after the destination acknowledged it.
-    Ctrl-C stops gracefully.
+    Ctrl-C stops gracefully: messages held go back to the source once (a publish still
+    unanswered after 5 s is given up).
 
     The destination must accept a connection before anything is read, within
-    --connect-timeout; once running, a destination that refuses every publish for
-    --connect-timeout ends the command with an error (the messages stay in the source
-    channel)."""
+    --connect-timeout; once running, messages are held (touched on the source) while
+    their publishes are retried, and a destination that refuses every publish for
+    --connect-timeout ends the command with an error. A message the destination refuses
+    for good (larger than its max message size, a bad topic, not authorized) ends it at
+    once with the destination's reason. Either way the messages stay in the source
+    channel. TOPIC into itself on the same nsqd is refused (give DEST_TOPIC)."""
     source = pick_cluster(from_lookupd, from_nsqd, prefix="from-")
     dest = pick_cluster(to_lookupd, to_nsqd, prefix="to-")
     if ordered and source.nsqd:
