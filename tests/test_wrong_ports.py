@@ -148,13 +148,22 @@ async def test_producer_given_nsqd_http_port_fails_fast(stock: StockServer) -> N
 
 
 async def test_producer_given_nsqd_tcp_as_lookupd_says_so_by_its_timeout(
-        stock: StockServer) -> None:
+        stock: StockServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, "smartnsq.lookup")
     config = ProducerConfig(publish_timeout=1.5)
     async with Producer(lookupd=stock.nsqd_tcp, config=config) as producer:
         exc, took = await bounded(producer.publish(unique("wrong"), b"x"))
     assert isinstance(exc, PublishError)
     assert stock.nsqd_tcp in str(exc) and NOT_HTTP in str(exc), str(exc)
     assert took < 1.5 + 1.0
+    # the publish asked the lookupd several times a second; the log says each failure once
+    # (it said each of them again on every round: 7 warnings and 6 infos in 3 s)
+    said = [r.getMessage() for r in caplog.records
+            if r.name == "smartnsq.lookup" and r.levelno >= logging.INFO]
+    asked = [r for r in caplog.records if r.name == "smartnsq.lookup"]
+    assert len(asked) > len(said), "the lookupd was asked once only: nothing repeated"
+    assert len(said) == len(set(said)), said
+    assert sum("no lookupd answered /lookup" in m for m in said) == 1, said
 
 
 async def test_consumer_given_nsqd_http_port_logs_the_mix_up(stock: StockServer) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 log = logging.getLogger("smartnsq.lookup")
 
 #: the same failure of the same lookupd is logged as a warning at most this often (seconds)
-_REPEAT_WARNING_EVERY = 300.0
+REPEAT_WARNING_EVERY = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +135,10 @@ class HealthBook:
         if h.demoted:
             h.backoff = min(h.backoff * 2, self._retry_max)
             h.retry_at = now + h.backoff
-            log.info("demoted lookupd %s still failing (%s); next probe in %.3gs",
-                     address, reason, h.backoff)
+            # with no healthy lookupd a demoted one is asked on every round, not only when due
+            log.log(logging.DEBUG if self._repeated(h, reason, now) else logging.INFO,
+                    "demoted lookupd %s still failing (%s); probed again in %.3gs, or "
+                    "sooner while no other lookupd answers", address, reason, h.backoff)
             return False
         if h.failures >= self._threshold:
             h.demoted = True
@@ -147,12 +149,19 @@ class HealthBook:
             if self.on_demote is not None:
                 self.on_demote(address)
             return True
-        repeat = h.warned == reason and now - h.warned_at < _REPEAT_WARNING_EVERY
-        if not repeat:
-            h.warned, h.warned_at = reason, now
-        log.log(logging.DEBUG if repeat else logging.WARNING,
+        log.log(logging.DEBUG if self._repeated(h, reason, now) else logging.WARNING,
                 "lookupd %s failed (%s); %d/%d failures before demotion", address, reason,
                 h.failures, self._threshold)
+        return False
+
+    @staticmethod
+    def _repeated(h: _Health, reason: str, now: float) -> bool:
+        """Whether ``reason`` was logged for ``h`` less than :data:`REPEAT_WARNING_EVERY`
+        ago (then it goes to DEBUG: a lookupd failing the same way is said once a while);
+        else it counts as logged now."""
+        if h.warned == reason and now - h.warned_at < REPEAT_WARNING_EVERY:
+            return True
+        h.warned, h.warned_at = reason, now
         return False
 
     def snapshot(self, leader: str | None) -> tuple[LookupdStatus, ...]:

@@ -42,6 +42,8 @@ class TopicState:
     coalescer: Coalescer[TopicView] = field(init=False)
     view: TopicView | None = None
     last_error: LookupFailedError | None = None
+    #: when a failed round was last logged as a warning (the Lookup's clock)
+    warned_at: float = 0.0
     #: last good answer of each lookupd, reused while it fails without being demoted
     answers: dict[str, LookupAnswer] = field(default_factory=dict)
     refresher: asyncio.Task[None] | None = None
