@@ -320,7 +320,10 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
             while batch is not None:
                 pub.check()
                 if batch.num_rows:
-                    plan = BatchPlan(batch, opts, row_base=row, trace_base=trace_base)
+                    try:
+                        plan = BatchPlan(batch, opts, row_base=row, trace_base=trace_base)
+                    except ConfigError as exc:
+                        raise await _bad_row(pub, message, exc) from None
                     nums = {t: await pub.partition_num(t) for t in plan.topics} \
                         if plan.needs_partition_num else {}
                     await pub.submit(plan.units(nums))
@@ -330,6 +333,22 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
         finally:
             pub.cancel()
     return message
+
+
+async def _bad_row(pub: _TaskPublisher, message: NsqCommitMessage,
+                   exc: ConfigError) -> ConfigError:
+    """The error for a row the sink cannot publish (null, empty or too large a value, a bad
+    partition...): rows are taken in Arrow batches as they come, so the task's rows before
+    it may be out already; wait for those and say how many, instead of failing silently
+    half-published (NSQ cannot take them back; a rerun publishes them again)."""
+    try:
+        await pub.finish()
+        sent = f"{message.rows} earlier row(s) of this task were published and stay published"
+    except Exception as publish_exc:  # the earlier rows' own failure: name it too
+        sent = (f"{message.rows} earlier row(s) of this task were published before their "
+                f"publishing failed too ({type(publish_exc).__name__}: {publish_exc})")
+    return ConfigError(f"nsq sink, Spark task partition {message.task_partition}: {exc}; "
+                       f"{sent} (at-least-once: a rerun publishes them again)")
 
 
 def publish_task(opts: SinkOptions, batches: Iterator[Any], *, task_partition: int = 0,

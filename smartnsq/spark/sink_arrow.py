@@ -87,8 +87,11 @@ def check_schema(schema: Any, opts: SinkOptions) -> tuple[str, ...]:
             f"columns given: {', '.join(names) or 'none'}{stray}; e.g. "
             "df.selectExpr(\"to_json(struct(*)) AS value\") writes each row as JSON")
     if unknown:
+        # Kafka's sink takes a key column; a Kafka user's DataFrame has one
+        kafka = "; Kafka's key: NSQ messages have none, a shard_key column picks a youzan " \
+            "partition per key as Kafka's key does" if "key" in unknown else ""
         raise ConfigError(f"unknown column(s) for the nsq sink: {', '.join(unknown)} "
-                          f"(known: {', '.join(SINK_COLUMNS)})")
+                          f"(known: {', '.join(SINK_COLUMNS)}{kafka})")
     types = {f.name: f.dataType for f in schema.fields}
     ints = (t.ByteType, t.ShortType, t.IntegerType, t.LongType)
     wanted: dict[str, tuple[tuple[type, ...], str]] = {

@@ -7,6 +7,7 @@ naming the option (as documented) and the value, before any task starts.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -15,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_topic, parse_tcp_address
 
-__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options"]
+__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
+           "unknown_option_hint"]
 
 #: keys Spark itself may put into the options map of a write; they mean nothing to NSQ
 SPARK_INTERNAL_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
@@ -24,6 +26,28 @@ SPARK_INTERNAL_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
 PARTITION_BITS = 16
 ROW_BITS = 24
 BATCH_BITS = 64 - PARTITION_BITS - ROW_BITS
+
+
+#: Kafka sink options a Kafka user writes first, and what the nsq sink calls them
+_KAFKA_SINK_NAMES = {
+    "kafka.bootstrap.servers": "lookupd (nsqlookupd HTTP addresses) or nsqd (nsqd TCP "
+                               "addresses)",
+}
+
+
+def unknown_option_hint(key: str, known: tuple[str, ...],
+                        kafka: Mapping[str, str] = _KAFKA_SINK_NAMES) -> str:
+    """`` (did you mean X?)`` for a misspelled option, or what the nsq side calls a Kafka
+    option (``kafka`` maps lower-cased Kafka names to it); else ``""``."""
+    low = key.lower()
+    if low in kafka:
+        return f" (a Kafka option; the nsq name is {kafka[low]})"
+    lowered = {n.lower(): n for n in known}
+    close = difflib.get_close_matches(low, list(lowered), n=1, cutoff=0.6)
+    if not close:
+        # a known name inside the key (lookupdAddresses, topicName) is as good a guess
+        close = [n for n in lowered if len(n) > 3 and n in low][:1]
+    return f" (did you mean {lowered[close[0]]}?)" if close else ""
 
 
 def _bool(value: str) -> bool:
@@ -116,9 +140,11 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             continue
         given[name] = value
     if unknown:
+        known = tuple(sorted(_NAMES.values()))
         raise ConfigError(
-            f"unknown nsq sink option(s): {', '.join(sorted(unknown))} (known: "
-            f"{', '.join(sorted(_NAMES.values()))})")
+            f"unknown nsq sink option(s): "
+            f"{', '.join(k + unknown_option_hint(k, known) for k in sorted(unknown))} "
+            f"(known: {', '.join(known)})")
     try:
         opts = SinkOptions.model_validate(given)
     except ValidationError as exc:
