@@ -51,8 +51,14 @@ class NsqDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> Any:
+        """Spark asks for the schema in ``load()`` (reads and streams alike; a write brings
+        its DataFrame's): the options are checked here, so that a misspelled or bad one fails
+        ``load()`` naming itself instead of the first action or the query's thread later.
+        What only a stream or only a batch read refuses is checked again when Spark asks
+        for the reader."""
         from smartnsq.spark.schema import SOURCE_SCHEMA
 
+        parse_source_options(self.options, streaming=False)
         return SOURCE_SCHEMA
 
     def reader(self, schema: Any) -> Any:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
-from smartnsq.spark.sink_options import SinkOptions
+from smartnsq.spark.sink_options import SinkOptions, unknown_option_hint
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "parse_source_options"]
 
@@ -50,6 +50,25 @@ def _sink_only_names() -> dict[str, str]:
 
 #: a read never receives write options: one of these on a read is a mistake worth naming
 _SINK_ONLY = _sink_only_names()
+
+#: what Spark's Kafka source calls an option that the nsq source spells otherwise; users
+#: coming from Kafka write these first (lower-cased, as Spark passes keys)
+KAFKA_NAMES = {
+    "subscribe": "topic (one topic; no patterns or lists)",
+    "assign": "topic plus startingOffsets naming the partitions",
+    "subscribepattern": "topic (one topic; no patterns)",
+    "kafka.bootstrap.servers": "lookupd (nsqlookupd HTTP addresses, host:4161)",
+    "maxoffsetspertrigger": "maxMessagesPerTrigger (counted in messages) or "
+                            "maxBytesPerTrigger",
+    "minoffsetspertrigger": "maxMessagesPerTrigger (there is no minimum)",
+    "startingoffsetsbytimestamp": "startingTimestamp (unix seconds, every partition)",
+    "endingoffsetsbytimestamp": "endingOffsets (byte offsets)",
+    "groupidprefix": "channel",
+    "kafka.group.id": "channel",
+}
+
+#: a startingTimestamp above this many seconds (year 5138) is milliseconds, Kafka's unit
+_SECONDS_CEILING = 10**11
 
 Starting = Literal["earliest", "latest"] | dict[int, int]
 
@@ -175,7 +194,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
                 f"{', '.join(SOURCE_OPTION_NAMES)}")
         if name is None:
             raise SourceOptionError(
-                f"unknown option {key!r}={value!r} for the nsq source; known options: "
+                f"unknown option {key!r}={value!r} for the nsq source"
+                f"{unknown_option_hint(key, SOURCE_OPTION_NAMES, KAFKA_NAMES)}; known options: "
                 f"{', '.join(SOURCE_OPTION_NAMES)}")
         raw[name] = str(value)
     for required in ("lookupd", "topic"):
@@ -215,13 +235,34 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise SourceOptionError(
             "options startingOffsets and startingTimestamp exclude each other (got "
             f"{raw['startingOffsets']!r} and {raw['startingTimestamp']!r})")
+    ts = values.get("starting_timestamp")
+    if isinstance(ts, int) and ts >= _SECONDS_CEILING:
+        # read as seconds it is thousands of years ahead: the query would wait for ever
+        raise SourceOptionError(
+            f"option startingTimestamp={raw['startingTimestamp']!r} is in unix seconds, and "
+            f"this looks like milliseconds (Kafka's unit): use {ts // 1000}")
+    _check_start_before_end(values.get("starting"), values.get("ending"), raw)
     try:
         return SourceOptions.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         name = next((n for n, f in _FIELDS.items() if f == field), field)
-        raise SourceOptionError(
-            f"option {name}={raw.get(name)!r}: {first['msg']}") from None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise SourceOptionError(f"option {name}={raw.get(name)!r}: {msg}") from None
     except ValueError as exc:
         raise SourceOptionError(str(exc)) from None
+
+
+def _check_start_before_end(starting: object, ending: object, raw: Mapping[str, str]) -> None:
+    """A batch read is ``[startingOffsets, endingOffsets)``: a byte start given after the end
+    given for the same partition is a mistake (the read was silently empty), as in Kafka."""
+    if not isinstance(starting, dict) or not isinstance(ending, dict):
+        return
+    for p in sorted(set(starting) & set(ending)):
+        s, e = starting[p], ending[p]
+        if s >= 0 and e >= 0 and s > e:
+            raise SourceOptionError(
+                f"option startingOffsets={raw['startingOffsets']!r} starts partition {p} at "
+                f"{s}, after its end {e} in endingOffsets={raw['endingOffsets']!r}; a batch "
+                "read is [startingOffsets, endingOffsets)")

@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from smartnsq.config import ConnectionConfig
-from smartnsq.errors import DataLossError, NSQError
+from smartnsq.errors import DataLossError, NSQError, SourceOptionError
 from smartnsq.metrics import Registration, get_metrics
 from smartnsq.metrics.catalog import SPARK_LAG_BYTES, SPARK_LAG_MESSAGES
 from smartnsq.nsqd_http import NsqdHttpClient
@@ -52,6 +52,7 @@ from smartnsq.spark.planning import (
     Snapshot,
     find_boundary,
     resolve_ending,
+    resolve_starting,
     snapshot,
     starting_positions,
 )
@@ -314,14 +315,24 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     async def _move_channel(self, end: Mapping[int, int]) -> None:
         snap = await snapshot(self.opts)
+        failed: list[str] = []
         async with NsqdHttpClient() as http:
             for p, off in sorted(end.items()):
                 st = snap.partitions.get(p)
-                if st is None or off > st.end:
+                # a partition that never held a message has no commit log to position in
+                # (nsqd answers "commit log end of file"); its channel is at 0 already
+                if st is None or off > st.end or st.end == 0:
                     continue
-                await http.channel(st.leader_http, "create", self.opts.topic, self.channel, p)
-                await http.set_offset(st.leader_http, self.opts.topic, self.channel, p,
-                                      OffsetSpec.virtual_queue(off))
+                try:
+                    await http.channel(st.leader_http, "create", self.opts.topic,
+                                       self.channel, p)
+                    await http.set_offset(st.leader_http, self.opts.topic, self.channel, p,
+                                          OffsetSpec.virtual_queue(off))
+                except NSQError as exc:
+                    # one partition's refusal must not leave the others unmoved
+                    failed.append(f"partition {p}: {exc}")
+        if failed:
+            raise NSQError("; ".join(failed))
 
     def stop(self) -> None:
         for gauge in self._gauges:
@@ -357,7 +368,18 @@ class YouzanBatchReader(DataSourceReader):
         start = asyncio.run(starting_positions(self.opts, snap, "earliest",
                                                self.channel[:55] + "_pos"))
         end = resolve_ending(self.opts, snap)
+        if self.opts.starting_timestamp is None and isinstance(self.opts.ending, dict):
+            # "latest" (or -1) against a byte end before it: [start, end) is backwards
+            given = resolve_starting(self.opts, snap, "earliest")
+            for p in sorted(end):
+                if given.get(p, 0) > end[p]:
+                    raise SourceOptionError(
+                        f"partition {p} of topic {self.opts.topic!r} would start at "
+                        f"{given[p]} (startingOffsets {self.opts.starting!r}), after its end "
+                        f"{end[p]} (endingOffsets); a batch read is [startingOffsets, "
+                        "endingOffsets)")
         for p in end:
+            # a start inside the message the end falls in moves past it: nothing to read
             end[p] = max(end[p], start.get(p, end[p]))
         return _plan(self.opts, snap, start, end, self.channel, delete=True)
 

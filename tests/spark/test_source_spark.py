@@ -298,13 +298,7 @@ def test_bad_options_fail_the_query_naming_the_option(spark: Any, options: dict[
                                                       named: str) -> None:
     with pytest.raises(Exception, match=named):
         spark.read.format("nsq").options(**options).load().collect()
-    if "startingOffsets" not in options:
-        return  # one streaming query is enough to show the stream path checks the same way
-    q = spark.readStream.format("nsq").options(**options).load() \
-        .writeStream.format("noop").start()
-    try:
-        with pytest.raises(Exception, match=named):
-            q.awaitTermination(WAIT)
-    finally:
-        q.stop()
+    # a stream checks the same way, at load() (before: at start(), in the query's thread)
+    with pytest.raises(Exception, match=named):
+        spark.readStream.format("nsq").options(**options).load()
 
