@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSource
 
 from smartnsq.config import LookupConfig
 from smartnsq.errors import Flavour
-from smartnsq.spark.options import SourceOptions, parse_source_options
+from smartnsq.spark.options import SourceOptions, check_stock_options, parse_source_options
 
 __all__ = ["NsqDataSource", "detect_flavour"]
 
@@ -69,6 +69,7 @@ class NsqDataSource(DataSource):
             return YouzanBatchReader(opts)
         from smartnsq.spark.source_stock import StockBatchReader
 
+        check_stock_options(opts)
         return StockBatchReader(opts)
 
     def streamReader(self, schema: Any) -> Any:
@@ -83,6 +84,7 @@ class NsqDataSource(DataSource):
 
     def simpleStreamReader(self, schema: Any) -> Any:
         opts = parse_source_options(self.options, streaming=True)
+        check_stock_options(opts)
         from smartnsq.spark.source_stock import StockStreamReader
 
         return StockStreamReader(opts)

@@ -21,7 +21,8 @@ from smartnsq.protocol.validation import check_channel, check_topic, parse_http_
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
 from smartnsq.spark.sink_options import SinkOptions, unknown_option_hint
 
-__all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "parse_source_options"]
+__all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
+           "parse_source_options"]
 
 
 #: spelling shown in messages and docs; Spark lower-cases keys on the way in
@@ -266,3 +267,22 @@ def _check_start_before_end(starting: object, ending: object, raw: Mapping[str, 
                 f"option startingOffsets={raw['startingOffsets']!r} starts partition {p} at "
                 f"{s}, after its end {e} in endingOffsets={raw['endingOffsets']!r}; a batch "
                 "read is [startingOffsets, endingOffsets)")
+
+
+def check_stock_options(opts: SourceOptions) -> None:
+    """Refuse the replay options on stock nsqd: a queue has no offsets, and a channel gets
+    only what is published after it exists, so ``startingOffsets=earliest`` (or a timestamp,
+    an end, byte pieces) would silently read something else than asked."""
+    given = [name for name, meant in (
+        ("startingOffsets", opts.starting not in (None, "latest")),
+        ("startingTimestamp", opts.starting_timestamp is not None),
+        ("endingOffsets", opts.ending != "latest"),
+        ("maxBytesPerTrigger", opts.max_bytes_per_trigger is not None),
+        ("minPartitions", opts.min_partitions is not None),
+    ) if meant]
+    if given:
+        raise SourceOptionError(
+            f"option(s) {', '.join(given)} need a replayable youzan topic; topic "
+            f"{opts.topic!r} is on stock nsqd, a queue without offsets: the query's channel "
+            f"{opts.channel_for('')!r} gets the messages published after it was created, "
+            "each once (create the channel before publishing to keep them)")

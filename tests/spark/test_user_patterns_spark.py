@@ -317,3 +317,38 @@ def test_sink_column_shapes_a_user_writes(spark: Any, youzan_cluster: ThreadedCl
     want = Counter([b"h\xc3\xa9llo", b"b"] + [b"f%d" % i for i in range(30)]
                    + [b"g%d" % i for i in range(20)])
     assert count_in_topic(spark, tc, name) == want
+
+
+def test_stock_replay_options_are_refused_and_streams_read_their_channel(
+        spark: Any, stock_cluster: ThreadedCluster, tmp_path: Path) -> None:
+    # a stock channel gets what is published after it exists; startingOffsets=earliest used
+    # to be taken and read nothing of the past, silently
+    tc = stock_cluster
+    tc.sync(tc.cluster.create_topic, "up_stock", channels=["app", "spark_q"])
+
+    async def pub() -> None:
+        async with Producer(nsqd=tc.cluster.nsqd_tcp_addresses) as p:
+            await p.publish_many("up_stock", [b"s%d" % i for i in range(30)])
+    tc.call(pub())
+    o = {"lookupd": lookupd(tc), "topic": "up_stock", "channel": "spark_q"}
+    refused = "option(s) startingOffsets need a replayable youzan topic; topic 'up_stock' " \
+              "is on stock nsqd"
+    with pytest.raises(Exception) as info:
+        spark.read.format("nsq").options(**o, consume="true",
+                                          startingOffsets="earliest").load().collect()
+    assert refused in error_text(info.value)
+    q = (spark.readStream.format("nsq").options(**o, startingOffsets="earliest").load()
+         .writeStream.format("noop").start())
+    try:
+        with pytest.raises(Exception) as info:
+            q.awaitTermination(WAIT)
+        assert refused in error_text(info.value)
+    finally:
+        q.stop()
+    # the guide's availableNow stream on the channel: every message, once
+    q = (spark.readStream.format("nsq").options(**o).load().selectExpr("body").writeStream
+         .format("memory").queryName("up_stock").trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "stock")).start())
+    assert q.awaitTermination(WAIT) and q.exception() is None
+    assert sorted(bytes(r.body) for r in spark.table("up_stock").collect()) == \
+        sorted(b"s%d" % i for i in range(30))
