@@ -36,7 +36,7 @@ from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
 from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
-from smartnsq.lookup.health import REPEAT_WARNING_EVERY, HealthBook, LookupdStatus
+from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.meters import LookupMeters
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
@@ -474,20 +474,8 @@ class Lookup:
         a view. ``refusals``: each lookupd's refused answer when every lookupd asked
         answered and none was believed (:class:`LookupRefusedError`)."""
         err = _round_error(state, failed, refusals)
-        previous, state.last_error = state.last_error, err
         now = self._clock()
-        # a lookupd that keeps sending the same refused answer is reported once (until
-        # a good round or another answer): it only changes when an operator fixes it; any
-        # other failure said the same way is said again after REPEAT_WARNING_EVERY (a
-        # publish waiting for a route asks several times a second)
-        if isinstance(err, LookupRefusedError):
-            repeat = isinstance(previous, LookupRefusedError) and previous.reason == err.reason
-        else:
-            repeat = (previous is not None and str(previous) == str(err)
-                      and now - state.warned_at < REPEAT_WARNING_EVERY)
-        if not repeat:
-            state.warned_at = now
-        level = logging.DEBUG if repeat else logging.WARNING
+        level = logging.DEBUG if state.failed_again(err, now) else logging.WARNING
         if state.view is not None:
             log.log(level, "%s; keeping the view built %.1fs ago", err,
                     now - state.view.built_at)

@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartnsq.errors import LookupFailedError
+from smartnsq.errors import LookupFailedError, LookupRefusedError
 from smartnsq.lookup.coalesce import Coalescer
+from smartnsq.lookup.health import REPEAT_WARNING_EVERY
 from smartnsq.lookup.refresher import run_periodically
 from smartnsq.lookup.subscription import Subscription
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView
@@ -42,7 +43,7 @@ class TopicState:
     coalescer: Coalescer[TopicView] = field(init=False)
     view: TopicView | None = None
     last_error: LookupFailedError | None = None
-    #: when a failed round was last logged as a warning (the Lookup's clock)
+    #: when a failed round was last said as a warning (the Lookup's clock)
     warned_at: float = 0.0
     #: last good answer of each lookupd, reused while it fails without being demoted
     answers: dict[str, LookupAnswer] = field(default_factory=dict)
@@ -50,6 +51,21 @@ class TopicState:
     subscribers: list[Subscription] = field(default_factory=list)
     #: when someone last asked for the topic (the Lookup's clock)
     last_used: float = 0.0
+
+    def failed_again(self, err: LookupFailedError, now: float) -> bool:
+        """Record ``err`` as the last error; True when it repeats the one before, so the
+        log need not say it again. The same refused answer repeats until a good round or
+        another answer (only an operator changes it); any other failure said the same way
+        is said again after :data:`REPEAT_WARNING_EVERY` (a publish waiting for a route asks
+        several times a second)."""
+        previous, self.last_error = self.last_error, err
+        if isinstance(err, LookupRefusedError):
+            return isinstance(previous, LookupRefusedError) and previous.reason == err.reason
+        if (previous is not None and str(previous) == str(err)
+                and now - self.warned_at < REPEAT_WARNING_EVERY):
+            return True
+        self.warned_at = now
+        return False
 
 
 class TopicTable:
