@@ -294,3 +294,24 @@ def test_empty_records_are_skipped_and_counted(stock: ClusterThread) -> None:
     r = run_cli(["publish", "blank", "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
                 input=b"d\n")
     assert r.returncode == 0 and b"skipped" not in r.stderr, r.stderr
+
+
+def test_ctrl_c_under_a_slow_rate_does_not_wait_for_the_rate(stock: ClusterThread) -> None:
+    """``--rate 1/m``: the first line goes at once, the next would wait a minute. Ctrl-C
+    does not make the user wait out the drain for records the rate cannot send in it: it
+    exits at once, saying the two records read were not published and why."""
+    make_topic(stock, "slowrate")
+    proc = spawn_cli(["publish", "slowrate", "--nsqd", stock.cluster.nsqd_tcp_addresses[0],
+                      "--rate", "1/m"], stdin=subprocess.PIPE)
+    feed_slowly(proc, [b"r1", b"r2", b"r3"])
+    wait_depth(stock, "slowrate", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    rc, err, elapsed = finish(proc)
+    assert rc == 130, err
+    assert elapsed < 2.0, f"{elapsed:.1f} s after the signal"
+    summary, warning = err.splitlines()
+    assert summary.startswith("published 1 message(s)"), err
+    assert warning == ("smartnsq: warning: publish: 2 record(s) read before SIGINT were not "
+                       "published, or not confirmed (--rate allows no more within the 5 s "
+                       "allowed after the signal)"), warning
+    assert bodies(stock, "slowrate", 1) == [b"r1"]

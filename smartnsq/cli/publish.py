@@ -86,15 +86,19 @@ class Totals:
     output_closed: bool = False
     #: records read but not (confirmed) published when the drain after a signal was cut
     unpublished: int = 0
+    #: why the drain ended early, when not for its bound or a second signal
+    cut_why: str | None = None
 
 
 class DrainCut(Exception):
     """The drain after a signal is over (its bound passed, or a second signal came);
     ``held`` records taken from the input were not (confirmed) published."""
 
-    def __init__(self, held: int = 0) -> None:
-        super().__init__(held)
+    def __init__(self, held: int = 0, why: str | None = None) -> None:
+        super().__init__(held, why)
         self.held = held
+        #: why it ended, when not for the bound or a second signal
+        self.why = why
 
 
 class Drain:
@@ -115,13 +119,19 @@ class Drain:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.hurry.wait(), max(0.0, self._deadline - loop.time()))
 
-    def over(self) -> bool:
+    def deadline(self) -> float | None:
+        """Loop time at which the drain ends; None while no signal came."""
         if not self.stop.is_set():
-            return False
+            return None
         if self._deadline is None:
             self._deadline = asyncio.get_running_loop().time() + self.seconds
-        return (self.stop.hurry.is_set()
-                or asyncio.get_running_loop().time() >= self._deadline)
+        return self._deadline
+
+    def over(self) -> bool:
+        deadline = self.deadline()
+        if deadline is None:
+            return False
+        return self.stop.hurry.is_set() or asyncio.get_running_loop().time() >= deadline
 
     async def bounded(self, aw: Awaitable[T]) -> T:
         """``aw``'s result, or :class:`DrainCut` (``aw`` cancelled) once the drain is over."""
@@ -155,7 +165,16 @@ class Pacer:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if self.next > now:
+        if self.next > now and not self.drain.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.drain.stop.wait(), self.next - now)
+            now = loop.time()
+        if self.next > now:  # a signal came: the drain's bound rules the wait
+            deadline = self.drain.deadline()
+            if deadline is not None and self.next > deadline:
+                # the rate allows no more before the drain ends: no use waiting
+                raise DrainCut(why=f"--rate allows no more within the {self.drain.seconds:g} s "
+                                   "allowed after the signal")
             await self.drain.bounded(asyncio.sleep(self.next - now))
         self.next = max(self.next, now) + n * self.interval
 
@@ -272,8 +291,8 @@ def _summary(topic: str, totals: Totals, state: InputState, stop: StopEvent,
                   highlight=False, soft_wrap=True)
     lost = []
     if totals.unpublished:
-        cut = ("a second signal" if stop.hurry.is_set()
-               else f"the {DRAIN_SECONDS:g} s allowed after the signal passed")
+        cut = totals.cut_why or ("a second signal" if stop.hurry.is_set()
+                                 else f"the {DRAIN_SECONDS:g} s allowed after the signal passed")
         lost.append(f"{totals.unpublished} record(s) read before {stop.signal_name} were "
                     f"not published, or not confirmed ({cut})")
     if state.unfinished and stop.signum is not None:
@@ -352,6 +371,7 @@ async def _publish_all(producer: Producer, topic: str, records: AsyncIterator[Re
     except DrainCut as cut:
         # the rest of what was read before the signal: counted, not published
         totals.unpublished = cut.held + sum([1 async for _ in records])
+        totals.cut_why = cut.why
 
 
 async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[Record], *,
@@ -382,8 +402,8 @@ async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[
                 rec, fut = pending[0]
                 try:
                     r = await drain.bounded(asyncio.shield(fut))
-                except DrainCut:
-                    raise DrainCut(len(pending)) from None
+                except DrainCut as cut:
+                    raise DrainCut(len(pending), cut.why) from None
                 pending.pop(0)
                 totals.messages += 1
                 totals.bytes += len(rec.body)
@@ -399,8 +419,8 @@ async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[
                     key = rule.key(rec)
                     try:
                         await pacer.wait()
-                    except DrainCut:
-                        raise DrainCut(len(pending) + 1) from None
+                    except DrainCut as cut:
+                        raise DrainCut(len(pending) + 1, cut.why) from None
                     fut = asyncio.ensure_future(producer.publish_ordered(
                         topic, key, rec.body, trace_id=rec.number if trace else None))
                     pending.append((rec, fut))
@@ -429,8 +449,8 @@ async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[
                 sent = await drain.bounded(producer.publish_many(
                     topic, bodies, partition=partition,
                     trace_id=chunk[0].number if trace else None))
-            except DrainCut:
-                raise DrainCut(len(chunk)) from None
+            except DrainCut as cut:
+                raise DrainCut(len(chunk), cut.why) from None
             totals.messages += len(chunk)
             totals.bytes += sum(len(b) for b in bodies)
             for r in sent.receipts:
@@ -468,8 +488,8 @@ async def _publish_steps(producer: Producer, topic: str, records: AsyncIterator[
                 r = await drain.bounded(producer.publish(
                     topic, rec.body, partition=partition,
                     trace_id=rec.number if trace else None))
-        except DrainCut:
-            raise DrainCut(1) from None
+        except DrainCut as cut:
+            raise DrainCut(1, cut.why) from None
         totals.messages += 1
         totals.bytes += len(rec.body)
         receipt(r)
