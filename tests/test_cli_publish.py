@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import io
+import os
+import pty
+import select
 import signal
 import struct
 import subprocess
@@ -315,3 +318,38 @@ def test_ctrl_c_under_a_slow_rate_does_not_wait_for_the_rate(stock: ClusterThrea
                        "published, or not confirmed (--rate allows no more within the 5 s "
                        "allowed after the signal)"), warning
     assert bodies(stock, "slowrate", 1) == [b"r1"]
+
+
+def test_publish_at_a_terminal_says_it_reads_typed_records(stock: ClusterThread) -> None:
+    """``smartnsq publish T`` typed with no pipe and no file reads the terminal: it says so
+    at once (it would seem to hang), publishes each typed line, and ends on Ctrl-D."""
+    make_topic(stock, "typed")
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "smartnsq", "publish", "typed",
+                                 "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
+                                stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        try:
+            ready, _, _ = select.select([proc.stderr], [], [], WAIT)
+            assert ready, "no hint on stderr"
+            hint = proc.stderr.readline().decode()
+            assert hint.startswith("smartnsq: publish: reading records from the terminal"), hint
+            assert "Ctrl-D" in hint
+            os.write(master, b"typed one\n")
+            wait_depth(stock, "typed", 1, proc)  # published as typed, before Ctrl-D
+            os.write(master, b"\x04")  # Ctrl-D at the start of a line: the input's end
+            rc, err, _ = finish(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert rc == 0, err
+    assert err.startswith("published 1 message(s), 9 bytes, to typed"), err
+    # piped input gets no hint
+    r = run_cli(["publish", "typed", "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
+                input=b"two\n")
+    assert r.returncode == 0 and b"terminal" not in r.stderr, r.stderr

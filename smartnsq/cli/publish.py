@@ -36,6 +36,7 @@ from smartnsq.cli.common import (
     cluster_options,
     command_runner,
     describe,
+    err_print,
     pick_cluster,
     stderr_console,
     stop_event,
@@ -234,6 +235,10 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
         raise click.UsageError("--defer (DPUB) sends one plain message at a time: no --batch, "
                                "--partition or --trace")
     sources, total = _open_sources(files)
+    if any(name == "<stdin>" for name, _ in sources) and sys.stdin.isatty():
+        # no pipe and no file: a command that seems to hang is waiting for typed records
+        err_print("smartnsq: publish: reading records from the terminal, one per line; "
+                  "end with Ctrl-D (or give a FILE, or pipe records in)")
     show = progress if progress is not None else sys.stdout.isatty()
     stop = stop_event()
     drain = Drain(stop)
