@@ -139,3 +139,23 @@ async def test_tail_on_an_ordered_topic_names_the_flag(
     code, _, err = await smartnsq("tail", topic.name, "--nsqd", leader.tcp, "-n", "1")
     (line,) = err.decode().splitlines()
     assert code == 1 and "--ordered" in line and "--lookupd" in line, err
+
+
+# -- a wrong channel name --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["tail", "t"], ["to-file", "t", "--output-dir", "."]],
+                         ids=["tail", "to-file"])
+async def test_a_wrong_channel_name_is_a_usage_error_before_connecting(
+        command: list[str], tmp_path: Any) -> None:
+    """``--channel 'my channel'`` (a space): one line naming --channel, exit 2 like a wrong
+    topic name, at once: nothing is dialled (the address is a closed port, which would
+    otherwise be retried for --connect-timeout)."""
+    began = time.monotonic()
+    args = [a if a != "." else str(tmp_path) for a in command]
+    code, out, err = await smartnsq(*args, "--nsqd", closed_port(), "--channel", "my channel")
+    (line,) = err.decode().splitlines()
+    assert code == 2 and out == b"", err
+    assert line.startswith("smartnsq: error: ") and "'--channel'" in line, line
+    assert "invalid channel name 'my channel'" in line, line
+    assert time.monotonic() - began < 5.0

@@ -37,6 +37,7 @@ from smartnsq.cli.common import (
     CliError,
     FromParam,
     StartAt,
+    channel_argument,
     cluster_options,
     command_runner,
     describe,
@@ -246,7 +247,7 @@ def _fsync_dir(path: Path) -> None:
               type=click.Path(file_okay=False, writable=True, path_type=Path),
               help="directory for the files (created if missing)")
 @cluster_options()
-@click.option("--channel", default="nsq_to_file", show_default=True)
+@click.option("--channel", default="nsq_to_file", show_default=True, callback=channel_argument)
 @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
               help="youzan: archive only this partition (repeatable)")
 @click.option("--ordered", is_flag=True,

@@ -42,7 +42,12 @@ from smartnsq.config import LookupConfig
 from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup
 from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
+from smartnsq.protocol.validation import (
+    check_channel,
+    check_topic,
+    parse_http_address,
+    parse_tcp_address,
+)
 
 if TYPE_CHECKING:
     from smartnsq.consumer import Consumer
@@ -175,6 +180,18 @@ def topic_argument(ctx: click.Context, param: click.Parameter, value: str | None
         return None
     try:
         return check_topic(value)
+    except NSQError as exc:
+        raise click.BadParameter(one_line(str(exc)), ctx, param) from None
+
+
+def channel_argument(ctx: click.Context, param: click.Parameter,
+                     value: str | None) -> str | None:
+    """A ``--channel`` value checked as nsqd checks it: a usage error (exit 2) naming the
+    option, before anything connects."""
+    if value is None:
+        return None
+    try:
+        return check_channel(value)
     except NSQError as exc:
         raise click.BadParameter(one_line(str(exc)), ctx, param) from None
 

@@ -17,6 +17,7 @@ from smartnsq.cli.common import (
     FromParam,
     OutputClosed,
     StartAt,
+    channel_argument,
     cluster_options,
     command_runner,
     err_print,
@@ -213,7 +214,8 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
 @click.command(epilog=EPILOG)
 @click.argument("topic", callback=topic_argument)
 @cluster_options()
-@click.option("--channel", help="channel to read from (default: a new ephemeral channel)")
+@click.option("--channel", callback=channel_argument,
+              help="channel to read from (default: a new ephemeral channel)")
 @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
               help="youzan: read only this partition (repeatable)")
 @click.option("--ordered", is_flag=True,
