@@ -230,3 +230,25 @@ def test_traced_publish_into_a_reader_that_stops_early(yz: ClusterThread) -> Non
     assert 2 <= published < len(sent)
     r = sh(f"{SMARTNSQ} tail traced --lookupd {lookupd} --from earliest -n {published}")
     assert lines(r.stdout) == sent[:published]
+
+
+def test_a_closed_stdin_or_stdout_is_one_error_line_and_nothing_consumed(
+        stock: ClusterThread) -> None:
+    """``publish <&-`` and ``tail >&-`` (a script that closed the descriptor): one error line
+    naming it, exit 1, no 'internal error'; tail takes nothing from the channel."""
+    stock.call(lambda: stock.cluster.create_topic("closedfd", channels=[CHANNEL]))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    r = sh(f"{SMARTNSQ} publish closedfd --nsqd {nsqd} <&-")
+    (line,) = r.stderr.decode().splitlines()
+    assert r.returncode == 1 and line == ("smartnsq: error: stdin is closed: give a FILE, or "
+                                          "pipe records in"), line
+    r = sh(f"{SMARTNSQ} publish closedfd --nsqd {nsqd}", input=b"kept\n")
+    assert r.returncode == 0, r.stderr
+    http = stock.cluster.nsqd_http_addresses[0]
+    for cmd in (f"tail closedfd --nsqd {nsqd} --channel {CHANNEL} -n 1",
+                f"stat --nsqd {http} --once"):
+        r = sh(f"{SMARTNSQ} {cmd} >&-")
+        (line,) = r.stderr.decode().splitlines()
+        assert r.returncode == 1 and line.startswith("smartnsq: error: stdout is closed: "), line
+    ch = channel(stock, "closedfd")
+    assert (ch["depth"], ch["in_flight_count"]) == (1, 0)

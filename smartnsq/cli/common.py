@@ -31,7 +31,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
 
 import aiohttp
 import click
@@ -94,10 +94,20 @@ class _StdoutConsole(Console):
         raise OutputClosed
 
 
+def require_stdout(what: str = "the output") -> TextIO:
+    """stdout, or a one-line :class:`CliError` when the command was started without one
+    (``>&-``: Python then has no ``sys.stdout``), before anything is consumed."""
+    if sys.stdout is None:
+        raise CliError(f"stdout is closed: nowhere to write {what} (redirect it to a file or "
+                       "/dev/null instead)")
+    return sys.stdout
+
+
 def stdout_console() -> Console:
     """Tables on a terminal fit it; piped output gets room for addresses and ids. A closed
-    stdout raises :class:`OutputClosed` from ``print``."""
-    return _StdoutConsole(width=None if sys.stdout.isatty() else 240)
+    stdout raises :class:`OutputClosed` from ``print``; a missing one (``>&-``) is a
+    :class:`CliError`."""
+    return _StdoutConsole(width=None if require_stdout().isatty() else 240)
 
 
 # -- the cluster a command talks to ----------------------------------------------------------

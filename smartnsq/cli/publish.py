@@ -38,6 +38,7 @@ from smartnsq.cli.common import (
     describe,
     err_print,
     pick_cluster,
+    require_stdout,
     stderr_console,
     stop_event,
     topic_argument,
@@ -239,7 +240,10 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
         # no pipe and no file: a command that seems to hang is waiting for typed records
         err_print("smartnsq: publish: reading records from the terminal, one per line; "
                   "end with Ctrl-D (or give a FILE, or pipe records in)")
-    show = progress if progress is not None else sys.stdout.isatty()
+    if trace:
+        require_stdout("the --trace receipts")
+    show = progress if progress is not None else (sys.stdout is not None
+                                                  and sys.stdout.isatty())
     stop = stop_event()
     drain = Drain(stop)
     totals = Totals()
@@ -311,6 +315,8 @@ def _open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], i
     """Open the inputs; total = their size in bytes when every input is a regular file."""
     sources: list[tuple[str, BinaryIO]] = []
     total: int | None = 0
+    if "-" in (files or ("-",)) and sys.stdin is None:  # started with stdin closed (<&-)
+        raise CliError("stdin is closed: give a FILE, or pipe records in")
     for f in files or ("-",):
         if f == "-":
             sources.append(("<stdin>", sys.stdin.buffer))

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import random
-import sys
 from typing import Any, BinaryIO
 
 import click
@@ -22,6 +21,7 @@ from smartnsq.cli.common import (
     command_runner,
     err_print,
     pick_cluster,
+    require_stdout,
     stdout_closed,
     stop_event,
     topic_argument,
@@ -244,7 +244,7 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
                                "youzan partitions, which the lookupds publish)")
     stop = stop_event()
-    printer = Printer(fmt, count, sys.stdout.buffer, stop)
+    printer = Printer(fmt, count, require_stdout("the messages").buffer, stop)
     chan = channel or ephemeral_channel()
     consumer: Consumer
     if cluster.nsqd:
