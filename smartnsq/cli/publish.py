@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 import click
 from rich.progress import (
@@ -49,6 +48,7 @@ from smartnsq.cli.records import (
     Record,
     RecordTooLong,
     ShardKeyRule,
+    open_sources,
     parse_delimiter,
     read_records,
     shard_rule,
@@ -235,7 +235,7 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
     if defer is not None and (batch or partition is not None or trace):
         raise click.UsageError("--defer (DPUB) sends one plain message at a time: no --batch, "
                                "--partition or --trace")
-    sources, total = _open_sources(files)
+    sources, total = open_sources(files)
     if any(name == "<stdin>" for name, _ in sources) and sys.stdin.isatty():
         # no pipe and no file: a command that seems to hang is waiting for typed records
         err_print("smartnsq: publish: reading records from the terminal, one per line; "
@@ -309,30 +309,6 @@ def _summary(topic: str, totals: Totals, state: InputState, stop: StopEvent,
                     "yet) was not published")
     for text in lost:
         console.print(f"smartnsq: warning: publish: {text}", highlight=False, soft_wrap=True)
-
-
-def _open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], int | None]:
-    """Open the inputs; total = their size in bytes when every input is a regular file."""
-    sources: list[tuple[str, BinaryIO]] = []
-    total: int | None = 0
-    if "-" in (files or ("-",)) and sys.stdin is None:  # started with stdin closed (<&-)
-        raise CliError("stdin is closed: give a FILE, or pipe records in")
-    for f in files or ("-",):
-        if f == "-":
-            sources.append(("<stdin>", sys.stdin.buffer))
-            total = None
-            continue
-        try:
-            stream = open(f, "rb")  # noqa: SIM115 - closed by the caller
-        except OSError as exc:
-            for name, s in sources:
-                if name != "<stdin>":
-                    s.close()
-            raise CliError(f"cannot read {f}: {exc.strerror}") from None
-        sources.append((f, stream))
-        if total is not None:
-            total += os.fstat(stream.fileno()).st_size
-    return sources, total
 
 
 def _producer(cluster: Cluster, max_msg_size: int) -> Producer:

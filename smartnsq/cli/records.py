@@ -25,6 +25,7 @@ import json
 import os
 import re
 import stat
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -174,6 +175,30 @@ async def _until(stop: asyncio.Event, read: asyncio.Future[bytes]) -> bytes | No
         return read.result()
     read.cancel()
     return None
+
+
+def open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], int | None]:
+    """Open the inputs; total = their size in bytes when every input is a regular file."""
+    sources: list[tuple[str, BinaryIO]] = []
+    total: int | None = 0
+    if "-" in (files or ("-",)) and sys.stdin is None:  # started with stdin closed (<&-)
+        raise CliError("stdin is closed: give a FILE, or pipe records in")
+    for f in files or ("-",):
+        if f == "-":
+            sources.append(("<stdin>", sys.stdin.buffer))
+            total = None
+            continue
+        try:
+            stream = open(f, "rb")  # noqa: SIM115 - closed by the caller
+        except OSError as exc:
+            for name, s in sources:
+                if name != "<stdin>":
+                    s.close()
+            raise CliError(f"cannot read {f}: {exc.strerror}") from None
+        sources.append((f, stream))
+        if total is not None:
+            total += os.fstat(stream.fileno()).st_size
+    return sources, total
 
 
 class _Cutter:
