@@ -43,9 +43,10 @@ Examples:
   smartnsq stat --lookupd 127.0.0.1:4161 --once --json
 
 \b
-Exit codes: 0 done (also when the output was closed, | head), 1 error, 2 usage error,
-130 after Ctrl-C and 143 after SIGTERM (the command stopped gracefully first), 141 when
-publish --trace's reader went away with input left unpublished.
+Exit codes: 0 done (also when the output was closed, | head, and when Ctrl-C or SIGTERM
+stopped tail, stat, to-file or bridge gracefully), 1 error, 2 usage error; publish stopped
+before its input's end: 130 after Ctrl-C, 143 after SIGTERM, 141 when publish --trace's
+reader went away.
 """
 
 

@@ -10,9 +10,12 @@ Exit codes, one convention for every command (owned here: :func:`command_runner`
   unless the command left work undone because of it: ``publish`` then exits 141 (128 +
   SIGPIPE, :data:`EXIT_OUTPUT_CLOSED`), its input not all published;
 - 1: an error (one line on stderr), also when a signal came first; 2: a usage error;
-- 130 after SIGINT (Ctrl-C), 143 after SIGTERM: 128 + the signal's number, as shells report a
-  command a signal ended, also when the command stopped gracefully on it (drained, closed),
-  so that a script or a shell loop around it sees it was interrupted.
+- after SIGINT (Ctrl-C) or SIGTERM, a command that runs until it is stopped (``tail``,
+  ``stat``, ``to-file``, ``bridge``: a stop is how their run ends, as for nsq_tail or
+  nsq_to_file and as a service manager expects) exits 0 once it stopped gracefully; a
+  command that a signal cut short before its own end (``publish`` before its input's end)
+  exits 130 or 143, 128 + the signal's number, as shells report a command a signal ended,
+  so that a script around it sees its job was not done.
 
 Another failed write to stdout (a full disk) is one error line.
 """
@@ -303,9 +306,12 @@ class StopEvent(asyncio.Event):
 
     signum: int | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, *, cuts_short: bool = False) -> None:
         super().__init__()
         self.hurry = asyncio.Event()
+        #: a signal cuts the command's own job short (exit 128 + its number), rather than
+        #: ending a run that lasts until it is stopped (exit 0)
+        self.cuts_short = cuts_short
 
     def on_signal(self, signum: int) -> None:
         if self.signum is None:
@@ -316,8 +322,11 @@ class StopEvent(asyncio.Event):
 
     def exit_code(self) -> int | None:
         """128 + the signal number (130 for SIGINT, 143 for SIGTERM), as shells report a
-        command a signal ended; None when no signal came."""
-        return None if self.signum is None else exit_code_after(self.signum)
+        command a signal ended, when a signal cut the command short; None when no signal
+        came or the signal ended a run that lasts until it is stopped."""
+        if self.signum is None or not self.cuts_short:
+            return None
+        return exit_code_after(self.signum)
 
     @property
     def signal_name(self) -> str:
@@ -329,10 +338,12 @@ _STOPS: contextvars.ContextVar[list[StopEvent] | None] = contextvars.ContextVar(
     "smartnsq_cli_stops", default=None)
 
 
-def stop_event() -> StopEvent:
-    """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close); a
-    command that then returns exits with 128 + the signal's number (:func:`command_runner`)."""
-    event = StopEvent()
+def stop_event(*, cuts_short: bool = False) -> StopEvent:
+    """Set on SIGINT/SIGTERM: commands stop gracefully (drain, FIN what is done, close).
+    ``cuts_short``: the command has an end of its own that a signal comes before, so once it
+    returns it exits with 128 + the signal's number (:func:`command_runner`); without it, a
+    stop is the normal end of its run (exit 0)."""
+    event = StopEvent(cuts_short=cuts_short)
     stops = _STOPS.get()
     if stops is not None:
         stops.append(event)
@@ -403,8 +414,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
     """Decorate an ``async def`` command body so click can call it. A body that returns
-    after a signal stopped it (its :func:`stop_event` was set by SIGINT/SIGTERM) exits with
-    128 + the signal's number; an error it raises keeps its own exit code."""
+    after a signal cut it short (its :func:`stop_event`, made with ``cuts_short``, was set
+    by SIGINT/SIGTERM) exits with 128 + the signal's number; an error it raises keeps its
+    own exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:

@@ -244,7 +244,7 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
         require_stdout("the --trace receipts")
     show = progress if progress is not None else (sys.stdout is not None
                                                   and sys.stdout.isatty())
-    stop = stop_event()
+    stop = stop_event(cuts_short=True)
     drain = Drain(stop)
     totals = Totals()
     state = InputState()
