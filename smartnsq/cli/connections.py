@@ -27,7 +27,7 @@ import click
 
 from smartnsq.cli.common import CliError, consume_until, err_print
 from smartnsq.consumer import Consumer
-from smartnsq.errors import SubOrderIsMustError
+from smartnsq.errors import SubOrderIsMustError, WrongPortError
 from smartnsq.lookup import TopicView
 
 P = ParamSpec("P")
@@ -51,6 +51,9 @@ class ConsumerWarnings(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.lines: list[str] = []
+        #: the first warning about an address that answered as another listener: retrying
+        #: the same address cannot help, so the command ends with it
+        self.wrong_port: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -58,6 +61,9 @@ class ConsumerWarnings(logging.Handler):
         except Exception:  # a malformed record must not break the command
             return
         self.lines = [*self.lines[-7:], text]
+        args = record.args if isinstance(record.args, tuple) else ()
+        if self.wrong_port is None and any(isinstance(a, WrongPortError) for a in args):
+            self.wrong_port = text
 
     @property
     def last(self) -> str | None:
@@ -89,7 +95,8 @@ async def watch_connections(consumer: Consumer, warnings: ConsumerWarnings, *,
     """Run beside a started ``consumer``: while it holds no connection, print its newest
     warning on stderr (at once, then every :data:`REMIND_SECONDS`); raise :class:`CliError`
     when it never connected within ``bound`` seconds of ``began`` (loop time; 0: keep
-    trying). After a connection was lost it keeps trying, saying so the same way."""
+    trying), or at once when, still unconnected, an address answered as another listener
+    (a wrong port). After a connection was lost it keeps trying, saying so the same way."""
     loop = asyncio.get_running_loop()
     ever = False
     shown: str | None = None
@@ -107,6 +114,8 @@ async def watch_connections(consumer: Consumer, warnings: ConsumerWarnings, *,
                         f"; retrying for up to {bound:g} s (--connect-timeout)")
                 err_print(f"smartnsq: warning: {last}{tail}")
                 shown, shown_at = last, now
+            if not ever and warnings.wrong_port is not None:
+                raise CliError(warnings.wrong_port)
             if not ever and bound and now - began >= bound:
                 why = f": {warnings.last}" if warnings.last else ""
                 raise CliError(f"no nsqd accepted the subscription within {bound:g} s "
