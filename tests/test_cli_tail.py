@@ -144,16 +144,20 @@ async def test_tail_on_an_ordered_topic_names_the_flag(
 # -- a wrong channel name --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["tail", "t"], ["to-file", "t", "--output-dir", "."]],
-                         ids=["tail", "to-file"])
+@pytest.mark.parametrize("command", [
+    ["tail", "t", "--nsqd", "{nsqd}"],
+    ["to-file", "t", "--output-dir", ".", "--nsqd", "{nsqd}"],
+    ["bridge", "t", "t2", "--from-nsqd", "{nsqd}", "--to-nsqd", "{nsqd}"],
+], ids=["tail", "to-file", "bridge"])
 async def test_a_wrong_channel_name_is_a_usage_error_before_connecting(
         command: list[str], tmp_path: Any) -> None:
     """``--channel 'my channel'`` (a space): one line naming --channel, exit 2 like a wrong
     topic name, at once: nothing is dialled (the address is a closed port, which would
     otherwise be retried for --connect-timeout)."""
     began = time.monotonic()
-    args = [a if a != "." else str(tmp_path) for a in command]
-    code, out, err = await smartnsq(*args, "--nsqd", closed_port(), "--channel", "my channel")
+    port = closed_port()
+    args = [str(tmp_path) if a == "." else port if a == "{nsqd}" else a for a in command]
+    code, out, err = await smartnsq(*args, "--channel", "my channel")
     (line,) = err.decode().splitlines()
     assert code == 2 and out == b"", err
     assert line.startswith("smartnsq: error: ") and "'--channel'" in line, line

@@ -37,6 +37,7 @@ from smartnsq.cli.bridge_forward import Forwarder
 from smartnsq.cli.bridge_reach import reach_destination
 from smartnsq.cli.common import (
     CliError,
+    channel_argument,
     cluster_options,
     command_runner,
     pick_cluster,
@@ -68,7 +69,7 @@ Examples:
 @cluster_options(prefix="from-")
 @cluster_options(prefix="to-")
 @click.option("--channel", default="nsq_to_nsq", show_default=True,
-              help="source channel")
+              callback=channel_argument, help="source channel")
 @click.option("--shard-key-field", metavar="NAME",
               help="JSON messages: publish ordered on the destination by this field")
 @click.option("--ordered", is_flag=True,
