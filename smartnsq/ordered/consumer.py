@@ -15,7 +15,10 @@ order. On top of :class:`smartnsq.consumer.Consumer` this class
 * keeps the position (offset of the last finished message) of every partition;
 * hands a message nsqd sends twice in a row with the same attempts (its read-ahead copy,
   then the tracked one: a channel's first ordered reader, or a repositioned channel) to the
-  handler once, and answers both copies together.
+  handler once, and answers both copies together;
+* holds the redelivery of a message the server timed out (msg_timeout) while its handler
+  still runs, and answers it with the first copy: the handler never runs one message twice
+  at once, nor the next message of the partition before the first call ended.
 """
 
 from __future__ import annotations
@@ -164,8 +167,8 @@ class OrderedPolicy:
         self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool, RequeueReason]] = {}
         #: per partition, the last message handed over on the current connection
         self._last: dict[int, Message] = {}
-        #: a second copy of a pending message (see _twin), answered with the first
-        self._twins: dict[Message, tuple[Sub, Message]] = {}
+        #: further copies of a pending message (see _twin), answered with the first
+        self._twins: dict[Message, list[tuple[Sub, Message]]] = {}
         self.skipped = 0
 
     @property
@@ -216,7 +219,7 @@ class OrderedPolicy:
         v = self.validator(sub.partition)
         check = v.check(position)
         if check.kind is CheckKind.REDELIVERY and check.previous is not None and \
-                check.previous.attempts == position.attempts and self._twin(sub, msg):
+                self._twin(sub, msg, timed_out=check.previous.attempts != position.attempts):
             return False
         host = self.host
         if check.accepted:
@@ -242,12 +245,15 @@ class OrderedPolicy:
             host.spawn(self._violation(msg, check, error))
         return False
 
-    def _twin(self, sub: Sub, msg: Message) -> bool:
-        """``msg`` repeats the last delivery with the same attempts: not a redelivery but
-        nsqd's read-ahead copy followed by the tracked one (a channel's first ordered
-        reader, or a repositioned channel; docs/protocol.md §13.2.1). Both carry the same id, so
-        one answer is all the server needs; the copy never reaches the handler. True when
-        taken in charge."""
+    def _twin(self, sub: Sub, msg: Message, *, timed_out: bool) -> bool:
+        """``msg`` repeats the last delivery. With the same attempts it is not a
+        redelivery but nsqd's read-ahead copy followed by the tracked one (a channel's
+        first ordered reader, or a repositioned channel; docs/protocol.md §13.2.1). With
+        more attempts (``timed_out``) the server's msg_timeout ran out while the first copy
+        was still unanswered: handing it over would run the message twice at once and let
+        the next one of the partition start before the first handler ended. Either way
+        both carry the same id, so the first copy's answer is all the server needs; the
+        copy never reaches the handler. True when taken in charge."""
         assert sub.partition is not None
         first = self._last.get(sub.partition)
         if first is None or first.internal_id != msg.internal_id or first.offset != msg.offset:
@@ -255,26 +261,29 @@ class OrderedPolicy:
         if first.finished:
             self.host.drop(sub, msg)
             return True
-        if first in self._twins:
+        if first in self._twins and not timed_out:
             return False
         if first._state != PENDING and first not in self._retries:
             return False  # the first copy's REQ went out: this one is its retry
+        if timed_out:
+            log.warning("%s/%s partition %s: message %s timed out on the server (attempt %d) "
+                        "while still unanswered; its redelivery waits for the first copy's "
+                        "answer. Call message.touch() in handlers longer than msg_timeout",
+                        self.host.topic, self.host.channel, sub.partition, msg.id.hex(),
+                        msg.attempts)
         # the first copy is pending, or failed and waits for its retry pause: the copy is
-        # answered with it (with the REQ, when the pause ends)
-        # answered together with the first copy, so the in-flight counts stay right
+        # answered together with it (with the REQ, when the pause ends), so the in-flight
+        # counts stay right
         self.host.hold(sub, msg, track=False)
-        self._twins[first] = (sub, msg)
+        self._twins.setdefault(first, []).append((sub, msg))
         return True
 
     def _answer_twin(self, first: Message, *, fin: bool,
                      reason: RequeueReason = APPLICATION) -> None:
-        entry = self._twins.pop(first, None)
-        if entry is None:
-            return
-        sub, twin = entry
-        log.debug("%s/%s partition %s: answering the second copy of message at offset %s",
-                  self.host.topic, self.host.channel, sub.partition, twin.offset)
-        self.host.answer_copy(sub, twin, fin=fin, reason=reason)
+        for sub, twin in self._twins.pop(first, ()):
+            log.debug("%s/%s partition %s: answering another copy of message at offset %s",
+                      self.host.topic, self.host.channel, sub.partition, twin.offset)
+            self.host.answer_copy(sub, twin, fin=fin, reason=reason)
 
     async def _violation(self, msg: Message, check: Check,
                          error: OrderViolationError) -> None:

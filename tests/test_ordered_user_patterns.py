@@ -1,0 +1,247 @@
+"""Ordered consumption and sharded publishing as a new user writes them (docs/concepts/
+ordered.md, the OrderedConsumer and publish_ordered docstrings), on the embedded youzan
+cluster. Invariant everywhere: every message published reaches the handler in per-key
+order (first deliveries; redeliveries of an unfinished message are allowed) or stays in the
+channel, nothing is lost, and each call returns or fails within its stated time with a
+message naming what was wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+
+import pytest
+
+from smartnsq import Message, OrderedConsumer, Producer
+from smartnsq.config import ConsumerConfig, ProducerConfig
+from smartnsq.devcluster import DevCluster
+from smartnsq.sharding import shard_partition
+from tests.consumer_support import Collector, eventually, fast_config
+
+TOPIC = "payments"
+PLAIN = "events"
+CHANNEL = "ledger"
+PARTS = 4
+KEYS = ("alice", "bob", "carol", "dave", "erin")
+PUB = ProducerConfig(publish_timeout=5.0, reconnect_min=0.02, reconnect_max=0.2)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[DevCluster]:
+    async with DevCluster(nodes=2, lookupds=1, flavour="youzan") as c:
+        c.create_topic(TOPIC, partition_num=PARTS, replica=1, ordered=True, channels=[CHANNEL])
+        # a plain youzan topic: one partition per node
+        c.create_topic(PLAIN, partition_num=2, replica=1, channels=[CHANNEL])
+        yield c
+
+
+def config(**kw: object) -> ConsumerConfig:
+    return fast_config(**{"max_in_flight": PARTS * 2, "ordered_retry_pause": 0.05, **kw})
+
+
+async def publish_keyed(cluster: DevCluster, per_key: int, start: int = 0,
+                        keys: Iterable[str] = KEYS, topic: str = TOPIC) -> list[bytes]:
+    """``key:seq`` bodies, keys interleaved, published with publish_ordered."""
+    sent = []
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
+        for seq in range(start, start + per_key):
+            for key in keys:
+                body = f"{key}:{seq}".encode()
+                await p.publish_ordered(topic, key, body)
+                sent.append(body)
+    return sent
+
+
+def firsts(handled: Iterable[bytes]) -> list[bytes]:
+    """The handler's calls without repeats: a redelivery of an unfinished message is legal."""
+    seen: set[bytes] = set()
+    out = []
+    for b in handled:
+        if b not in seen:
+            seen.add(b)
+            out.append(b)
+    return out
+
+
+def assert_per_key_order(handled: Iterable[bytes], sent: list[bytes]) -> None:
+    got: dict[str, list[int]] = defaultdict(list)
+    for b in firsts(handled):
+        key, seq = b.decode().split(":")
+        got[key].append(int(seq))
+    want: dict[str, list[int]] = defaultdict(list)
+    for b in sent:
+        key, seq = b.decode().split(":")
+        want[key].append(int(seq))
+    assert dict(got) == dict(want)
+
+
+def consumer(cluster: DevCluster, handler: object = None, *, topic: str = TOPIC,
+             **kw: object) -> OrderedConsumer:
+    cfg = kw.pop("config", None) or config()
+    return OrderedConsumer(topic, CHANNEL, handler,  # type: ignore[arg-type]
+                           lookupd=cluster.lookupd_http_addresses, config=cfg,
+                           **kw)  # type: ignore[arg-type]
+
+
+def depth(cluster: DevCluster, topic: str = TOPIC) -> int:
+    return sum(cluster.store.partition(topic, p).channels[CHANNEL].depth()
+               for p in range(PARTS))
+
+
+async def test_async_for_and_break_leaves_the_rest_in_the_channel(cluster: DevCluster) -> None:
+    sent = await publish_keyed(cluster, 10)
+    handled: list[bytes] = []
+    t0 = time.monotonic()
+    async with consumer(cluster) as c:
+        async with asyncio.timeout(10):
+            async for msg in c:
+                handled.append(msg.body)
+                msg.finish()
+                if len(handled) == 12:
+                    break
+    first_run = time.monotonic() - t0
+    # what was read ahead but not handed over went back: it is all still in the channel
+    assert depth(cluster) == len(sent) - 12
+    # a second user, this time without finishing the message it breaks on
+    async with consumer(cluster) as c:
+        async with asyncio.timeout(10):
+            async for msg in c:
+                handled.append(msg.body)
+                if len(handled) == 20:
+                    break
+                msg.finish()
+    assert depth(cluster) == len(sent) - 19
+    got = Collector()
+    async with consumer(cluster, got):
+        await got.wait_for(lambda: len(firsts(handled + got.handled)) == len(sent))
+    assert_per_key_order(handled + got.handled, sent)
+    assert first_run < 5.0, first_run
+
+
+async def test_a_failing_handler_is_retried_before_the_next_message_of_its_key(
+        cluster: DevCluster) -> None:
+    sent = await publish_keyed(cluster, 8)
+    calls: list[tuple[bytes, int]] = []
+
+    async def handler(msg: Message) -> None:
+        calls.append((msg.body, msg.attempts))
+        if msg.body.endswith(b":3") and msg.attempts < 3:
+            raise RuntimeError("downstream refused")
+
+    async with consumer(cluster, handler) as c:
+        await eventually(lambda: len(firsts(b for b, _ in calls)) == len(sent)
+                         and depth(cluster) == 0)
+        assert c.stats().requeued == len(KEYS) * 2
+    for key in KEYS:
+        mine = [(b, a) for b, a in calls if b.startswith(f"{key}:".encode())]
+        # seq 3 three times in a row, nothing of its partition in between for this key
+        assert [b for b, _ in mine] == [f"{key}:{s}".encode()
+                                       for s in (0, 1, 2, 3, 3, 3, 4, 5, 6, 7)]
+        assert [a for b, a in mine if b.endswith(b":3")] == [1, 2, 3]
+    # and per partition: no later message of the partition was handled during the retries
+    for key in KEYS:
+        part = shard_partition(key, PARTS)
+        same = [b for b, _ in calls
+                if shard_partition(b.decode().split(":")[0], PARTS) == part]
+        i = same.index(f"{key}:3".encode())
+        assert same[i:i + 3] == [f"{key}:3".encode()] * 3
+    assert_per_key_order((b for b, _ in calls), sent)
+
+
+async def test_a_handler_slower_than_the_msg_timeout(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The server's msg_timeout (1 s) runs out while the handler (1.6 s) still works on
+    alice:1: its redelivery waits for that call (before: a second call of alice:1 ran at
+    the same time, finished, and alice:2 was handled while the first call still ran)."""
+    sent = await publish_keyed(cluster, 3, keys=("alice",))
+    running = 0
+    overlap = 0
+    events: list[str] = []
+
+    async def handler(msg: Message) -> None:
+        nonlocal running, overlap
+        events.append(f"start {msg.body.decode()}")
+        running += 1
+        overlap = max(overlap, running)
+        try:
+            if msg.body == b"alice:1":
+                await asyncio.sleep(1.6)
+        finally:
+            running -= 1
+            events.append(f"end {msg.body.decode()}")
+
+    cfg = config(connection={"msg_timeout": 1.0})
+    async with consumer(cluster, handler, config=cfg) as c:
+        await eventually(lambda: "end alice:2" in events and running == 0
+                         and depth(cluster) == 0)
+        await eventually(lambda: c.stats().in_flight == 0)
+    assert events == [f"{what} {b.decode()}" for b in sent for what in ("start", "end")]
+    assert overlap == 1
+    assert any("touch()" in r.getMessage() for r in caplog.records)
+
+
+async def test_touch_keeps_a_slow_message(cluster: DevCluster) -> None:
+    sent = await publish_keyed(cluster, 3, keys=("alice",))
+    calls: list[tuple[bytes, int]] = []
+
+    async def handler(msg: Message) -> None:
+        calls.append((msg.body, msg.attempts))
+        if msg.body == b"alice:1":
+            for _ in range(4):
+                await asyncio.sleep(0.4)
+                assert msg.touch()
+
+    cfg = config(connection={"msg_timeout": 1.0})
+    async with consumer(cluster, handler, config=cfg):
+        await eventually(lambda: len(calls) >= 3 and depth(cluster) == 0)
+    assert calls == [(b, 1) for b in sent]
+
+
+async def test_stop_and_restart_in_a_loop_with_publishes_in_between(
+        cluster: DevCluster) -> None:
+    sent: list[bytes] = []
+    handled: list[bytes] = []
+    stops: list[float] = []
+    for rnd in range(5):
+        sent += await publish_keyed(cluster, 4, start=rnd * 4, keys=KEYS[:3])
+        got = Collector()
+        c = consumer(cluster, got)
+        await c.start()
+        await got.wait_for(lambda: len(got.handled) >= 5)  # noqa: B023
+        t0 = time.monotonic()
+        await c.stop()
+        stops.append(time.monotonic() - t0)
+        handled += got.handled
+    got = Collector()
+    async with consumer(cluster, got):
+        await got.wait_for(lambda: len(firsts(handled + got.handled)) == len(sent))
+    assert_per_key_order(handled + got.handled, sent)
+    assert max(stops) < 2.0, stops
+
+
+async def test_two_consumers_of_one_channel(cluster: DevCluster) -> None:
+    sent = await publish_keyed(cluster, 20)
+    order: list[bytes] = []
+    who: list[str] = []
+    busy: dict[int, int] = defaultdict(int)
+    overlap = False
+
+    def make(name: str) -> object:
+        async def handler(msg: Message) -> None:
+            nonlocal overlap
+            assert msg.partition is not None
+            busy[msg.partition] += 1
+            overlap = overlap or busy[msg.partition] > 1
+            order.append(msg.body)
+            who.append(name)
+            await asyncio.sleep(0.001)
+            busy[msg.partition] -= 1
+        return handler
+
+    async with consumer(cluster, make("a")), consumer(cluster, make("b")):
+        await eventually(lambda: len(firsts(order)) == len(sent) and depth(cluster) == 0)
+    # the channel's one message in flight goes to either consumer: never two at once
+    assert not overlap and set(who) <= {"a", "b"}
+    assert_per_key_order(order, sent)
