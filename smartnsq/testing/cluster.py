@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable
+import dataclasses
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -41,8 +42,9 @@ class NsqCluster:
             (nsqd 1.3).
         nodes: nsqd nodes; default 3 for youzan, 1 for stock.
         lookupds: nsqlookupd servers (every node registers with each).
-        nsqd_options: options of every nsqd (timeouts, size limits, TLS...); the real
-            servers' defaults when omitted.
+        nsqd_options: options of every nsqd (timeouts, size limits, TLS...): an
+            :class:`~smartnsq.devcluster.nsqd.options.NsqdOptions` or a dict of its fields
+            (``{"max_msg_size": 1000}``); the real servers' defaults when omitted.
         topic_check_delay: youzan: seconds before a topic created through lookupd's HTTP API
             takes writes (topics made with :meth:`create_topic` take them at once).
         leader_move_seconds: youzan: how long a leader move through lookupd's HTTP API leaves
@@ -56,30 +58,33 @@ class NsqCluster:
         nodes: int | None = None,
         lookupds: int = 1,
         *,
-        nsqd_options: NsqdOptions | None = None,
+        nsqd_options: NsqdOptions | Mapping[str, Any] | None = None,
         topic_check_delay: float = DEFAULT_TOPIC_CHECK_DELAY,
         leader_move_seconds: float = 0.0,
         timeout: float = 30.0,
     ) -> None:
+        # set first: repr() of a half-built cluster (in a traceback) reads them
+        self._thread: BackgroundLoop | None = None
+        self._stopped = False
+        self._flavour: Flavour = flavour
         if flavour not in DEFAULT_NODES:
             raise ConfigError(f"NsqCluster: flavour must be 'youzan' or 'stock', not {flavour!r}")
         if not timeout > 0:
             raise ConfigError(f"NsqCluster: timeout must be > 0 seconds, got {timeout!r}")
-        self._flavour: Flavour = flavour
         self.timeout = float(timeout)
         # built here so a bad argument fails in the constructor, before any thread starts
         self._cluster = DevCluster(
-            nodes=DEFAULT_NODES[flavour] if nodes is None else nodes,
-            lookupds=lookupds,
+            nodes=_count("nodes", DEFAULT_NODES[flavour] if nodes is None else nodes, 0),
+            lookupds=_count("lookupds", lookupds, 1),
             flavour=flavour,
-            nsqd_options=nsqd_options,
+            nsqd_options=_options(nsqd_options),
             topic_check_delay=topic_check_delay,
             leader_move_seconds=leader_move_seconds,
         )
-        self._thread: BackgroundLoop | None = None
-        self._stopped = False
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_cluster"):
+            return f"<NsqCluster {self._flavour!r} not built>"
         state = "running" if self.is_running else "stopped" if self._stopped else "not started"
         return (f"<NsqCluster {self._flavour} {state} nsqd={self.nsqd_tcp_addresses} "
                 f"lookupd={self.lookupd_http_addresses}>")
@@ -295,7 +300,9 @@ class NsqCluster:
         return self.call(lambda: self._cluster.drop_client(node))
 
     def delay_node(self, node: int, seconds: float) -> None:
-        """Hold every response of node ``node`` back by ``seconds`` (a slow nsqd); 0 ends it."""
+        """Hold every TCP protocol response of node ``node`` back by ``seconds`` (a slow nsqd
+        for :class:`~smartnsq.Producer` and consumers); 0 ends it. Its HTTP API (what
+        :class:`~smartnsq.HttpProducer` publishes to) keeps answering at once."""
         self.call(lambda: self._cluster.delay_responses(node, seconds))
 
     # --- lookupd faults ----------------------------------------------------------------------
@@ -316,6 +323,28 @@ class NsqCluster:
         self.run(self._cluster.clear_lookupd_fault(lookupd))
 
 
+def _count(name: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"NsqCluster: {name} must be an int >= {least}, got {value!r}")
+    return value
+
+
+def _options(given: object) -> NsqdOptions | None:
+    """``nsqd_options`` as :class:`NsqdOptions`: a dict (what a marker's keyword naturally
+    holds) is taken as its fields."""
+    if given is None or isinstance(given, NsqdOptions):
+        return given
+    if isinstance(given, Mapping):
+        fields = {f.name for f in dataclasses.fields(NsqdOptions)}
+        unknown = sorted(str(k) for k in given if k not in fields)
+        if unknown:
+            raise ConfigError(f"NsqCluster: nsqd_options has no field {', '.join(unknown)}; "
+                              f"NsqdOptions has {', '.join(sorted(fields))}")
+        return NsqdOptions(**given)
+    raise ConfigError("NsqCluster: nsqd_options must be an NsqdOptions or a dict of its "
+                      f"fields, got {type(given).__name__}")
+
+
 class ClusterFactory(Protocol):
     """The ``nsq_cluster_factory`` fixture: call it for a started :class:`NsqCluster`; every
     cluster it made is stopped when the test ends."""
@@ -326,7 +355,7 @@ class ClusterFactory(Protocol):
         nodes: int | None = None,
         lookupds: int = 1,
         *,
-        nsqd_options: NsqdOptions | None = None,
+        nsqd_options: NsqdOptions | Mapping[str, Any] | None = None,
         topic_check_delay: float = DEFAULT_TOPIC_CHECK_DELAY,
         leader_move_seconds: float = 0.0,
     ) -> NsqCluster:

@@ -33,6 +33,7 @@ __all__ = [
     "nsq_youzan",
     "nsq_youzan_session",
     "pytest_configure",
+    "pytest_runtest_setup",
 ]
 
 #: what ``@pytest.mark.nsq(...)`` may set
@@ -47,6 +48,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "leader_move_seconds=0.0): the embedded cluster of nsq_stock / nsq_youzan for this "
         "test (smartnsq.testing)",
     )
+
+
+#: the fixtures whose cluster ``@pytest.mark.nsq`` sizes
+SIZED_FIXTURES = ("nsq_stock", "nsq_youzan")
+#: fixtures a marker cannot size: shared by the session, or sized by their own arguments
+UNSIZED_FIXTURES = ("nsq_stock_session", "nsq_youzan_session", "nsq_cluster_factory")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test whose ``@pytest.mark.nsq`` would size nothing: it asks for a session
+    cluster or the factory, and neither ``nsq_stock`` nor ``nsq_youzan`` (the marker was
+    silently ignored, and the test ran on a cluster of another size)."""
+    if item.get_closest_marker("nsq") is None:
+        return
+    names = set(getattr(item, "fixturenames", ()))
+    unsized = [n for n in UNSIZED_FIXTURES if n in names]
+    if unsized and not names.intersection(SIZED_FIXTURES):
+        raise pytest.UsageError(
+            f"@pytest.mark.nsq sizes only nsq_stock / nsq_youzan; {item.name} uses "
+            f"{', '.join(unsized)}, which it cannot size (session clusters are shared by "
+            "every test; nsq_cluster_factory takes the sizes as arguments)")
 
 
 def _marker_options(request: pytest.FixtureRequest) -> dict[str, Any]:
