@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Self, overload
 
 import aiohttp
 
-from smartnsq._checks import check_loop
+from smartnsq._checks import check_duration, check_loop
 from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
@@ -156,15 +156,28 @@ class HttpProducer:
         """True once :meth:`stop` was called."""
         return self._closed
 
-    async def stop(self) -> None:
-        """Close the HTTP session (unless shared) and the lookup component (unless shared).
-        Idempotent."""
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting publishes, let the ones in flight finish within ``timeout`` seconds
+        (default ``publish_timeout``), then close the HTTP session (unless shared) and the
+        lookup component (unless shared). A publish still unanswered then fails with
+        :class:`ClientClosedError` (nsqd may have stored it). Idempotent."""
+        # checked before anything changes: a bad value must not leave a half-closed producer
+        limit = self.config.publish_timeout if timeout is None else check_duration(
+            timeout, "timeout")
         if self._closed:
             return
         self._closed = True
         if not self._started:
             return
         self._on_loop()
+        # closing the session under a request would fail it (and its retries) although
+        # nsqd may store it: the caller would publish again, a duplicate
+        try:
+            async with asyncio.timeout(limit):
+                await self._engine.wait_idle()
+        except TimeoutError:
+            logger.warning("HTTP producer closed with %d publish(es) still in flight after "
+                           "%.1fs", self._engine.active, limit)
         if self._router is not None:
             await self._router.routes.close()
         if self._own_session and self._session is not None:

@@ -22,7 +22,7 @@ import aiohttp
 
 from smartnsq.backoff import Backoff, ExponentialBackoff
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import UnsupportedFeatureError
+from smartnsq.errors import ClientClosedError, UnsupportedFeatureError
 from smartnsq.producer.http_nsqd import flavour, post, receipt
 from smartnsq.producer.retry import Action, classify
 from smartnsq.producer.router import TopicRoute
@@ -155,6 +155,8 @@ class HttpPublish:
 
     async def send(self, node: HttpNode, partition: int | None,
                    timeout: float) -> PublishReceipt | None:
+        if self.session.closed:
+            raise self._stopped(node)
         try:
             if self.direct and (self.youzan_only or partition is not None or self.stock_only):
                 await self._check_flavour(node, partition, timeout)
@@ -164,6 +166,9 @@ class HttpPublish:
             data = await post(self.session, node.address, self.path, params, self.body,
                               timeout, self.topic, partition)
         except Exception as exc:
+            if self.session.closed:
+                # the session closed under the request: no node failure, no retry
+                raise self._stopped(node) from exc
             node.failed(exc)
             raise
         node.answered()
@@ -171,6 +176,12 @@ class HttpPublish:
             return receipt(data, self.topic, partition if partition is not None else -1,
                            node.address)
         return None
+
+    def _stopped(self, node: HttpNode) -> ClientClosedError:
+        """The producer stopped (its stop() timeout passed) with this publish in flight."""
+        return ClientClosedError(
+            f"the producer was stopped before nsqd {node.address} answered this {self.what} "
+            f"to topic {self.topic!r}: nsqd may or may not have stored it")
 
     async def _check_flavour(self, node: HttpNode, partition: int | None,
                              timeout: float) -> None:
