@@ -174,3 +174,16 @@ async def test_stop_with_a_short_timeout_fails_the_publishes_in_flight_at_once(
         assert "nsqd may or may not have stored it" in str(result)
     with pytest.raises(ConfigError, match="timeout"):
         await HttpProducer(nsqd=[slow_nsqd.address]).stop(timeout=-1)
+
+
+@pytest.mark.nsq(nodes=2)
+async def test_one_producer_per_web_request_through_lookupd_on_youzan(
+        nsq_youzan: NsqCluster) -> None:
+    nsq_youzan.create_topic("orders", partitions=2, channels=["billing"])
+
+    async def request(i: int) -> None:
+        async with HttpProducer(lookupd=nsq_youzan.lookupd_http_addresses) as producer:
+            await producer.publish("orders", b"%d" % i)
+
+    await asyncio.wait_for(asyncio.gather(*(request(i) for i in range(20))), WAIT)
+    assert nsq_youzan.message_count("orders") == 20
