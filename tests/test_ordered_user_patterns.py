@@ -183,6 +183,25 @@ async def test_a_handler_slower_than_the_msg_timeout(
     assert any("touch()" in r.getMessage() for r in caplog.records)
 
 
+async def test_an_iterated_message_held_past_the_msg_timeout(cluster: DevCluster) -> None:
+    """``async for`` holding a message for longer than msg_timeout before finishing it: it
+    is not yielded a second time, and the next one comes after it."""
+    sent = await publish_keyed(cluster, 3, keys=("bob",))
+    seen: list[tuple[bytes, int]] = []
+    cfg = config(connection={"msg_timeout": 1.0})
+    async with consumer(cluster, config=cfg) as c:
+        async with asyncio.timeout(10):
+            async for msg in c:
+                seen.append((msg.body, msg.attempts))
+                if msg.body == b"bob:0":
+                    await asyncio.sleep(1.5)
+                msg.finish()
+                if msg.body == b"bob:2":
+                    break
+    assert seen == [(b, 1) for b in sent]
+    await eventually(lambda: depth(cluster) == 0)
+
+
 async def test_touch_keeps_a_slow_message(cluster: DevCluster) -> None:
     sent = await publish_keyed(cluster, 3, keys=("alice",))
     calls: list[tuple[bytes, int]] = []

@@ -268,7 +268,8 @@ class OrderedPolicy:
         if timed_out:
             log.warning("%s/%s partition %s: message %s timed out on the server (attempt %d) "
                         "while still unanswered; its redelivery waits for the first copy's "
-                        "answer. Call message.touch() in handlers longer than msg_timeout",
+                        "finish() or requeue(). Call message.touch() in handlers longer than "
+                        "msg_timeout",
                         self.host.topic, self.host.channel, sub.partition, msg.id.hex(),
                         msg.attempts)
         # the first copy is pending, or failed and waits for its retry pause: the copy is
