@@ -22,12 +22,12 @@ from smartnsq.cli.common import (
     OutputClosed,
     StartAt,
     cluster_options,
-    command_runner,
     echo,
     one_line,
     pick_cluster,
     topic_argument,
 )
+from smartnsq.cli.stopping import command_runner
 from smartnsq.errors import (
     Flavour,
     LookupdError,

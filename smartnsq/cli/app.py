@@ -24,13 +24,13 @@ import click
 
 from smartnsq import __version__
 from smartnsq.cli.common import (
-    EXIT_INTERRUPTED,
     OutputClosed,
     cli_logging,
     one_line,
     stdout_closed,
 )
 from smartnsq.cli.dev import DevOptions, TopicSpec, build_parser, run_dev
+from smartnsq.cli.stopping import EXIT_INTERRUPTED
 
 __all__ = ["DevOptions", "TopicSpec", "build_parser", "cli", "main", "run_dev"]
 

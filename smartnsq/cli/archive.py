@@ -39,15 +39,14 @@ from smartnsq.cli.common import (
     StartAt,
     channel_argument,
     cluster_options,
-    command_runner,
     describe,
     pick_cluster,
     stderr_console,
-    stop_event,
     topic_argument,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
+from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer

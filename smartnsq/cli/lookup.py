@@ -14,7 +14,6 @@ from rich.table import Table
 from smartnsq.cli.common import (
     CliError,
     cluster_options,
-    command_runner,
     echo,
     pick_cluster,
     stdout_console,
@@ -22,6 +21,7 @@ from smartnsq.cli.common import (
 )
 from smartnsq.cli.common import topic_argument as _topic
 from smartnsq.cli.stat import build_doc, take_sample
+from smartnsq.cli.stopping import command_runner
 from smartnsq.lookup import Lookup, LookupdStatus, Node, TopicView
 from smartnsq.nsqd_http import NsqdHttpClient
 

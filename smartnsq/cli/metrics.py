@@ -28,7 +28,7 @@ INSTALL_HINT = "pip install 'smartnsq[prometheus]'"
 
 def metrics_options(fn: Callable[..., T]) -> Callable[..., T]:
     """Add ``--metrics-port`` and ``--metrics-addr`` to a command (put it between the click
-    options and :func:`~smartnsq.cli.common.command_runner`): the command runs inside
+    options and :func:`~smartnsq.cli.stopping.command_runner`): the command runs inside
     :func:`serving_metrics`."""
 
     @functools.wraps(fn)

@@ -26,20 +26,16 @@ from rich.progress import (
 )
 
 from smartnsq.cli.common import (
-    EXIT_OUTPUT_CLOSED,
     CliError,
     Cluster,
     OutputClosed,
     RateParam,
-    StopEvent,
     cluster_options,
-    command_runner,
     describe,
     err_print,
     pick_cluster,
     require_stdout,
     stderr_console,
-    stop_event,
     topic_argument,
     writing_stdout,
 )
@@ -53,6 +49,7 @@ from smartnsq.cli.records import (
     read_records,
     shard_rule,
 )
+from smartnsq.cli.stopping import EXIT_OUTPUT_CLOSED, StopEvent, command_runner, stop_event
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import NSQError
 from smartnsq.lookup import Lookup, TopicView

@@ -42,15 +42,14 @@ from smartnsq.cli.client_metrics import (
 from smartnsq.cli.common import (
     CliError,
     cluster_options,
-    command_runner,
     echo,
     pick_cluster,
     stdout_console,
     stdout_gone,
-    stop_event,
     topic_argument,
     writing_stdout,
 )
+from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.errors import NsqdHttpError, ServerError
 from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.validation import NO_PARTITION, parse_http_address

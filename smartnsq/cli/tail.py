@@ -18,18 +18,17 @@ from smartnsq.cli.common import (
     StartAt,
     channel_argument,
     cluster_options,
-    command_runner,
     err_print,
     pick_cluster,
     require_stdout,
     stdout_closed,
-    stop_event,
     topic_argument,
     writing_stdout,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.output_pipe import OutputPipe, output_gone
+from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
