@@ -227,7 +227,8 @@ def check_handled(got: Collector, expected: list[Sent], *, ordered: bool) -> Non
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["plain", "ordered"])
-@pytest.mark.parametrize("where", ["offset", "earliest", "earliest-untouched", "end"])
+@pytest.mark.parametrize("where", ["offset", "earliest", "earliest-untouched", "end",
+                                   "past-end"])
 async def test_start_position_on_a_channel_with_a_backlog(
         target: Target, ordered: bool, where: str) -> None:
     topic, tcp, _ = await target.create_topic("startpos", ordered=ordered)
@@ -242,6 +243,10 @@ async def test_start_position_on_a_channel_with_a_backlog(
             backlog[5:]
     elif where == "end":
         start, floor, before = OffsetSpec.end(), backlog[-1].offset + 1, []
+    elif where == "past-end":
+        # nsqd puts the channel at the end; what comes next is delivered (the start guard
+        # kept the asked offset as its floor and finished it all unseen)
+        start, floor, before = OffsetSpec.virtual_queue(10**9), backlog[-1].offset + 1, []
     else:
         start, floor, before = OffsetSpec.virtual_queue(0), 0, backlog
     got = Collector()
@@ -256,7 +261,7 @@ async def test_start_position_on_a_channel_with_a_backlog(
         check_handled(got, before + tail, ordered=ordered)
         assert min(m.offset for m in got.messages if m.offset is not None) >= floor
         st = c.stats()
-        if where in ("offset", "end"):
+        if where in ("offset", "end", "past-end"):
             # the read-ahead (the first backlog message) came and was finished quietly
             assert st.dropped_before_start >= 1
         assert st.received == st.finished  # the dropped ones were finished too

@@ -190,7 +190,9 @@ class Positioner:
         before, spec = self._before, self.spec
         assert before is not None and now.channel is not None
         target = spec.value if spec.kind == "virtual_queue" else None
-        floor = target if target is not None else now.channel
+        # past the queue's end nsqd puts the channel at the end: the floor is there, or the
+        # guard would finish everything published afterwards unseen
+        floor = min(target, now.channel) if target is not None else now.channel
         read_ahead = before.channel if before.backlog and self.needed else None
         log.info("%s partition %s channel %s positioned at offset %d (asked %s; channel was at "
                  "%s, queue end %d)", self.topic, self.ep.partition, self.channel, now.channel,
