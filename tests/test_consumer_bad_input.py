@@ -125,9 +125,12 @@ def test_start_at_needs_lookups_and_valid_specs() -> None:
     with pytest.raises(ConfigError):
         Consumer("t", "c", handler, lookupd=lookupd,
                  start_at={-1: OffsetSpec.end()})
-    with pytest.raises(ConfigError):
+    # a partition's position may be named as the whole start_at is ("end", "earliest")
+    Consumer("t", "c", handler, lookupd=lookupd, start_at={0: "end", 1: "earliest"})
+    with pytest.raises(ConfigError, match=r"start_at\[0\] must be 'earliest', 'end' or an "
+                       r"OffsetSpec, got 'latest'"):
         Consumer("t", "c", handler, lookupd=lookupd,
-                 start_at={0: "end"})  # type: ignore[dict-item]
+                 start_at={0: "latest"})  # type: ignore[dict-item]
     with pytest.raises(ConfigError):
         Consumer("t", "c", handler, lookupd=lookupd,
                  start_at="virtual_queue:0")  # type: ignore[arg-type]

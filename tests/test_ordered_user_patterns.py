@@ -8,6 +8,7 @@ message naming what was wrong."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
@@ -344,11 +345,17 @@ async def test_a_start_position_past_the_end_starts_at_the_end(
     assert_per_key_order(replay.handled, old + new)
 
 
-async def test_a_start_position_for_a_partition_the_topic_lacks(cluster: DevCluster) -> None:
-    """{7: ...} on a 4-partition topic: the others start where the channel is; nothing of
+async def test_a_start_position_for_a_partition_the_topic_lacks(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """{7: "end"} on a 4-partition topic (a string as in the one-position form): said once
+    (it was ignored without a word); the others start where the channel is; nothing of
     them is lost."""
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
     sent = await publish_keyed(cluster, 2)
     got = Collector()
-    async with consumer(cluster, got, start_at={7: OffsetSpec.end()}):
+    async with consumer(cluster, got, start_at={7: "end"}):
         await got.wait_for(lambda: len(got.distinct) == len(sent), timeout=5)
     assert_per_key_order(got.handled, sent)
+    said = [r.getMessage() for r in caplog.records if "start_at names partition 7" in
+            r.getMessage()]
+    assert len(said) == 1 and "it has partitions 0..3" in said[0], caplog.text

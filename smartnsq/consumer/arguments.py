@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Literal
 
 from smartnsq.config import ConsumerConfig
-from smartnsq.consumer.discovery import Discovery
+from smartnsq.consumer.discovery import Discovery, LookupDiscovery
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.commands import OffsetSpec
 
@@ -18,7 +18,8 @@ __all__ = ["StartAt", "check_config", "check_handler", "check_partitions", "chec
 
 #: a start position for every partition ("earliest", "end" or an OffsetSpec), or per
 #: partition id
-StartAt = Literal["earliest", "end"] | OffsetSpec | Mapping[int, OffsetSpec]
+StartAt = (Literal["earliest", "end"] | OffsetSpec
+           | Mapping[int, OffsetSpec | Literal["earliest", "end"]])
 
 _NAMED = {"earliest": OffsetSpec.earliest, "end": OffsetSpec.end}
 
@@ -97,7 +98,12 @@ def check_start_at(start_at: StartAt | None,
     for p, spec in start_at.items():
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise ConfigError(f"start_at partition must be an int >= 0, got {p!r}")
+        if isinstance(spec, str) and spec in _NAMED:
+            spec = _NAMED[spec]()
         if not isinstance(spec, OffsetSpec):
-            raise ConfigError(f"start_at[{p}] must be an OffsetSpec")
+            raise ConfigError(f"start_at[{p}] must be 'earliest', 'end' or an OffsetSpec, "
+                              f"got {spec!r}")
         out[p] = spec
+    if isinstance(discovery, LookupDiscovery):
+        discovery.name_positions(frozenset(out))
     return out

@@ -199,6 +199,14 @@ class LookupDiscovery(Discovery):
         self._unanswered: LookupFailedError | None = None
         #: the asked-for partitions the topic lacked at the last look (said once)
         self._missing_said: list[int] = []
+        #: the partitions start_at names (checked against the topic like ``partitions``)
+        self._positioned: frozenset[int] = frozenset()
+        self._unpositioned_said: list[int] = []
+
+    def name_positions(self, partitions: frozenset[int]) -> None:
+        """The partitions ``start_at`` gives a position: one the topic lacks is said once
+        (a typo would otherwise position nothing, without a word)."""
+        self._positioned = partitions
 
     @property
     def lookup(self) -> Lookup:
@@ -236,6 +244,13 @@ class LookupDiscovery(Discovery):
                             "subscribing to the others asked for", self._topic,
                             ", ".join(map(str, missing)), view.partition_num - 1)
             self._missing_said = missing
+        if self._positioned and view.is_partitioned and view.partition_num:
+            missing = sorted(p for p in self._positioned if p >= view.partition_num)
+            if missing and missing != self._unpositioned_said:
+                log.warning("consumer of topic %r: start_at names partition %s, which the "
+                            "topic lacks (it has partitions 0..%d); ignored", self._topic,
+                            ", ".join(map(str, missing)), view.partition_num - 1)
+            self._unpositioned_said = missing
         return topology_from_view(view, wanted)
 
     def connection_lost(self, endpoint: Endpoint, stale_leader: bool) -> None:
