@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
@@ -69,9 +70,11 @@ class HandlerThreads(Executor):
             del fut, fn, args, kwargs
             self._idle.release()
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,
+                 timeout: float | None = None) -> None:
         """Accept no more calls; with ``cancel_futures`` the queued ones are cancelled, else
-        they still run; ``wait`` joins the threads (not the calling one)."""
+        they still run; ``wait`` joins the threads (not the calling one), for at most
+        ``timeout`` seconds in all (see :meth:`stuck`)."""
         with self._lock:
             self._shut = True
             if cancel_futures:
@@ -87,6 +90,13 @@ class HandlerThreads(Executor):
             threads = list(self._threads)
         if wait:
             me = threading.current_thread()
+            deadline = None if timeout is None else time.monotonic() + timeout
             for thread in threads:
                 if thread is not me:
-                    thread.join()
+                    thread.join(None if deadline is None
+                                else max(0.0, deadline - time.monotonic()))
+
+    def stuck(self) -> list[str]:
+        """The names of the threads still in a call (after a bounded :meth:`shutdown`)."""
+        me = threading.current_thread()
+        return [t.name for t in self._threads if t.is_alive() and t is not me]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import inspect
 import logging
 import os
@@ -47,6 +46,13 @@ from smartnsq.metrics.api import Metrics
 from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
 from smartnsq.ordered.policy import DeadLetterCallback, OnBlocked, OnViolation
 from smartnsq.sync._exit import at_main_thread_end
+from smartnsq.sync._handlers import (
+    AwaitableReturned,
+    HandlerExited,
+    call_plain,
+    guard_async,
+    returns_awaitable,
+)
 from smartnsq.sync._loop import acquire, release
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
@@ -59,27 +65,9 @@ __all__ = ["Consumer", "OrderedConsumer", "ThreadMessage"]
 log = logging.getLogger("smartnsq.consumer")
 
 
-class _AwaitableReturned(Exception):
-    """A plain handler returned an awaitable (carries its type name)."""
-
-
-def _returns_awaitable(handler: object) -> bool:
-    """True for a plain callable that visibly wraps an async function (``functools.wraps``
-    decorators, partials of such wrappers): calling it only makes a coroutine. A lambda
-    returning a coroutine cannot be told apart before it is called; the first call then
-    stops the consumer instead of finishing the message."""
-    fn = handler
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if inspect.isasyncgenfunction(fn):
-        return True
-    try:
-        inner = inspect.unwrap(fn)  # type: ignore[arg-type]
-    except ValueError:  # a __wrapped__ cycle
-        return False
-    return inner is not fn and (inspect.iscoroutinefunction(inner)
-                                or inspect.isasyncgenfunction(inner))
-
+#: seconds stop() waits for the handler threads once the drain is over (then they are
+#: idle, or stuck in a call whose message the drain requeued)
+_HANDLER_JOIN = 1.0
 
 #: sync consumers running now (held: a running consumer lives on even if the caller
 #: dropped it); stopped promptly if the main thread ends first
@@ -184,7 +172,7 @@ class Consumer:
         underneath."""
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
-        if not _is_async_callable(handler) and _returns_awaitable(handler):
+        if not _is_async_callable(handler) and returns_awaitable(handler):
             raise ConfigError(
                 f"handler {handler!r} is a plain callable wrapping an async function: it "
                 "would return a coroutine that nobody awaits (and the message would be "
@@ -195,12 +183,14 @@ class Consumer:
         cfg = config if config is not None else ConsumerConfig()
         self._handler = handler
         self._pool: HandlerThreads | None = None
-        wrapped: Callable[[Message], Any] = handler
-        if not _is_async_callable(handler):
+        # an exit raised by the handler must not reach the shared loop (_handlers.py)
+        wrapped: Callable[[Message], Any] = self._in_thread
+        if _is_async_callable(handler):
+            wrapped = guard_async(handler, self._handler_exited)
+        else:
             n = threads if threads is not None else min(32, max(1, getattr(
                 cfg, "max_in_flight", 1)))
             self._pool = HandlerThreads(n, "smartnsq-handler")
-            wrapped = self._in_thread
         # validated here, in the caller's thread, before the loop is touched
         self._async: AsyncConsumer
         try:
@@ -218,11 +208,20 @@ class Consumer:
         self._exiting = False
 
     def _call_handler(self, tm: ThreadMessage) -> None:
-        result = self._handler(tm)
+        result = call_plain(self._handler, tm)
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()  # never awaited: no "coroutine was never awaited" noise
-            raise _AwaitableReturned(type(result).__name__)
+            raise AwaitableReturned(type(result).__name__)
+
+    def _handler_exited(self, msg: Message, exc: BaseException) -> None:
+        """The handler raised SystemExit or KeyboardInterrupt: its message is requeued and
+        the consumer stops with that exception (``wait()`` raises it)."""
+        self._async._dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
+        log.error("consumer of %s/%s: the handler raised %r (sys.exit() in a handler?): the "
+                  "consumer stops, the message is requeued, and wait() raises it",
+                  self._async.topic, self._async.channel, exc)
+        self._async._fatal(exc)
 
     async def _in_thread(self, msg: Message) -> None:
         dispatch = self._async._dispatch
@@ -244,7 +243,9 @@ class Consumer:
                 dispatch.requeue_as(msg, STOP, 0, backoff=False)
                 return
             raise
-        except _AwaitableReturned as exc:
+        except HandlerExited as exc:
+            self._handler_exited(msg, exc.exc)
+        except AwaitableReturned as exc:
             # the message was not processed: requeue it, and stop (every message would
             # meet the same fate)
             dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
@@ -352,7 +353,14 @@ class Consumer:
             loop, self._loop = self._loop, None
         _running.discard(self)
         if self._pool is not None:
-            self._pool.shutdown(wait=wait)
+            # the stop's drain waited for the handlers (until drain_timeout, then requeued
+            # their messages): one still running now is stuck, and waiting on it would
+            # make stop() (and the exit hook, and so the interpreter's exit) block for ever
+            self._pool.shutdown(wait=wait, timeout=_HANDLER_JOIN)
+            if wait and (stuck := self._pool.stuck()):
+                log.warning("consumer of %s/%s: handler thread(s) %s still running after "
+                            "the stop (their messages were requeued); left behind",
+                            self._async.topic, self._async.channel, ", ".join(stuck))
         if loop is not None:
             release(loop)
 
@@ -400,14 +408,20 @@ class Consumer:
                     await self._async.wait_closed()
             except TimeoutError:
                 return False
+            except (SystemExit, KeyboardInterrupt):
+                pass  # a handler's exit: raised below, in the caller (not on the loop's task)
             return True
 
         try:
-            return loop.run(waiter())
+            done = loop.run(waiter())
         except BaseException:
             if self._async.is_closed:
                 self._shutdown_resources()
             raise
+        if isinstance(self._async.error, (SystemExit, KeyboardInterrupt)):
+            self._shutdown_resources()
+            raise self._async.error
+        return done
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         check_count(max_in_flight, "max_in_flight")

@@ -1,0 +1,74 @@
+"""What a sync consumer's handler may do that the shared event loop must not see: return an
+awaitable from a plain function, or end with ``sys.exit()`` (``SystemExit``) or a raised
+``KeyboardInterrupt``.
+
+Either exception, reaching a task of the loop, would end the loop's thread itself (asyncio
+lets both through its tasks), and with it every sync client of the process: the consumer
+would look running while its messages sat in flight on a dead thread. So they are caught
+where the handler is called and carried as :class:`HandlerExited`; the consumer requeues
+the message and stops with the original exception, which ``wait()`` raises in the waiting
+thread (a ``sys.exit(3)`` in a handler ends the main thread's ``wait()`` with
+``SystemExit(3)``, as it would have in a single-threaded worker).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["AwaitableReturned", "HandlerExited", "call_plain", "guard_async", "returns_awaitable"]
+
+
+class AwaitableReturned(Exception):
+    """A plain handler returned an awaitable (carries its type name)."""
+
+
+class HandlerExited(Exception):
+    """A handler raised ``SystemExit`` or ``KeyboardInterrupt`` (carried as ``exc``)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def call_plain(handler: Callable[[Any], Any], arg: Any) -> Any:
+    """Call a plain handler in its thread; an exit it raises is carried, not let through."""
+    try:
+        return handler(arg)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HandlerExited(exc) from exc
+
+
+def guard_async(handler: Callable[[Any], Awaitable[Any]],
+                exited: Callable[[Any, BaseException], None]
+                ) -> Callable[[Any], Awaitable[None]]:
+    """An async handler whose exits are given to ``exited(msg, exc)`` instead of the loop."""
+
+    @functools.wraps(handler)
+    async def guarded(msg: Any) -> None:
+        try:
+            await handler(msg)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            exited(msg, exc)
+
+    return guarded
+
+
+def returns_awaitable(handler: object) -> bool:
+    """True for a plain callable that visibly wraps an async function (``functools.wraps``
+    decorators, partials of such wrappers): calling it only makes a coroutine. A lambda
+    returning a coroutine cannot be told apart before it is called; the first call then
+    stops the consumer instead of finishing the message."""
+    fn = handler
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isasyncgenfunction(fn):
+        return True
+    try:
+        inner = inspect.unwrap(fn)  # type: ignore[arg-type]
+    except ValueError:  # a __wrapped__ cycle
+        return False
+    return inner is not fn and (inspect.iscoroutinefunction(inner)
+                                or inspect.isasyncgenfunction(inner))
