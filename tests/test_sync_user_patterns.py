@@ -279,3 +279,35 @@ def test_consumer_started_and_stopped_in_a_loop(stock: ClusterThread) -> None:
     rest = set(sent) - seen
     assert drain(stock, rest) >= rest
 
+
+
+STUCK_AT_EXIT = textwrap.dedent("""
+    import sys, threading
+    import smartnsq.sync
+    from smartnsq.config import ConsumerConfig
+    started = threading.Event()
+    def handle(msg):
+        started.set()
+        threading.Event().wait()  # for ever
+    c = smartnsq.sync.Consumer("t", "c", handle, lookupd=[sys.argv[1]],
+                               config=ConsumerConfig(drain_timeout=1.0))
+    c.start()
+    assert started.wait(10)
+    print("main ends", flush=True)
+    # no stop(): the exit hook stops the consumer
+""")
+
+
+def test_interpreter_exit_with_a_handler_stuck_for_ever(stock: ClusterThread) -> None:
+    """Before: the exit hook joined the stuck handler thread, and the process never ended."""
+    stock.call(publish(stock.cluster.nsqd_tcp_addresses[0], "t", [b"stuck"]))
+    t0 = time.monotonic()
+    child = subprocess.run([sys.executable, "-c", STUCK_AT_EXIT,
+                            stock.cluster.lookupd_http_addresses[0]],
+                           capture_output=True, text=True, timeout=30)
+    # the drain (1 s), at most 1 s for the handler threads, the interpreter's own start
+    assert time.monotonic() - t0 < 8.0
+    assert child.returncode == 0, child.stderr
+    assert "main ends" in child.stdout
+    assert "smartnsq-handler_0 still running after the stop" in child.stderr, child.stderr
+    assert drain(stock, {b"stuck"}) == {b"stuck"}

@@ -11,7 +11,9 @@ the message, raising requeues it.
 A consumer that is still running when the main thread ends (the interpreter exits, or a
 multiprocessing worker's task returns; no ``stop()``) is stopped promptly by a hook run then
 (``_exit.py``): RDY 0, handlers not started yet are skipped and their messages requeued, the
-running handlers finish (their messages are finished), the connections are closed.
+running handlers finish (their messages are finished), the connections are closed. One
+still running after the drain timeout (message requeued) is left behind after a second's
+grace, by ``stop()`` too. A handler's ``sys.exit()`` stops its consumer (``_handlers.py``).
 
 A forked child makes its own consumer: in the child, a consumer the parent started raises
 :class:`~smartnsq.errors.EventLoopError`, ``stop()`` only lets go of it (its connections
