@@ -311,3 +311,34 @@ def test_interpreter_exit_with_a_handler_stuck_for_ever(stock: ClusterThread) ->
     assert "main ends" in child.stdout
     assert "smartnsq-handler_0 still running after the stop" in child.stderr, child.stderr
     assert drain(stock, {b"stuck"}) == {b"stuck"}
+
+
+def test_stop_while_16_threads_publish(stock: ClusterThread) -> None:
+    """Each publish racing stop() either is acknowledged (and its message is in the
+    channel) or fails at once with ClientClosedError; none hangs, none is sent unsaid."""
+    producer = smartnsq.sync.Producer(nsqd=stock.cluster.nsqd_tcp_addresses[0])
+    producer.start()
+    acked: set[bytes] = set()
+    refused: list[str] = []
+
+    def request(body: bytes) -> None:
+        try:
+            producer.publish("t", body)
+        except ClientClosedError as exc:
+            refused.append(str(exc))
+        else:
+            acked.add(body)
+
+    sent = bodies("race", 3000)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as requests:
+        for body in sent:
+            requests.submit(request, body)
+        producer.stop()
+    assert time.monotonic() - t0 < WAIT
+    assert len(acked) + len(refused) == len(sent)
+    assert all("stopped" in why for why in refused), set(refused)
+    seen = drain(stock, acked)
+    assert acked <= seen <= set(sent)
+    # nothing refused was sent: the channel holds exactly what was acknowledged
+    assert seen == acked
