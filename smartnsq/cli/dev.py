@@ -21,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,12 +187,39 @@ def dev(**params: Any) -> int:
                   "topic that is not ordered keeps each on its own node (--ordered topics "
                   "share nodes)")
         opts = dataclasses.replace(opts, nodes=nodes)
+    elif nodes == 0:
+        # legal (a lookupd alone), but a newcomer's cluster would take no message: say so
+        err_print("smartnsq dev: --nodes 0 and no --topic: only the lookupd runs, no nsqd "
+                  "takes messages (give --nodes N to start some)")
     try:
         return asyncio.run(run_dev(opts))
     except KeyboardInterrupt:  # before the signal handlers are in place
-        return 130
+        err_print(INTERRUPTED)
+        return EXIT_INTERRUPTED
     except (NSQError, OSError) as exc:
-        raise CliError(describe(exc)) from exc
+        raise CliError(start_error(opts, exc)) from exc
+
+
+INTERRUPTED = "smartnsq dev: interrupted while starting, nothing left running"
+EXIT_INTERRUPTED = 130
+
+
+def start_error(opts: DevOptions, exc: NSQError | OSError) -> str:
+    """One line naming the option to change when the cluster cannot listen (errno text
+    alone, "address already in use", does not say which flag chose that address)."""
+    if isinstance(exc, socket.gaierror):
+        return f"--host {opts.host}: cannot be resolved ({exc.strerror or exc})"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        if opts.lookupd_port:
+            return (f"--lookupd-port {opts.lookupd_port}: {opts.host}:{opts.lookupd_port} is "
+                    "already in use (another smartnsq dev, or an nsqlookupd?): pick another "
+                    "port, or leave --lookupd-port out for a free one")
+        return f"cannot listen on {opts.host}: {describe(exc)}"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return (f"--host {opts.host}: not an address of this machine "
+                f"({os.strerror(errno.EADDRNOTAVAIL).lower()}): "
+                "use 127.0.0.1, or one of this machine's addresses")
+    return describe(exc)
 
 
 async def run_dev(args: DevOptions, *, out: TextIO | None = None,
@@ -207,6 +237,11 @@ async def run_dev(args: DevOptions, *, out: TextIO | None = None,
         host=args.host,
     )
     async with cluster:
+        if stop.is_set():
+            # Ctrl-C while the servers started: printing 'ready' then exiting at once would
+            # tell a script waiting for 'ready' that a cluster is there
+            print(INTERRUPTED, file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
         for spec in args.topic:
             cluster.create_topic(spec.name, spec.partitions, spec.replica,
                                  ordered=args.ordered, channels=tuple(args.channel))
