@@ -228,6 +228,10 @@ def render(doc: dict[str, Any]) -> Group:
             table.add_row(*(head if i == 0 else [""] * len(head)), name, _fmt(c["depth"]),
                           _fmt(c["depth_bytes"]), _fmt(c["in_flight"]), _fmt(c["deferred"]),
                           _fmt(c["lag"]), _fmt(c["clients"]), _fmt(c["rate"]))
+    if not doc["topics"]:
+        # an empty grid alone reads like a display fault (a new cluster, a deleted topic)
+        answered = sum(1 for n in doc["nodes"] if not n["error"])
+        table.caption = f"no topic on the {answered} nsqd that answered"
     errors = [f"[red]{n['http_address']}: {n['error']}[/]" for n in doc["nodes"] if n["error"]]
     if "client_metrics" not in doc:
         return Group(table, *errors)
