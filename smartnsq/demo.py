@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import random
 import sys
 import time
@@ -566,6 +567,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    try:
+        return _main(args)
+    except BrokenPipeError:
+        # the reader went away (| head): end quietly like the smartnsq commands do, not with
+        # a traceback; later writes, and the interpreter's last flush, go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+
+
+def _main(args: argparse.Namespace) -> int:
     # warnings (e.g. a gap) still show; the demo's own lines tell the story
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
                         format="  log: %(name)s: %(message)s")

@@ -9,7 +9,7 @@ error, 2 usage error), no traceback, and changes nothing the user did not ask fo
   of 200 topics has one row each, an empty one says it is empty; a topic deleted while
   ``stat`` streams leaves it running;
 * ``lookup`` of a missing topic, admin commands run twice, names with bad characters;
-* two demos at once both pass.
+* two demos at once both pass; the demo into ``| head`` ends quietly.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import io
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -276,3 +277,25 @@ async def test_two_demos_at_once() -> None:
     for code, out in results:  # each its own cluster on its own free ports
         assert code == 0 and b"result: OK" in out, out.decode()[-2000:]
 
+
+
+def test_the_demo_into_head_ends_quietly() -> None:
+    """``python -m smartnsq.demo | head -n 2``: ends at once, exit 0, no traceback (it was
+    BrokenPipeError's, exit 1)."""
+    began = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "smartnsq.demo", "--messages", "2000",
+                             "--keys", "20", "--no-spark"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        first = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # head has read its lines and exits
+        err = proc.stderr.read()
+        code = proc.wait(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert first[0].startswith(b"smartnsq demo: ")
+    assert code == 0 and err == b"", err.decode()
+    assert time.monotonic() - began < 30
