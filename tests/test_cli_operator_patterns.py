@@ -8,7 +8,8 @@ error, 2 usage error), no traceback, and changes nothing the user did not ask fo
 * ``stat --once --json`` is one valid JSON document with 0 topics and with 200; the table
   of 200 topics has one row each, an empty one says it is empty; a topic deleted while
   ``stat`` streams leaves it running;
-* ``lookup`` of a missing topic, admin commands run twice, names with bad characters;
+* ``lookup`` of a missing topic, admin commands run twice, names with bad characters, a
+  topic shape the cluster has too few nsqd for;
 * two demos at once both pass; the demo into ``| head`` ends quietly.
 """
 
@@ -255,6 +256,26 @@ def test_bad_names_are_usage_errors(args: list[str], stock: ClusterThread) -> No
     assert r.exit_code == 2 and took < QUICK
     assert_one_line_error(r, "invalid")
 
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["--partitions", "3"], ["needs 3 nsqd", "3 partition(s) x 1 replica(s)", "knows 2"]),
+    (["--partitions", "3", "--replica", "3", "--ordered"], ["needs 3 nsqd", "knows 2"]),
+])
+def test_a_topic_larger_than_the_cluster_says_what_it_needs(
+        args: list[str], fragments: list[str], yz: ClusterThread) -> None:
+    """youzan's bare 'No node is available for topic' on the 2-node cluster: the line says
+    how many nsqd the shape needs and how many there are; no topic is left behind."""
+    r, took = timed(["topic", "create", "toobig", *args, "--lookupd", yz.lookupd])
+    assert r.exit_code == 1 and took < QUICK
+    assert_one_line_error(r, "No node is available", *fragments)
+    assert invoke(["lookup", "toobig", "--lookupd", yz.lookupd]).exit_code == 1
+
+
+def test_partitions_youzan_refuses_are_a_usage_error(yz: ClusterThread) -> None:
+    r, took = timed(["topic", "create", "p255", "--partitions", "255", "--lookupd",
+                     yz.lookupd])
+    assert r.exit_code == 2 and took < QUICK  # youzan's lookupd refuses partition_num >= 255
+    assert_one_line_error(r, "--partitions", "254")
 
 # --- the demo -----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from smartnsq.cli.common import (
     pick_cluster,
     topic_argument,
 )
+from smartnsq.cli.dev import MAX_PARTITIONS
 from smartnsq.cli.stopping import command_runner
 from smartnsq.errors import (
     Flavour,
@@ -154,8 +155,8 @@ def topic() -> None:
 @topic.command("create", epilog=TOPIC_EPILOG)
 @click.argument("name", callback=topic_argument)
 @cluster_options(nsqd_kind="http")
-@click.option("--partitions", type=click.IntRange(1, 255), default=1, show_default=True,
-              help="youzan: number of partitions")
+@click.option("--partitions", type=click.IntRange(1, MAX_PARTITIONS), default=1,
+              show_default=True, help="youzan: number of partitions")
 @click.option("--replica", type=click.IntRange(1, 5), default=1, show_default=True,
               help="youzan: replicas per partition")
 @click.option("--ordered", is_flag=True, help="youzan: an ordered topic (SUB_ORDERED only)")
@@ -194,9 +195,28 @@ async def topic_create(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
                 disable_channel_auto_create=disable_channel_auto_create,
                 retention_days=retention_days)
         except LookupdError as exc:
-            raise CliError(f"topic create {name}: {exc}") from None
+            hint = ""
+            if "No node is available" in str(exc):
+                hint = await _nodes_hint(lk, partitions, replica, ordered or multi_part)
+            raise CliError(f"topic create {name}: {exc}{hint}") from None
     echo(f"topic create: lookupd {', '.join(took)}: OK ({partitions} partition(s), "
          f"replica {replica})")
+
+
+async def _nodes_hint(lk: Lookup, partitions: int, replica: int, shared: bool) -> str:
+    """Why youzan found no node: its bare error does not say how many the shape needs."""
+    need = replica if shared else partitions * replica
+    try:
+        have = len([n for n in await lk.admin.nodes() if n.http_port])
+    except (LookupdError, NSQError):
+        return ""
+    if shared:
+        why = f"{replica} replica(s) each on its own nsqd"
+    else:
+        why = (f"{partitions} partition(s) x {replica} replica(s), each on its own nsqd "
+               "unless --ordered or --multi-part")
+    return (f" (needs {need} nsqd for {why}; the lookupd knows {have}: start more nsqd, "
+            "or ask for fewer)")
 
 
 @topic.command("delete", epilog=TOPIC_EPILOG)
