@@ -7,7 +7,7 @@ error, 2 usage error), no traceback, and changes nothing the user did not ask fo
   print ``ready``; bad ``--topic`` specs are usage errors;
 * ``stat --once --json`` is one valid JSON document with 0 topics and with 200; the table
   of 200 topics has one row each, an empty one says it is empty; a topic deleted while
-  ``stat`` streams leaves it running;
+  ``stat`` streams leaves it running; a wrong ``--client-metrics`` port is said in words;
 * ``lookup`` of a missing topic, admin commands run twice, names with bad characters, a
   topic shape the cluster has too few nsqd for;
 * two demos at once both pass; the demo into ``| head`` ends quietly.
@@ -190,6 +190,24 @@ def test_a_topic_deleted_while_stat_streams(stock: ClusterThread) -> None:
             proc.communicate()
     assert proc.returncode == 0 and b"Traceback" not in err, err
 
+
+def test_client_metrics_at_the_wrong_port_says_so(stock: ClusterThread) -> None:
+    """``--client-metrics`` pointed at nothing, and at nsqd's own HTTP port: stat still
+    shows nsqd's side (exit 0), each endpoint's error in words, not aiohttp's repr."""
+    pytest.importorskip("prometheus_client")
+    stock.call(lambda: stock.cluster.create_topic("watched", channels=("c",)))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed.getsockname()[1]}"
+    nsqd_http = stock.cluster.nsqd_http_addresses[0]
+    doc, took = stat_json(stock.lookupd, "watched", "--client-metrics", dead,
+                          "--client-metrics", nsqd_http)
+    assert took < QUICK and [t["topic"] for t in doc["topics"]] == ["watched"]
+    errors = {e["url"]: e["error"] for e in doc["client_metrics"]}
+    assert errors[f"http://{dead}/metrics"].startswith("cannot connect")
+    assert "ssl:default" not in errors[f"http://{dead}/metrics"]
+    assert errors[f"http://{nsqd_http}/metrics"].startswith(
+        "HTTP 404: no Prometheus metrics here")
 
 # --- lookup, topic and channel ------------------------------------------------------------
 

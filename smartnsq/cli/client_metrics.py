@@ -124,11 +124,19 @@ async def scrape(urls: Iterable[str]) -> tuple[dict[Key, ClientCounts], dict[str
         try:
             async with session.get(url) as resp:
                 if resp.status != 200:
-                    errors[url] = f"HTTP {resp.status}"
+                    # a 404 is what NSQ's own HTTP ports answer: the wrong port, most likely
+                    errors[url] = (f"HTTP {resp.status}: no Prometheus metrics here (the "
+                                   "smartnsq process's metrics port?)")
                     return
                 text = await resp.text()
             found = parse(text)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except aiohttp.ClientConnectorError as exc:  # aiohttp's text adds "ssl:default"
+            errors[url] = f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+            return
+        except TimeoutError:
+            errors[url] = f"no answer within {SCRAPE_TIMEOUT:g}s"
+            return
+        except (aiohttp.ClientError, OSError) as exc:
             errors[url] = describe(exc)
             return
         except ValueError as exc:  # the parser's: not Prometheus text
