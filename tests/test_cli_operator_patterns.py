@@ -4,7 +4,8 @@ error, 2 usage error), no traceback, and changes nothing the user did not ask fo
 
 * ``dev`` on a taken ``--lookupd-port`` or a ``--host`` that is not this machine's names
   the option to change; ``--nodes 0`` says no nsqd runs; Ctrl-C while it starts does not
-  print ``ready``; bad ``--topic`` specs are usage errors;
+  print ``ready``; bad ``--topic`` specs are usage errors; into a closed pipe it ends
+  quietly; two at once each get their own ports;
 * ``stat --once --json`` is one valid JSON document with 0 topics and with 200; the table
   of 200 topics has one row each, an empty one says it is empty; a topic deleted while
   ``stat`` streams leaves it running; a wrong ``--client-metrics`` port is said in words;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -111,6 +113,38 @@ async def test_ctrl_c_while_starting_does_not_say_ready() -> None:
     assert code == 130 and "ready" not in out.getvalue()
     assert time.monotonic() - began < QUICK
 
+
+def test_dev_into_a_closed_pipe_ends_quietly() -> None:
+    """Its reader gone before the addresses: exit 0 and nothing on stderr, like every other
+    command whose output was closed (it was 'error: BrokenPipeError', exit 1)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    began = time.monotonic()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "smartnsq", "dev", "--nodes", "1"],
+                                stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and err == b"", err.decode()
+    assert time.monotonic() - began < QUICK
+
+
+async def test_two_devs_at_once_get_their_own_ports() -> None:
+    argv = (sys.executable, "-m", "smartnsq", "dev", "--nodes", "1", "--topic", "t")
+    (a, lines_a), (b, lines_b) = await asyncio.gather(run_until_ready(*argv),
+                                                      run_until_ready(*argv))
+    try:
+        ports_a = {x.split()[1] for x in lines_a if " 127.0.0.1:" in x}
+        ports_b = {x.split()[1] for x in lines_b if " 127.0.0.1:" in x}
+        assert len(ports_a) == len(ports_b) == 3 and not ports_a & ports_b
+    finally:
+        await asyncio.gather(stop_with_sigint(a), stop_with_sigint(b))
 
 # --- smartnsq stat ----------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any, Literal, TextIO
 
 import click
 
-from smartnsq.cli.common import CliError, describe, err_print, one_line
+from smartnsq.cli.common import CliError, describe, err_print, one_line, stdout_closed
 from smartnsq.errors import NSQError
 from smartnsq.protocol.validation import check_channel, check_topic
 
@@ -251,7 +251,14 @@ async def run_dev(args: DevOptions, *, out: TextIO | None = None,
             lines += [f"nsqd_tcp {node.tcp_address}", f"nsqd_http {node.http_address}"]
         lines += [f"topic {spec.name}" for spec in args.topic]
         lines.append("ready")
-        print("\n".join(lines), file=out, flush=True)
+        try:
+            print("\n".join(lines), file=out, flush=True)
+        except BrokenPipeError:
+            # the reader went before the addresses (| head on a closed pipe): end quietly
+            # like every command whose output was closed, not "error: BrokenPipeError"
+            if out is sys.stdout:
+                stdout_closed()
+            return 0
         await stop.wait()
     return 0
 
