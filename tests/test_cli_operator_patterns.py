@@ -8,7 +8,8 @@ error, 2 usage error), no traceback, and changes nothing the user did not ask fo
   quietly; two at once each get their own ports;
 * ``stat --once --json`` is one valid JSON document with 0 topics and with 200; the table
   of 200 topics has one row each, an empty one says it is empty; a topic deleted while
-  ``stat`` streams leaves it running; a wrong ``--client-metrics`` port is said in words;
+  ``stat`` streams leaves it running; a live table taller than the screen says so; a
+  wrong ``--client-metrics`` port is said in words;
 * ``lookup`` of a missing topic, admin commands run twice, names with bad characters, a
   topic shape the cluster has too few nsqd for;
 * two demos at once both pass; the demo into ``| head`` ends quietly.
@@ -372,3 +373,25 @@ def test_the_demo_into_head_ends_quietly() -> None:
     assert first[0].startswith(b"smartnsq demo: ")
     assert code == 0 and err == b"", err.decode()
     assert time.monotonic() - began < 30
+
+
+def test_a_live_table_taller_than_the_screen_says_so() -> None:
+    """A live table shows only what fits the terminal (rich crops it to '...'): with 200
+    topics on a 24-line screen its title says how many rows are below and how to see them."""
+    from rich.console import Console
+
+    from smartnsq.cli.stat import render
+
+    def topic(name: str) -> dict[str, Any]:
+        return {"topic": name, "partition": None, "leader": "127.0.0.1:4151", "replicas": [],
+                "message_count": 0, "bytes": 0, "depth": 0, "rate": None, "channels": []}
+
+    doc = {"at": time.time(), "nodes": [], "topics": [topic(f"t{i:03d}") for i in range(200)]}
+    console = Console(width=200, height=24, record=True, file=io.StringIO())
+    console.print(render(doc, console.height))
+    assert "182 of 200 rows below the screen: give a TOPIC, or --once | less" in (
+        console.export_text())
+    full = Console(width=200, record=True, file=io.StringIO())
+    full.print(render(doc))  # --once, a pipe: every row, no such note
+    text = full.export_text()
+    assert "below the screen" not in text and "t199" in text

@@ -212,11 +212,22 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def render(doc: dict[str, Any]) -> Group:
+#: lines of the table that are not rows (title, header, borders) and a line for the prompt
+TABLE_CHROME = 6
+
+
+def render(doc: dict[str, Any], height: int | None = None) -> Group:
+    """The table; given the screen's ``height`` (a live table, which shows only what fits),
+    its title says how many rows fell below the screen and how to see them."""
+    title = time.strftime("smartnsq stat %H:%M:%S", time.localtime(doc["at"]))
+    rows = sum(max(1, len(t["channels"])) for t in doc["topics"])
+    if height is not None and rows > height - TABLE_CHROME:
+        hidden = rows - max(0, height - TABLE_CHROME)
+        title += (f" ({hidden} of {rows} rows below the screen: give a TOPIC, or --once "
+                  "| less)")
     table = Table("topic", "part", "leader", "replicas", "msgs", "bytes", "depth", "pub/s",
                   "channel", "ch depth", "ch bytes", "in flight", "deferred", "lag", "clients",
-                  "msg/s", title=time.strftime("smartnsq stat %H:%M:%S",
-                                               time.localtime(doc["at"])))
+                  "msg/s", title=title)
     for t in doc["topics"]:
         head = [t["topic"], _fmt(t["partition"]), t["leader"] or "[red](no leader)[/]",
                 ", ".join(t["replicas"]), _fmt(t["message_count"]), _fmt(t["bytes"]),
@@ -391,9 +402,10 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
         await _stream(sample, after, stop, as_json, console)
         return
     last: Sample | None = None
-    with Live(render(build_doc(sample, None)), console=console, auto_refresh=False) as live:
+    with Live(render(build_doc(sample, None), console.height), console=console,
+              auto_refresh=False) as live:
         while not stop.is_set():
-            live.update(render(build_doc(sample, last)), refresh=True)
+            live.update(render(build_doc(sample, last), console.height), refresh=True)
             last, sample = sample, await after()
 
 
