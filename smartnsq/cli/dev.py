@@ -33,6 +33,7 @@ from typing import Any, Literal, TextIO
 import click
 
 from smartnsq.cli.common import CliError, describe, err_print, one_line, stdout_closed
+from smartnsq.cli.stopping import EXIT_INTERRUPTED
 from smartnsq.errors import NSQError
 from smartnsq.protocol.validation import check_channel, check_topic
 
@@ -201,7 +202,6 @@ def dev(**params: Any) -> int:
 
 
 INTERRUPTED = "smartnsq dev: interrupted while starting, nothing left running"
-EXIT_INTERRUPTED = 130
 
 
 def start_error(opts: DevOptions, exc: NSQError | OSError) -> str:
