@@ -46,6 +46,7 @@ from smartnsq.cli.common import (
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.publish import _check_topic
+from smartnsq.cli.records import shard_rule
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import topic_view
 from smartnsq.config import ConsumerConfig, ProducerConfig
@@ -108,21 +109,16 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
     dest_name = dest_topic or topic
     if dest_name == topic and (there := _shared(source.nsqd, dest.nsqd)):
         raise click.UsageError(_loop_text(topic, "--from-nsqd and --to-nsqd", there))
-    field = None
-    if shard_key_field is not None:
-        field = shard_key_field.split(".")
-        if not all(field):
-            raise click.BadParameter(f"malformed field name {shard_key_field!r}",
-                                     param_hint="--shard-key-field")
-        if dest.nsqd:
-            raise click.UsageError("--shard-key-field needs --to-lookupd (the partition count "
-                                   "comes from the destination topic's lookup)")
+    rule = shard_rule(shard_key_field, None)
+    if rule is not None and dest.nsqd:
+        raise click.UsageError("--shard-key-field needs --to-lookupd (the partition count "
+                               "comes from the destination topic's lookup)")
     pconfig = ProducerConfig(publish_timeout=30.0, lookupd_poll_interval=15.0)
     producer = (Producer(nsqd=dest.nsqd, config=pconfig) if dest.nsqd
                 else Producer(lookupd=dest.lookupd, config=pconfig))
     stop = stop_event()
     # sharded publishing keeps one key's order only for messages handed over in order
-    in_flight = max_in_flight if field is None else 1
+    in_flight = max_in_flight if rule is None else 1
     async with producer:
         dest_parts = None
         dest_nodes: Sequence[str] = dest.nsqd
@@ -131,7 +127,7 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             dest_parts = view.partition_num if view.is_partitioned else None
             dest_nodes = sorted(view.nodes)
         await reach_destination(producer, dest_nodes, pconfig.connection, connect_timeout)
-        forwarder = Forwarder(producer, dest_name, field, count,
+        forwarder = Forwarder(producer, dest_name, rule, count,
                               partitions=dest_parts if ordered else None,
                               destination=_named(dest.nsqd, dest.lookupd))
         if dest_name == topic and (there := _shared(source.nsqd, dest_nodes)):

@@ -12,11 +12,10 @@ consumer's RDY 0 (see :meth:`Forwarder.end`), so nsqd does not hand it straight 
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 
 from smartnsq.cli.common import CliError, describe, err_print
 from smartnsq.cli.connections import POLL_SECONDS, REMIND_SECONDS
+from smartnsq.cli.records import ShardKeyRule
 from smartnsq.errors import ConfigError, ServerError, TLSError, UnsupportedFeatureError
 from smartnsq.message import Message
 from smartnsq.producer import Producer
@@ -52,12 +51,13 @@ class Forwarder:
     """The source consumer's handler (see the module docstring). ``destination`` names the
     destination in errors (``nsqd host:port`` or the lookupds)."""
 
-    def __init__(self, producer: Producer, topic: str, field: list[str] | None,
+    def __init__(self, producer: Producer, topic: str, rule: ShardKeyRule | None,
                  limit: int | None = None, partitions: int | None = None,
                  destination: str = "") -> None:
         self.producer = producer
         self.topic = topic
-        self.field = field
+        #: where a message's shard key is (``--shard-key-field``): published ordered
+        self.rule = rule
         self.limit = limit
         #: the destination's partition count a source partition is mapped onto (None: the
         #: producer chooses)
@@ -88,23 +88,6 @@ class Forwarder:
         """Forward nothing: the first message stops the run with ``error`` (and goes back
         to the source once, with any other taken meanwhile)."""
         self._refusal = error
-
-    def shard_key(self, msg: Message) -> str | int:
-        assert self.field is not None
-        name = ".".join(self.field)
-        try:
-            doc: Any = json.loads(msg.body)
-        except ValueError as exc:
-            raise CliError(f"message {msg.id.hex()}: not JSON ({exc}); --shard-key-field "
-                           "needs JSON messages") from None
-        for part in self.field:
-            if not isinstance(doc, dict) or part not in doc:
-                raise CliError(f"message {msg.id.hex()}: no field {name!r} in the JSON object")
-            doc = doc[part]
-        if isinstance(doc, bool) or not isinstance(doc, str | int) or doc == "":
-            raise CliError(f"message {msg.id.hex()}: field {name!r} is {json.dumps(doc)}; a "
-                           "shard key must be a non-empty string or an integer")
-        return doc
 
     async def __call__(self, msg: Message) -> None:
         self._hold(msg)
@@ -212,8 +195,9 @@ class Forwarder:
             scope.reschedule(now)
 
     async def _publish(self, msg: Message) -> None:
-        if self.field is not None:
-            await self.producer.publish_ordered(self.topic, self.shard_key(msg), msg.body)
+        if self.rule is not None:
+            key = self.rule.key_of(msg.body, f"message {msg.id.hex()}")
+            await self.producer.publish_ordered(self.topic, key, msg.body)
         elif self.partitions is not None and msg.partition is not None:
             await self.producer.publish(self.topic, msg.body,
                                         partition=msg.partition % self.partitions)

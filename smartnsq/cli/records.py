@@ -278,9 +278,13 @@ class ShardKeyRule:
         self.path = path or []
 
     def key(self, rec: Record) -> str | int:
-        where = f"{rec.source} record {rec.number}"
+        return self.key_of(rec.body, f"{rec.source} record {rec.number}")
+
+    def key_of(self, body: bytes, where: str) -> str | int:
+        """The shard key of ``body``, or a :class:`CliError` naming ``where`` it came from
+        (a record of the input, a bridged message)."""
         if self.regex is not None:
-            m = self.regex.search(rec.body)
+            m = self.regex.search(body)
             if m is None:
                 raise CliError(f"{where}: --shard-key-regex {self.regex.pattern.decode()!r} "
                                "does not match")
@@ -289,10 +293,10 @@ class ShardKeyRule:
                 raise CliError(f"{where}: --shard-key-regex matched an empty shard key")
             return raw.decode("utf-8", "replace")
         try:
-            doc: Any = json.loads(rec.body)
+            doc: Any = json.loads(body)
         except ValueError as exc:
-            raise CliError(f"{where}: not JSON ({exc}); --shard-key-field needs JSON "
-                           "lines") from None
+            raise CliError(f"{where}: not JSON ({exc}); --shard-key-field needs JSON") \
+                from None
         for part in self.path:
             if not isinstance(doc, dict) or part not in doc:
                 raise CliError(f"{where}: no field {self.field!r} in the JSON object")
