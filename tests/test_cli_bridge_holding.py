@@ -33,12 +33,15 @@ from tests.test_cli_bridge_failures import (
     SLACK,
     SRC_CHANNEL,
     _start_bridge,
+    dest,
     drain,
     eventually,
     make_topic,
     publish,
     tcp,
 )
+
+__all__ = ["dest"]  # the fixture, imported for pytest
 
 #: the source's in-flight timeout: short, so that an untouched held message times out
 MSG_TIMEOUT = 1.0
@@ -141,14 +144,6 @@ async def test_held_messages_are_touched_and_arrive_once(
     assert sorted(d["body"] for d in got) == ["one", "three", "two"]
     assert channel_stats(dest, topic, DST_CHANNEL)["depth"] == 0  # no second copy
 
-
-@pytest.fixture
-def dest() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
 
 
 class CountingProxy:

@@ -9,7 +9,6 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -28,6 +27,7 @@ from tests.test_cli_bridge_failures import (
     SLACK,
     SRC_CHANNEL,
     _start_bridge,
+    dest,
     drain,
     eventually,
     make_topic,
@@ -36,20 +36,13 @@ from tests.test_cli_bridge_failures import (
 )
 from tests.test_cli_bridge_holding import CountingProxy
 
+__all__ = ["dest"]  # the fixture, imported for pytest
+
 #: a channel of the source topic the application reads
 APP = "app"
 
 stock = cluster_fixture("stock", nodes=1)
 
-
-@pytest.fixture
-def dest() -> Iterator[ClusterThread]:
-    """A destination cluster of its own, to be stopped mid-run."""
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    try:
-        yield ct
-    finally:
-        ct.stop()
 
 
 def _loopback_alias(address: str) -> str:
