@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,19 +20,16 @@ import pytest
 import smartnsq.sync
 from smartnsq.errors import ClientClosedError, ConfigError, PublishTimeoutError
 from tests.consumer_support import bodies, fast_config, publish
+from tests.test_hostile_sync import stock
 from tests.test_sync_consumer import WAIT, ClusterThread
+
+__all__ = ["stock"]  # the fixture (one nsqd, topic t, channel c), imported for pytest
 
 #: started once per process by the first sync consumer, by design (it waits for the main
 #: thread to end, then stops the consumers left running)
 EXIT_WATCHER = "smartnsq-exit"
 
 
-@pytest.fixture
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, lookupds=1, flavour="stock")
-    ct.cluster.create_topic("t", channels=["c"])
-    yield ct
-    ct.close()
 
 
 def ours() -> set[threading.Thread]:
