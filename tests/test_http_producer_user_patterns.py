@@ -144,6 +144,24 @@ async def test_an_nsqd_answering_past_the_timeout_fails_the_publish_in_time() ->
         assert set(server.bodies) == {b"late"}
 
 
+async def test_a_publish_whose_backoff_runs_to_its_deadline_says_so() -> None:
+    """request_timeout 1 s, publish_timeout 2.5 s, an nsqd that answers after 5 s: two
+    attempts time out, the backoff after the second reaches the deadline. The error said
+    "timed out while connecting" to a node that had accepted both requests."""
+    server = FakeNsqd(slow_ok(5.0))
+    config = ProducerConfig(request_timeout=1.0, publish_timeout=2.5)
+    async with server, HttpProducer(nsqd=[server.address], config=config) as producer:
+        started = time.monotonic()
+        with pytest.raises(PublishTimeoutError) as info:
+            await producer.publish("orders", b"late")
+        assert time.monotonic() - started < 3.5
+    text = str(info.value)
+    assert "while connecting" not in text, text
+    assert f"timed out before it could be sent to nsqd http://{server.address} again" in text, \
+        text
+    assert "did not answer within 1.00s" in text, text
+
+
 async def test_stop_waits_for_the_publishes_in_flight(slow_nsqd: FakeNsqd) -> None:
     producer = HttpProducer(nsqd=[slow_nsqd.address])
     await producer.start()

@@ -37,7 +37,7 @@ from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
 from smartnsq.conn import Connection
-from smartnsq.producer.failures import failure, late_connection, sleep_before
+from smartnsq.producer.failures import failure, late_attempt, late_connection, sleep_before
 from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.ops import Op, Pub, Publish
 from smartnsq.producer.plans import DirectPlan, Leaders, Plan, RoutedPlan
@@ -176,11 +176,14 @@ class RetryEngine(Generic[C]):
                         obs.retry(op.topic)
                     try:
                         channel = target.pick()
+                        dialled = channel is None
                         if channel is None:
                             channel = await _connection(op, target, partition, plan, deadline)
                         remaining = deadline - loop.time()
                         if remaining <= 0:
-                            raise late_connection(op, target.address, partition, plan.last_exc)
+                            # a dial that ended at the deadline, or a backoff that did (HTTP)
+                            raise (late_connection if dialled else late_attempt)(
+                                op, target.address, partition, plan.last_exc)
                         result = await op.send(channel, partition,
                                                min(remaining, self.request_timeout))
                         if obs is not None:

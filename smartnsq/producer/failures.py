@@ -18,7 +18,8 @@ from smartnsq.errors import (
 )
 from smartnsq.producer.ops import Publish
 
-__all__ = ["failure", "late_connection", "reconnect_timeout", "refused", "sleep_before"]
+__all__ = ["failure", "late_attempt", "late_connection", "reconnect_timeout", "refused",
+           "sleep_before"]
 
 
 def _where(op: Publish[Any], partition: int | None) -> str:
@@ -58,6 +59,17 @@ def late_connection(op: Publish[Any], address: str, partition: int | None,
     err = PublishTimeoutError(
         f"{op.what} to {_where(op, partition)} timed out while connecting to nsqd {address}"
         + (f" (last error: {last})" if last is not None else ""))
+    err.__cause__ = last
+    return err
+
+
+def late_attempt(op: Publish[Any], address: str, partition: int | None,
+                 last: BaseException | None) -> PublishTimeoutError:
+    """The deadline passed before the next attempt on ``address`` could be sent (its
+    backoff after a failure ran up to the deadline)."""
+    err = PublishTimeoutError(
+        f"{op.what} to {_where(op, partition)} timed out before it could be sent to nsqd "
+        f"{address}" + (f" again (last error: {last})" if last is not None else ""))
     err.__cause__ = last
     return err
 
