@@ -154,6 +154,8 @@ class CountingProxy:
         self.host, port = target.rsplit(":", 1)
         self.port = int(port)
         self.accepted = 0
+        #: per connection, in the order accepted: whether a PUB or MPUB went through it
+        self.published: list[bool] = []
         #: connections that ended (either side closed)
         self.closed = 0
         self.silent = False
@@ -167,8 +169,10 @@ class CountingProxy:
     async def _client(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        index = len(self.published)
+        self.published.append(False)
         up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        pipes = [asyncio.ensure_future(self._pipe(reader, up_writer, self)),
+        pipes = [asyncio.ensure_future(self._pipe(reader, up_writer, self, index)),
                  asyncio.ensure_future(self._pipe(up_reader, writer, None))]
         await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
         self.closed += 1
@@ -179,9 +183,13 @@ class CountingProxy:
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    muted: CountingProxy | None) -> None:
+                    muted: CountingProxy | None, index: int = 0) -> None:
+        """Copy ``reader`` to ``writer``; ``muted``: the proxy, on the client's side (it may
+        swallow, and it notes the publishes of connection ``index``)."""
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                if muted is not None and b"PUB " in data:  # PUB and MPUB
+                    muted.published[index] = True
                 if muted is None or not muted.silent:
                     writer.write(data)
                     await writer.drain()
@@ -214,7 +222,10 @@ async def test_the_destination_is_dialled_by_the_producer_only(
         # running, waiting for the 21st: every connection it made is still open
         assert proc.returncode is None
         assert proxy.closed == 0, (proxy.accepted, proxy.closed)
-        assert 1 <= proxy.accepted <= ProducerConfig().connections_per_nsqd, proxy.accepted
+        # the first connection is the start-up check's dial: it carried publishes (a check of
+        # its own would have closed it unused)
+        assert proxy.published[0], proxy.published
+        assert proxy.accepted <= ProducerConfig().connections_per_nsqd, proxy.published
         await publish(source, topic, ["last"])
     finally:
         code, err = await finish_process(proc)
