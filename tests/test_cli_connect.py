@@ -81,7 +81,7 @@ async def test_help_documents_the_connect_bound_and_ordered(command: str) -> Non
 # -- an nsqd that cannot be reached ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", READERS)
+@pytest.mark.parametrize("command", ["tail", *READERS])
 async def test_a_wrong_port_is_named_at_once_then_given_up(
         command: str, stock: StockServer, tmp_path: Path) -> None:  # noqa: F811
     """A closed port, and nsqd's HTTP port given for its TCP port: each named on stderr within

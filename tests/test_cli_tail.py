@@ -5,9 +5,7 @@ say so, on the real ones."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import time
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 
 from smartnsq.protocol import commands as C
 from smartnsq.protocol.frames import decode_message
-from tests.cli_support import closed_port, finish_process, smartnsq
+from tests.cli_support import closed_port, smartnsq
 from tests.devcluster_helpers import client
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
@@ -90,42 +88,6 @@ async def test_tail_prints_a_message_past_the_default_max_attempts(
 async def test_tail_help_documents_the_connect_bound() -> None:
     code, out, _ = await smartnsq("tail", "--help")
     assert code == 0 and b"--connect-timeout" in out and b"10" in out
-
-
-async def test_tail_at_a_wrong_port_says_so_at_once_and_gives_up(
-        stock: StockServer) -> None:  # noqa: F811
-    """A closed port, and nsqd's HTTP port given for its TCP port: each named on stderr within
-    seconds; then a non-zero exit once the bound passes without a connection (closed port),
-    or at once (the HTTP port)."""
-    if stock.real:
-        pytest.skip("the double's addresses suffice: nothing here reaches the server")
-    # a closed port may open later: retried until the bound; a port that answers as another
-    # listener will not change: the command ends at once, before the bound
-    for addr, why, ends in [(closed_port(), b"Connect call failed", "within 3 s"),
-                            (stock.nsqd_http, b"HTTP port", "is not an nsqd TCP port")]:
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "smartnsq", "tail", "t", "--nsqd", addr,
-            "--connect-timeout", "3", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
-        try:
-            assert proc.stderr is not None
-            first = await asyncio.wait_for(proc.stderr.readline(), 6.0)
-            # promptly, while it is still trying
-            assert first.startswith(b"smartnsq: warning: ") and addr.encode() in first, first
-            assert why in first, first
-            if ends == "within 3 s":  # still trying (the HTTP port's run may be over)
-                assert proc.returncode is None, first
-        except BaseException:
-            proc.kill()
-            await proc.wait()
-            raise
-        code, rest = await finish_process(proc)
-        assert code == 1, (first, rest)
-        assert time.monotonic() - began < 3 + 10  # the bound plus start-up and a retry
-        last = rest.decode().splitlines()[-1]
-        assert last.startswith("smartnsq: error: ") and ends in last, rest
-        assert addr in last and "Traceback" not in rest.decode()
 
 
 # -- ordered topics --------------------------------------------------------------------------
