@@ -112,11 +112,11 @@ class Drain:
 
     async def _cut(self) -> None:
         await self.stop.wait()
-        loop = asyncio.get_running_loop()
-        if self._deadline is None:
-            self._deadline = loop.time() + self.seconds
+        deadline = self.deadline()
+        assert deadline is not None  # the stop is set
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.hurry.wait(), max(0.0, self._deadline - loop.time()))
+            await asyncio.wait_for(self.stop.hurry.wait(),
+                                   max(0.0, deadline - asyncio.get_running_loop().time()))
 
     def deadline(self) -> float | None:
         """Loop time at which the drain ends; None while no signal came."""
