@@ -219,10 +219,15 @@ class Consumer:
     def _handler_exited(self, msg: Message, exc: BaseException) -> None:
         """The handler raised SystemExit or KeyboardInterrupt: its message is requeued and
         the consumer stops with that exception (``wait()`` raises it)."""
-        self._async._dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
         log.error("consumer of %s/%s: the handler raised %r (sys.exit() in a handler?): the "
                   "consumer stops, the message is requeued, and wait() raises it",
                   self._async.topic, self._async.channel, exc)
+        self._stop_on(msg, exc)
+
+    def _stop_on(self, msg: Message, exc: BaseException) -> None:
+        """``msg`` was not processed, and every message would meet the same fate: requeue
+        it and stop the consumer with ``exc``."""
+        self._async._dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
         self._async._fatal(exc)
 
     async def _in_thread(self, msg: Message) -> None:
@@ -248,13 +253,10 @@ class Consumer:
         except HandlerExited as exc:
             self._handler_exited(msg, exc.exc)
         except AwaitableReturned as exc:
-            # the message was not processed: requeue it, and stop (every message would
-            # meet the same fate)
-            dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
-            err = ConfigError(f"the handler returned a {exc} instead of processing the "
-                              "message; pass an async function itself (it is run on the "
-                              "loop), or a plain function that does the work")
-            self._async._fatal(err)
+            self._stop_on(msg, ConfigError(
+                f"the handler returned a {exc} instead of processing the message; pass an "
+                "async function itself (it is run on the loop), or a plain function that "
+                "does the work"))
 
     @property
     def async_consumer(self) -> AsyncConsumer:
