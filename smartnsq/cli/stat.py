@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,17 @@ class Sample:
         return sum_counts(self.clients[k] for k in keys), keys
 
 
+def natural(name: str) -> tuple[list[str | int], str]:
+    """Sort key of a name with its runs of digits compared as numbers: t1, t2, t10, t100
+    (as text t10 would come before t2); the name itself breaks ties (t01 and t1)."""
+    parts: list[str | int] = [int(p) if i % 2 else p
+                              for i, p in enumerate(_DIGITS.split(name))]
+    return parts, name
+
+
+_DIGITS = re.compile(r"([0-9]+)")
+
+
 def _rate(now: int, before: int | None, dt: float | None) -> float | None:
     if before is None or dt is None or dt <= 0:
         return None
@@ -121,7 +133,9 @@ def build_doc(sample: Sample, previous: Sample | None) -> dict[str, Any]:
 
     topics = []
     matched: set[Key] = set()
-    for (name, part, _), entries in sorted(groups.items()):
+    # natural order of names (t2 before t10), then partitions by number, then nsqd
+    for (name, part, _), entries in sorted(groups.items(),
+                                           key=lambda g: (natural(g[0][0]), *g[0][1:])):
         leaders = [n for n, t in entries if t.get("is_leader", part == NO_PARTITION)]
         leader = leaders[0] if leaders else None
         node, t = next(((n, t) for n, t in entries if n == leader), entries[0])
@@ -182,8 +196,13 @@ def build_doc(sample: Sample, previous: Sample | None) -> dict[str, Any]:
         doc["unmatched_clients"] = [
             {"topic": k[0], "channel": k[1], "partition": k[2], "nsqd": k[3],
              **sample.clients[k].as_json()}
-            for k in sorted(sample.clients) if k not in matched]
+            for k in sorted(sample.clients, key=_client_order) if k not in matched]
     return doc
+
+
+def _client_order(k: Key) -> tuple[object, ...]:
+    """Clients' rows in the server side's order: names naturally, partitions by number."""
+    return natural(k[0]), natural(k[1]), natural(k[2]), k[3]
 
 
 def _client_json(now: ClientCounts | None, before: ClientCounts | None,
