@@ -26,6 +26,8 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat, starmap
+from operator import itemgetter
 
 from smartnsq._checks import check_duration
 from smartnsq.errors import Flavour, NSQError, NSQTimeoutError, ProtocolError, ServerError
@@ -49,6 +51,12 @@ _EPSILON = 1e-6
 
 #: bound once (EnumType's __getattr__ makes CommandKind.SUBSCRIBE slow on a hot path)
 _SUBSCRIBE = CommandKind.SUBSCRIBE
+
+#: a run of answers is resolved with these mapped over its slots (C iterators)
+_future = itemgetter(0)
+_kind = itemgetter(2)
+_done = asyncio.Future.done
+_set_result = asyncio.Future.set_result
 
 #: errors answering FIN/REQ/TOUCH, which have no waiter
 _NO_WAITER_CODES = {
@@ -152,17 +160,32 @@ class ResponseQueue:
         waits for fails the connection."""
         slots = self.slots
         waiting = len(slots)
-        popleft = slots.popleft
-        # a countdown rather than range(): a publisher's read usually answers one
-        left = n if n <= waiting else waiting
-        while left:
-            left -= 1
-            w = popleft()
-            if w[2] is _SUBSCRIBE:
+        if n == 1 and waiting:
+            # one answer per read (one request at a time): no run to take
+            fut, _, kind, _, _, _, _ = slots.popleft()
+            if kind is _SUBSCRIBE:
                 self.subscribe_answered = True
-            fut = w[0]
             if not fut.done():
                 fut.set_result(payload)
+            if waiting == 1 and self.idle_fut is not None:
+                self.wake_idle()
+            return
+        if n >= waiting:
+            taken = list(slots)
+            slots.clear()
+        else:
+            taken = list(starmap(slots.popleft, repeat((), n)))
+        if taken:
+            # a run of answers is taken and resolved by C iterators: no Python step per slot
+            if _SUBSCRIBE in map(_kind, taken):
+                self.subscribe_answered = True
+            futures = list(map(_future, taken))
+            if any(map(_done, futures)):  # some callers gave up (timeout, cancel)
+                for fut in futures:
+                    if not fut.done():
+                        fut.set_result(payload)
+            else:
+                deque(map(_set_result, futures, repeat(payload)), maxlen=0)
         if n > waiting:
             self._fail(ProtocolError(f"nsqd {self._address} sent a response nothing waits "
                                      f"for: {payload[:32]!r}"))
