@@ -161,6 +161,12 @@ class Producer:
         #: the event loop this producer runs on: bound by the first call (see _on_loop)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
+        #: the loop's thread while started and not stopped (else 0): a publish from it, its
+        #: loop running, skips _check_open's other tests
+        self._open_in = 0
+        #: a plain PUB can go to the engine's fast path (direct mode, no auto-batching, no
+        #: spans): settled by start()
+        self._plain = False
 
     def __repr__(self) -> str:
         mode = "lookupd" if self._router is not None else "direct"
@@ -194,6 +200,8 @@ class Producer:
             inst.observe(self._engine, self._nodes)
         self._spans = inst.spans
         self._started = True
+        self._plain = self._router is None and self._batcher is None and self._spans is None
+        self._open_in = self._thread
 
     @property
     def is_closed(self) -> bool:
@@ -215,6 +223,7 @@ class Producer:
             return
         self._on_loop()
         self._closed = True
+        self._open_in = 0
         try:
             async with asyncio.timeout(limit):
                 await self._lanes.drain()
@@ -329,32 +338,36 @@ class Producer:
         answer is a receipt). With auto-batching on (``linger`` > 0) plain publishes are
         sent in MPUBs shared with concurrent callers.
         """
-        self._check_open()
         loop = self._loop
-        assert loop is not None
+        if get_ident() != self._open_in or loop is None or not loop.is_running():
+            # not started, stopped, or called from another loop or thread: the full test
+            self._check_open()
+            loop = self._loop
+            assert loop is not None
         # the type test first: an unhashable topic must not reach the set lookup
         if topic.__class__ is not str or topic not in self._topics_ok:
             self._check_topic(topic)
-        if type(body) is not bytes or not 0 < len(body) <= self._max_msg:
+        if type(body) is not bytes or not body or len(body) > self._max_msg:
             body = check_body(body, self._max_msg)
         if partition is not None:
             check_partition(partition)
         now = loop.time()
         deadline = now + self._timeout if timeout is None else self._deadline(timeout)
+        if ext is None and trace_id is None:
+            if partition is None and self._plain:
+                # direct mode: only a partition can make a PUB traced; the engine's fast path
+                await self._pub(topic, body, deadline, now)
+                return None
+            batcher = self._batcher
+            if batcher is not None and self._spans is None:
+                # tracing is decided per batch; key: the topic alone for any partition
+                await batcher.add(topic if partition is None else (topic, partition), body,
+                                  deadline)
+                return None
         if self._spans is not None:
             return await self._spans.publish(self._run, self._batcher, self.trace, topic, body,
                                              partition, trace_id, ext, deadline)
         op: Op
-        if ext is None and trace_id is None:
-            if self._batcher is not None:
-                # tracing is decided per batch; key: the topic alone for any partition
-                await self._batcher.add(topic if partition is None else (topic, partition),
-                                        body, deadline)
-                return None
-            if self._router is None and partition is None:
-                # direct mode: only a partition can make a PUB traced; the engine's fast path
-                await self._pub(topic, body, deadline, now)
-                return None
         traced = self.trace.is_on(topic)
         op = Pub(topic, partition, body, traced) if ext is None and trace_id is None else \
             one_op(topic, partition, body, trace_id, ext)
