@@ -46,6 +46,7 @@ from smartnsq.producer.retry import Action, RetryPolicy, classify
 from smartnsq.producer.routing import Router, check_features, choose_target
 from smartnsq.producer.targets import DirectTargets, Endpoints, Target
 from smartnsq.producer.types import PublishReceipt
+from smartnsq.protocol.frames import OK
 
 __all__ = ["RetryEngine", "TcpEngine"]
 
@@ -117,7 +118,12 @@ class RetryEngine(Generic[C]):
     def leave(self) -> None:
         """The end of a publish counted in :attr:`active` (wait_idle() may be waiting)."""
         self.active -= 1
-        if not self.active and self._idle is not None and not self._idle.done():
+        if not self.active:
+            self.idle()
+
+    def idle(self) -> None:
+        """No publish is in flight any more: wake wait_idle()."""
+        if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
     def attempts(self, op: Publish[C], deadline: float, plan: Plan[C],
@@ -264,14 +270,16 @@ class TcpEngine(RetryEngine[Connection]):
         """A plain PUB in direct mode (``now``: the loop's time, which the caller has): sent
         at once on a connection that can write; without one, or when it fails, the retry
         loop carries on (the failure counted as attempt 1)."""
-        only = self._only
-        direct = self._pools
-        assert direct is not None
         # one nsqd listed (the common case): its pick() alone says whether it can take it
-        pool = only if only is not None else direct.pick(None, now)
+        pool = self._only
+        if pool is None:
+            assert self._pools is not None
+            pool = self._pools.pick(None, now)
         conn = pool.pick(True) if pool is not None else None
         if conn is None or deadline <= now:
-            if pool is only and pool is not None and not pool.available(now):
+            direct = self._pools
+            assert direct is not None
+            if pool is self._only and pool is not None and not pool.available(now):
                 pool = None  # in its backoff: the plan waits for it
             # the picked pool takes the attempt: a second pick would skip it, and with two
             # nodes every other pick (always the same one) would never be dialled
@@ -284,19 +292,24 @@ class TcpEngine(RetryEngine[Connection]):
         if wait > self.request_timeout:
             wait = self.request_timeout
         try:
-            conn.check_publish_answer(await conn.send_pub(topic, body, wait), "PUB")
+            answer = await conn.send_pub(topic, body, wait)
+            if answer is not OK:  # the OK frame's own object; anything else gets the rule
+                conn.check_publish_answer(answer, "PUB")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            assert pool is not None
+            assert pool is not None and self._pools is not None
             op = Pub(topic, None, body, False)
-            await self.attempts(op, deadline, DirectPlan(op, self.policy, direct), (pool, exc),
-                                now)
+            await self.attempts(op, deadline, DirectPlan(op, self.policy, self._pools),
+                                (pool, exc), now)
         else:
             if self.obs is not None:
                 self.obs.sent_at_once(topic, "PUB", 1, conn.address, now)
         finally:
-            self.leave()
+            # leave(), inline: one call less per publish
+            self.active -= 1
+            if not self.active:
+                self.idle()
 
     async def _routed(self, op: Op, deadline: float,
                       leaders: Leaders[Connection]) -> PublishReceipt | None:
