@@ -161,11 +161,9 @@ class Producer:
         #: the event loop this producer runs on: bound by the first call (see _on_loop)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
-        #: the loop's thread while started and not stopped (else 0): a publish from it, its
-        #: loop running, skips _check_open's other tests
+        #: the loop's thread from start() to stop() (else 0): publish()'s test of _check_open
         self._open_in = 0
-        #: a plain PUB can go to the engine's fast path (direct mode, no auto-batching, no
-        #: spans): settled by start()
+        #: start() settles it: direct mode, no auto-batching, no spans (the engine's PUB path)
         self._plain = False
 
     def __repr__(self) -> str:
