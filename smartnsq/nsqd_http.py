@@ -181,8 +181,13 @@ class NsqdHttpClient:
             found = not_http(exc)
             if found is not None:
                 raise NsqdHttpWrongPortError(where, path, found, None) from None
-            reason = str(exc) or type(exc).__name__
-            raise NsqdUnavailableError(where, path, f"no answer ({reason})", None) from exc
+            if isinstance(exc, TimeoutError):
+                # a listener that never answers: say how long it was given, which the bare
+                # exception (often without text) does not
+                reason = f"no answer within {self._timeout.total:g} s (timed out)"
+            else:
+                reason = f"no answer ({str(exc) or type(exc).__name__})"
+            raise NsqdUnavailableError(where, path, reason, None) from exc
         if not 200 <= status < 300:
             message = error_message(data)
             if status == 404 and message == NO_SUCH_PATH and path in NSQD_ONLY_PATHS:

@@ -33,9 +33,11 @@ from smartnsq.errors import (
     Flavour,
     LookupdError,
     NsqdHttpError,
+    NsqdUnavailableError,
     NSQError,
     ServerError,
     ServerNotLeaderError,
+    WrongPortError,
 )
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
@@ -72,6 +74,9 @@ class Target:
 
     http_address: str
     partition: int | None
+    #: why it is not called: it gave no answer to the /info asked first, and the call would
+    #: only wait as long again (a silent nsqd: the HTTP timeout twice)
+    unreachable: str | None = None
 
     def label(self) -> str:
         where = f"partition {self.partition} @ " if self.partition is not None else ""
@@ -115,6 +120,8 @@ async def _call_all(targets: list[Target], call: Call, what: str, *,
     async def one(nsqd: NsqdHttpClient, t: Target) -> tuple[Target, str, bool]:
         deadline = loop.time() + wait_not_leader
         pause = 0.1
+        if t.unreachable is not None:
+            return t, t.unreachable, False
         while True:
             try:
                 return t, await call(nsqd, t), True
@@ -355,18 +362,24 @@ async def _refuse_past_end(targets: list[Target], topic: str,
                        "move the channel to the end (--to end does that)")
 
 
-async def _refuse_stock(addresses: tuple[str, ...]) -> None:
+async def _partition_targets(addresses: tuple[str, ...], partition: int) -> list[Target]:
     """``--partition`` with ``--nsqd``: refused when an nsqd's /info names a stock version,
     since stock nsqd ignores the partition parameter and would act on the whole channel (a
     youzan version carries ``HA``). An nsqd whose /info tells nothing gets the call as asked:
     its own answer says whether it took it."""
     async with NsqdHttpClient() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
+    targets = []
     for address, version in zip(addresses, versions, strict=True):
-        if Flavour.of_version(version) is Flavour.STOCK:
+        if not isinstance(version, str):
+            targets.append(Target(address, partition, failure(version)))
+        elif Flavour.of_version(version) is Flavour.STOCK:
             raise CliError(f"--partition: nsqd {address} is stock NSQ (version {version}): "
                            "its topics are not partitioned; without --partition the command "
                            "acts on the whole channel")
+        else:
+            targets.append(Target(address, partition))
+    return targets
 
 
 async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
@@ -378,6 +391,9 @@ async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
     async with NsqdHttpClient() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
         for address, version in zip(addresses, versions, strict=True):
+            if not isinstance(version, str):
+                targets.append(Target(address, None, failure(version)))
+                continue
             if Flavour.of_version(version) is not Flavour.YOUZAN:
                 targets.append(Target(address, None))
                 continue
@@ -397,10 +413,15 @@ async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
     return targets
 
 
-async def _version(http: NsqdHttpClient, address: str) -> str:
-    """The version in the nsqd's /info; empty when it does not say."""
+async def _version(http: NsqdHttpClient, address: str) -> str | NsqdUnavailableError:
+    """The version in the nsqd's /info; empty when it does not say; the error when the nsqd
+    gave no answer at all (refused, reset, timed out)."""
     try:
         info = await http.info(address)
+    except NsqdUnavailableError as exc:
+        if exc.status is None and not isinstance(exc, WrongPortError):
+            return exc
+        return ""  # another port, or a body not read: the call itself says what it is
     except NSQError:
         return ""
     version = info.get("version")
@@ -414,8 +435,7 @@ async def _channel_targets(cluster: Cluster, topic: str, channel: str,
         if len(partitions) > 1:
             raise click.UsageError("with --nsqd give at most one --partition")
         if partitions:
-            await _refuse_stock(cluster.nsqd)
-            return [Target(a, partitions[0]) for a in cluster.nsqd]
+            return await _partition_targets(cluster.nsqd, partitions[0])
         return await _nsqd_targets(cluster.nsqd, topic)
     async with cluster.lookup() as lk:
         view = await lk.lookup(topic, "r")

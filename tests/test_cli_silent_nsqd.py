@@ -1,0 +1,112 @@
+"""An nsqd that accepts connections and never answers (hung, or a port that swallows
+requests): ``stat`` and the topic and channel admin commands give up after the HTTP timeout
+(5 s) with a message that names the address and the seconds waited, not a bare
+"TimeoutError"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tests.cli_support import ClusterThread, cluster_fixture, smartnsq
+
+stock = cluster_fixture("stock", nodes=1)
+
+#: NsqdHttpClient's default timeout, which the CLI commands use
+HTTP_TIMEOUT = 5
+
+
+class Silent:
+    """A listener that accepts and never writes a byte; notes when it first accepted."""
+
+    def __init__(self, done: asyncio.Event) -> None:
+        self.done = done
+        self.first_accept: float | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> Silent:
+        self.server = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def _swallow(self, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        if self.first_accept is None:
+            self.first_accept = time.monotonic()
+        self.writers.append(writer)
+        await self.done.wait()
+
+    async def close(self) -> None:
+        for w in self.writers:
+            w.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.fixture
+async def silent_nsqds() -> AsyncIterator[Callable[[], Awaitable[Silent]]]:
+    """Makes silent nsqds; all closed after the test."""
+    done = asyncio.Event()
+    made: list[Silent] = []
+
+    async def make() -> Silent:
+        made.append(await Silent(done).start())
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        done.set()
+        for s in made:
+            await s.close()
+
+
+async def test_commands_name_the_silent_nsqd_and_the_seconds_waited(
+        silent_nsqds: Callable[[], Awaitable[Silent]]) -> None:
+    commands = [
+        ["stat", "--once"],
+        ["stat", "--once", "--json"],
+        ["channel", "empty", "orders", "c"],
+        ["channel", "pause", "orders", "c", "--partition", "1"],
+        ["topic", "create", "orders"],
+        ["topic", "delete", "orders"],
+    ]
+    # a silent nsqd each, to time each command from its first connection (not from the
+    # interpreter's start); all at once: one after another would take 5 s each
+    nsqds = [await silent_nsqds() for _ in commands]
+
+    async def run(command: list[str], nsqd: Silent) -> tuple[float, int, str]:
+        code, out, err = await smartnsq(*command, "--nsqd", nsqd.address,
+                                        bound=HTTP_TIMEOUT * 4)
+        assert nsqd.first_accept is not None, (command, out + err)
+        return time.monotonic() - nsqd.first_accept, code, (out + err).decode()
+
+    results = await asyncio.gather(*(run(c, n) for c, n in zip(commands, nsqds, strict=True)))
+    for command, nsqd, (took, code, text) in zip(commands, nsqds, results, strict=True):
+        assert code == 1, (command, text)
+        assert "Traceback" not in text and "still running" not in text, (command, text)
+        said = [line for line in text.splitlines() if nsqd.address in line]
+        assert any(f"no answer within {HTTP_TIMEOUT} s" in line for line in said), \
+            (command, text)
+        # the timeout once, not once per request (the /info asked first, then the call)
+        assert took < HTTP_TIMEOUT * 2 - 1, (command, took)
+
+
+async def test_stat_shows_the_silent_nsqd_beside_one_that_answers(
+        stock: ClusterThread, silent_nsqds: Callable[[], Awaitable[Silent]]) -> None:
+    silent = (await silent_nsqds()).address
+    live = stock.cluster.nsqd_http_addresses[0]
+    stock.call(lambda: stock.cluster.create_topic("beside", channels=["c"]))
+    code, out, err = await smartnsq("stat", "--nsqd", live, "--nsqd", silent, "--once",
+                                    "--json", bound=HTTP_TIMEOUT + 10)
+    assert code == 0, err
+    nodes = {n["http_address"]: n["error"] for n in json.loads(out)["nodes"]}
+    assert nodes[live] is None
+    assert nodes[silent] is not None and f"within {HTTP_TIMEOUT} s" in nodes[silent]
