@@ -24,7 +24,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from smartnsq._checks import check_duration
 from smartnsq.config import ConnectionConfig
@@ -72,6 +72,12 @@ def _ignore_now(data: bytes, body: bytes | None) -> None:
     """The wire's write_now before connect()."""
 
 
+def _unbound() -> Any:
+    """Stands in for the loop's create_future and time before connect(): unreachable, as
+    send_request refuses a connection that is not connected first."""
+    raise RuntimeError("the connection has no event loop before connect()")
+
+
 def _ignore(data: bytes) -> None:
     """Stands in for the wire's write before connect(), and takes the bytes that are still
     being decoded from a read after a failure."""
@@ -105,6 +111,10 @@ class ConnectionCore(Generic[C]):
         #: the wire's write, bound once: it is called for every command
         self._write = _ignore
         self._write_now: Callable[[bytes, bytes | None], None] = _ignore_now
+        #: the loop's create_future and time, bound once by connect(): the send path calls
+        #: them for every command
+        self._new_future: Callable[[], asyncio.Future[bytes]] = _unbound
+        self._time: Callable[[], float] = _unbound
         self._closed_fut: asyncio.Future[None] | None = None
         #: commands sent that get an answer: publish-type ones, and the others
         self.publishes = 0
@@ -158,6 +168,8 @@ class ConnectionCore(Generic[C]):
         life = self.life
         life.connecting()
         self.loop = loop
+        self._new_future = loop.create_future
+        self._time = loop.time
         self._closed_fut = loop.create_future()
         self.fifo.loop = loop
         opening = self._opening = Opening(
@@ -213,29 +225,27 @@ class ConnectionCore(Generic[C]):
         commands whose error may leave the server mid-body)."""
         if self.life.state is not _CONNECTED:
             raise self.life.unusable()
-        loop = self.loop
-        assert loop is not None
-        fut = loop.create_future()
+        fut = self._new_future()
         if timeout is None:
             deadline = _INF
         else:
             if timeout.__class__ is not float or not 0 < timeout < _INF:
                 # the common case (a positive finite float) skips the full check
                 timeout = check_duration(timeout, "timeout", positive=True)
-            deadline = loop.time() + timeout
+            deadline = self._time() + timeout
             if deadline < self.fifo.deadline_at:
                 self.fifo.arm(deadline)
         waiters = self._waiters
-        alone = not waiters
-        waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
-        if alone:
-            # nothing else awaited (one request at a time): no loop turn to wait for
-            self._write_now(command, body)
-        else:
+        if waiters:
+            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
             # others in flight: this one joins the loop turn's single write
             self._write(command)
             if body is not None:
                 self._write(body)
+        else:
+            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+            # nothing else awaited (one request at a time): no loop turn to wait for
+            self._write_now(command, body)
         # one count per command: requests are publishes plus the others
         if kind is _PUBLISH:
             self.publishes += 1
