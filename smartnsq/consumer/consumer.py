@@ -25,6 +25,7 @@ import types
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Self
 
+from smartnsq import errors as _e
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
 from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, lookup_of, resolve_source
@@ -45,6 +46,7 @@ from smartnsq.consumer.discovery import (
     Topology,
 )
 from smartnsq.consumer.dispatch import Dispatcher, Handler
+from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
 from smartnsq.consumer.rdy_driver import RdyDriver
@@ -52,24 +54,7 @@ from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.consumer.stop_steps import StopSteps
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.subscriptions import SubscriptionSet
-from smartnsq.errors import (
-    AuthDisabledError,
-    AuthFailedError,
-    BadChannelError,
-    BadPartitionError,
-    BadTopicError,
-    ClientClosedError,
-    ConfigError,
-    InvalidError,
-    NotStartedError,
-    NSQError,
-    SubChannelNotRegisteredError,
-    SubExtendForbiddenError,
-    SubExtendNeedError,
-    SubOrderIsMustError,
-    UnauthorizedError,
-    UnsupportedFeatureError,
-)
+from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, NSQError
 from smartnsq.flow import RdyController
 from smartnsq.message import Message
 from smartnsq.metrics.api import Metrics
@@ -84,9 +69,10 @@ log = logging.getLogger("smartnsq.consumer")
 
 #: errors that reconnecting cannot fix: the consumer stops and reports them
 _CONFIG_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, UnsupportedFeatureError, SubOrderIsMustError, SubExtendNeedError,
-    SubExtendForbiddenError, SubChannelNotRegisteredError, BadTopicError, BadChannelError,
-    BadPartitionError, InvalidError, AuthFailedError, UnauthorizedError, AuthDisabledError,
+    ConfigError, _e.UnsupportedFeatureError, _e.SubOrderIsMustError, _e.SubExtendNeedError,
+    _e.SubExtendForbiddenError, _e.SubChannelNotRegisteredError, _e.BadTopicError,
+    _e.BadChannelError, _e.BadPartitionError, _e.InvalidError, _e.AuthFailedError,
+    _e.UnauthorizedError, _e.AuthDisabledError,
 )
 
 
@@ -230,7 +216,7 @@ class Consumer:
         self._closed_event: asyncio.Event | None = None
         self._error: BaseException | None = None
 
-    # the parts, under the names tests and the sync facade reach for
+    # the parts, under the names tests reach for
     @property
     def _conns(self) -> ConnectionSet:
         return self._subscriptions.conns
@@ -418,6 +404,21 @@ class Consumer:
         if self._closed_event is not None:
             self._closed_event.set()
 
+    # ------------------------------------------------------------------ handler wrappers
+
+    def give_back(self, msg: Message) -> None:
+        """For code that wraps the handler (the sync facade): ``msg`` was not processed
+        because the consumer is stopping; requeue it at once, without backoff."""
+        self._dispatch.requeue_as(msg, STOP, 0, backoff=False)
+
+    def requeue_and_stop(self, msg: Message, error: BaseException) -> None:
+        """For code that wraps the handler: ``msg`` was not processed, and no message would
+        be (the handler exited, or cannot run): requeue it at once, without backoff (counted
+        as a handler error), and stop the consumer with ``error`` (:attr:`error`;
+        :meth:`wait_closed` raises it)."""
+        self._dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
+        self._fatal(error)
+
     # ------------------------------------------------------------------ flow control
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
@@ -432,6 +433,11 @@ class Consumer:
     @property
     def max_in_flight(self) -> int:
         return self._max_in_flight
+
+    @property
+    def config(self) -> ConsumerConfig:
+        """The configuration given (checked), read-only."""
+        return self._config
 
     def is_starved(self) -> bool:
         """True when some subscription has messages in flight and ≥ 85 % of its RDY used:
@@ -473,23 +479,16 @@ class Consumer:
             self._driver.flush()
         per, totals = self._subscriptions.stats()
         return ConsumerStats(
-            topic=self.topic,
-            channel=self.channel,
-            received=totals[0],
-            finished=totals[1],
-            requeued=totals[2],
-            given_up=totals[3],
-            in_flight=self._dispatch.outstanding,
+            topic=self.topic, channel=self.channel, received=totals[0], finished=totals[1],
+            requeued=totals[2], given_up=totals[3], in_flight=self._dispatch.outstanding,
             max_in_flight=self._max_in_flight,
             total_rdy=flow.total_rdy if flow is not None else 0,
             backoff_level=flow.backoff_level if flow is not None else 0,
             in_backoff=flow.in_backoff if flow is not None else False,
             backoff_paused=flow.backoff_window_active if flow is not None else False,
             starved=flow.is_starved() if flow is not None else False,
-            connects=self._subscriptions.connects,
-            subscriptions=per,
-            dropped_before_start=self._dispatch.dropped_before_start,
-        )
+            connects=self._subscriptions.connects, subscriptions=per,
+            dropped_before_start=self._dispatch.dropped_before_start)
 
     def __repr__(self) -> str:
         if not hasattr(self, "_subscriptions"):  # the constructor refused its arguments

@@ -39,7 +39,6 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
-from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
@@ -227,13 +226,11 @@ class Consumer:
     def _stop_on(self, msg: Message, exc: BaseException) -> None:
         """``msg`` was not processed, and every message would meet the same fate: requeue
         it and stop the consumer with ``exc``."""
-        self._async._dispatch.requeue_as(msg, HANDLER_ERROR, 0, backoff=False)
-        self._async._fatal(exc)
+        self._async.requeue_and_stop(msg, exc)
 
     async def _in_thread(self, msg: Message) -> None:
-        dispatch = self._async._dispatch
         if self._exiting:
-            dispatch.requeue_as(msg, STOP, 0, backoff=False)
+            self._async.give_back(msg)
             return
         loop = asyncio.get_running_loop()
         assert self._pool is not None
@@ -247,7 +244,7 @@ class Consumer:
             me = asyncio.current_task()
             if self._exiting and me is not None and not me.cancelling():
                 # cancelled in the pool before it started: give the message back now
-                dispatch.requeue_as(msg, STOP, 0, backoff=False)
+                self._async.give_back(msg)
                 return
             raise
         except HandlerExited as exc:
@@ -377,7 +374,7 @@ class Consumer:
         if self._pool is not None:
             # queued handler calls are dropped; their messages are requeued by _in_thread
             self._pool.shutdown(wait=False, cancel_futures=True)
-        config = self._async._config
+        config = self._async.config
         # the drain waits only for the handlers already running (the queued ones were just
         # cancelled): what they handle is finished, not delivered again
         bound = config.drain_timeout + config.connection.close_timeout * 2 + 1.0
