@@ -36,6 +36,11 @@ class FakeConn:
     def fin_delivered(self, msg_id: bytes) -> bool:
         return self.fin(msg_id)
 
+    def fin_run(self, ids: list[bytes]) -> bool:
+        for msg_id in ids:
+            self.fin(msg_id)
+        return True
+
     def req(self, msg_id: bytes, delay_ms: int) -> bool:
         self.sent.append(("REQ", (msg_id, delay_ms)))
         return True

@@ -253,6 +253,24 @@ class Subscriber(Generic[C]):
                 self._busy_since = None
         return True
 
+    def fin_run(self, ids: list[bytes]) -> bool:
+        """:meth:`fin_delivered` of several ids in one step (the consumer's workers gather
+        the FINs of the handlers that returned in a run)."""
+        if not self._life.can_write:
+            return False
+        fin_ids = self._fin_ids
+        if not fin_ids:
+            self._fin_id(ids[0])  # schedules the wire's flush
+            fin_ids += ids[1:]
+        else:
+            fin_ids += ids
+        n = self.in_flight
+        if n:
+            self.in_flight = n = max(0, n - len(ids))
+            if not n:
+                self._busy_since = None
+        return True
+
     def req(self, msg_id: bytes, delay_ms: int = 0) -> bool:
         """REQ with a redelivery delay (fire-and-forget). False if not sent."""
         if not self._life.can_write:

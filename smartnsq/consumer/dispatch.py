@@ -33,12 +33,12 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from smartnsq import trace as _trace
+from smartnsq.consumer.handed import HandedOut
 from smartnsq.consumer.iteration import IteratorBuffer
 from smartnsq.consumer.meters import APPLICATION, CLOSED, STOP, ConsumerMeters, RequeueReason
 from smartnsq.consumer.policy import DeliveryPolicy
@@ -49,10 +49,9 @@ from smartnsq.consumer.unseen import unseen
 from smartnsq.consumer.work_queue import WorkQueue
 from smartnsq.consumer.workers import HandlerWorkers
 from smartnsq.message import FINISHED, PENDING, REQUEUED, Message
-from smartnsq.protocol.messages import ATTEMPTS, ID, TIMESTAMP, MessageRecord
+from smartnsq.protocol.messages import ATTEMPTS, ID, MessageRecord
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
 
     from smartnsq.consumer.process_spans import ProcessSpans
 
@@ -132,12 +131,10 @@ class Dispatcher:
         self.returned_unseen = 0
         #: stop() ended
         self.closed = False
-        #: metrics and process spans, when the consumer started with them on (observe())
+        #: the consumer's metrics, when it started with them on (observe())
         self.meters: ConsumerMeters | None = None
-        self._spans: ProcessSpans | None = None
-        #: iterated messages handed out and not answered yet, with their hand-over time
-        #: and span (only while metrics or spans are on)
-        self._handed: dict[Message, tuple[float, Span | None]] = {}
+        #: iterated messages handed out and not answered yet (while metrics or spans are on)
+        self._handed = HandedOut()
         policy.attach(self)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -150,7 +147,7 @@ class Dispatcher:
         message and run the handler inside its span; iterated messages are timed and
         spanned from hand-over to answer."""
         self.meters = meters
-        self._spans = spans
+        self._handed.observe(meters, spans)
         workers = self.workers
         if workers is None:
             return
@@ -302,13 +299,33 @@ class Dispatcher:
         if self.drain_watch or sub.drained is not None:
             self.settled(sub)
         if self._handed:
-            self._answered(msg)
+            self._handed.answered(msg)
         return ok
 
     def finish(self, sub: Sub, msg: Message) -> bool:
         ok = self._fin(sub, msg)
         self._policy.finished(sub, msg, ok)
         return ok
+
+    def fin_run(self, sub: Sub, ids: list[bytes]) -> None:
+        """The workers' FINs of ``sub``'s messages whose handler returned, in one step."""
+        n = len(ids)
+        subscriber = sub.subscriber
+        if subscriber is not None:
+            subscriber.fin_run(ids)
+        sub.outstanding -= n
+        sub.fin_pending += n
+        if not sub.dirty:
+            self.mark(sub)
+        self.outstanding -= n
+        if self.drain_watch or sub.drained is not None:
+            self.settled(sub)
+
+    def settle(self) -> None:
+        """The workers' FIN runs handed over now: before an answer of the application's
+        (the wire keeps the order of the answers) and before the counts are read."""
+        if self.workers is not None:
+            self.workers.settle()
 
     def failed(self, msg: Message, exc: BaseException) -> None:
         self._policy.failed(msg, exc)
@@ -343,7 +360,7 @@ class Dispatcher:
         self._driver.requeued(sub, backoff)
         self.settled(sub)
         if self._handed:
-            self._answered(msg)
+            self._handed.answered(msg)
 
     def return_unseen(self, msg: Message) -> None:
         """REQ 0 for a message the application never saw (see :mod:`.unseen`)."""
@@ -377,33 +394,9 @@ class Dispatcher:
         """The next iterated message; None once stop() began and the buffer is empty."""
         assert self.loop is not None
         msg = await self.iterator.next(self.loop, lambda: self.stopping or self.closed)
-        if msg is not None and (self.meters is not None or self._spans is not None):
-            self._hand_over(msg)
+        if msg is not None and self._handed.on:
+            self._handed.hand_over(msg)
         return msg
-
-    def _hand_over(self, msg: Message) -> None:
-        """An iterated message goes to the application: its processing starts."""
-        span = None
-        if self._spans is not None:
-            opened = self._spans.open(msg)
-            span = opened[0] if opened is not None else None
-        start = 0.0
-        if self.meters is not None:
-            start = time.perf_counter()
-            self.meters.latency.observe(time.time() - msg._raw[TIMESTAMP] * 1e-9)
-        if span is not None or self.meters is not None:
-            self._handed[msg] = (start, span)
-
-    def _answered(self, msg: Message) -> None:
-        """A handed-out message was answered: its processing ended."""
-        entry = self._handed.pop(msg, None)
-        if entry is None:
-            return
-        start, span = entry
-        if self.meters is not None:
-            self.meters.process.observe(time.perf_counter() - start)
-        if span is not None and self._spans is not None:
-            self._spans.close(span)
 
     # ------------------------------------------------------------------ stop steps
 

@@ -46,6 +46,8 @@ class Answers(Protocol):
 
     def requeue(self, sub: Sub, msg: Message, delay: float | None, backoff: bool) -> bool: ...
 
+    def settle(self) -> None: ...
+
 
 class Sub:
     """One subscription: a connection to one endpoint, with its message counters."""
@@ -121,16 +123,20 @@ class Sub:
         self._ended(self, exc)
 
     # -- MessageOwner (user calls: the dispatch path answers without them)
+    # (the workers' FIN runs go first: the wire keeps the order of the answers)
     def finish(self, msg: Message) -> bool:
         check_loop(self.answers.loop, "this message's consumer")
+        self.answers.settle()
         return self.answers.finish(self, msg)
 
     def requeue(self, msg: Message, delay: float | None, backoff: bool) -> bool:
         check_loop(self.answers.loop, "this message's consumer")
+        self.answers.settle()
         return self.answers.requeue(self, msg, delay, backoff)
 
     def touch(self, msg: Message) -> bool:
         check_loop(self.answers.loop, "this message's consumer")
+        self.answers.settle()
         subscriber = self.subscriber
         sent = subscriber is not None and subscriber.touch(msg.id)
         if sent and self.meters is not None:

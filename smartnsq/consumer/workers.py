@@ -14,9 +14,18 @@ from it with an offset taken per batch. The values are gathered in two lists and
 the histograms together (``observe_many``) when the batch ends, yields or reaches
 ``_INLINE_BATCH``: that costs a list append per message instead of a histogram update.
 
-This object owns the worker tasks, the idle workers' futures and the pumping/waking counts.
-It reaches the dispatcher only through :class:`WorkerHost`; what the per-message loop needs
-is bound once per worker.
+Without a policy hook on FIN, a worker gathers the ids of the messages whose handler returned
+(a *FIN run*, one subscription's) and hands the run to the dispatcher in one step
+(``WorkerHost.fin_run``: the FINs, the counts, the drain check) when the batch ends, the
+subscription changes, a handler raises or suspends (the stall check hands it over at the next
+loop turn, so the FINs leave no later than one FIN per message would), before the worker yields
+every ``_INLINE_BATCH`` messages, and when the application answers a message itself or reads
+the counts (:meth:`HandlerWorkers.settle`): the wire sees the same commands in the same order,
+for a list append per message instead of four counter updates and a call.
+
+This object owns the worker tasks, the idle workers' futures, their FIN runs and the
+pumping/waking counts. It reaches the dispatcher only through :class:`WorkerHost`; what the
+per-message loop needs is bound once per worker.
 """
 
 from __future__ import annotations
@@ -56,11 +65,11 @@ class WorkerHost(Protocol):
     def finish(self, sub: Sub, msg: Message) -> bool:
         """FIN with the policy's hook."""
 
+    def fin_run(self, sub: Sub, ids: list[bytes]) -> None:
+        """FIN ``ids``, messages of ``sub`` whose handler returned (no policy hook)."""
+
     def failed(self, msg: Message, exc: BaseException) -> None:
         """The handler raised ``exc`` for ``msg``."""
-
-    def mark(self, sub: Sub) -> None:
-        """``sub`` has counts to report this loop turn."""
 
     def settled(self, sub: Sub) -> None:
         """Outstanding counts went down: wake whoever waits for 0."""
@@ -70,14 +79,17 @@ class WorkerHost(Protocol):
 
 
 class _Stall:
-    """A worker's batch, as its stall check sees it."""
+    """A worker's batch, as its stall check sees it, and its FIN run."""
 
-    __slots__ = ("batch", "msg", "stalled")
+    __slots__ = ("batch", "fin_sub", "fins", "msg", "stalled")
 
     def __init__(self) -> None:
         self.batch = 0
         self.msg: Message | None = None
         self.stalled = False
+        #: ids of ``fin_sub``'s messages whose handler returned, not handed over yet
+        self.fins: list[bytes] = []
+        self.fin_sub: Sub | None = None
 
 
 class HandlerWorkers:
@@ -97,6 +109,8 @@ class HandlerWorkers:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self._idle: list[asyncio.Future[None]] = []
+        #: every running worker's batch state (its FIN run): see settle()
+        self._runs: set[_Stall] = set()
         #: workers pumping the queue right now, and a wake-up not answered yet: a new
         #: arrival wakes a worker only when neither is true
         self.pumping = 0
@@ -119,9 +133,11 @@ class HandlerWorkers:
         assert self.loop is not None
         for _ in range(min(count, room)):
             self.waking = True
-            task = self.loop.create_task(self._worker())
+            st = _Stall()
+            self._runs.add(st)
+            task = self.loop.create_task(self._worker(st))
             self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            task.add_done_callback(self._ended(st))
 
     def wake_if_idle(self) -> None:
         """Caller: the consumer, after raising max_in_flight."""
@@ -144,7 +160,26 @@ class HandlerWorkers:
         _, stuck = await asyncio.wait(workers, timeout=max(0.0, within))
         return list(stuck)
 
-    async def _worker(self) -> None:
+    def _ended(self, st: _Stall) -> Callable[[asyncio.Task[None]], None]:
+        def ended(task: asyncio.Task[None]) -> None:
+            self.tasks.discard(task)
+            self._runs.discard(st)
+        return ended
+
+    def settle(self) -> None:
+        """Hand every worker's FIN run over now (the application answers a message itself,
+        or reads the counts)."""
+        for st in self._runs:
+            if st.fins:
+                self._fin_run(st)
+
+    def _fin_run(self, st: _Stall) -> None:
+        sub = st.fin_sub
+        assert sub is not None
+        self._host.fin_run(sub, st.fins)
+        st.fins.clear()
+
+    async def _worker(self, st: _Stall) -> None:
         queue = self._queue
         items = queue.items
         popleft = items.popleft
@@ -158,18 +193,19 @@ class HandlerWorkers:
         clock = time.perf_counter
         # the wall clock as clock() + wall (nsqd's timestamps are wall-clock nanoseconds)
         wall = t0 = t1 = 0.0
-        # with a policy hook on FIN, host.finish runs it; without, the FIN is inlined below
+        # with a policy hook on FIN, host.finish runs it; without, the FIN joins the run
         finish = host.finish if self._hooked_finish else None
         failed = host.failed
-        mark = host.mark
         tracked = host.tracked
+        fins = st.fins
+        add_fin = fins.append
+        fin_sub = st.fin_sub
         sub: Sub
         msg: Message
         assert self.loop is not None
         loop = self.loop
         me = asyncio.current_task()
         assert me is not None
-        st = _Stall()
         while True:
             # whoever woke this worker is answered: the next arrival may wake another
             self.waking = False
@@ -222,8 +258,12 @@ class HandlerWorkers:
                     except asyncio.CancelledError as exc:
                         if me.cancelling():
                             raise
+                        if fins:
+                            self._fin_run(st)
                         failed(msg, exc)
                     except Exception as exc:
+                        if fins:
+                            self._fin_run(st)  # the FINs before this message's REQ
                         failed(msg, exc)
                     else:
                         if msg._state == PENDING:
@@ -233,19 +273,13 @@ class HandlerWorkers:
                                 if finish is not None:
                                     finish(sub, msg)
                                 else:
-                                    # the dispatcher's FIN, inlined: one call less a message
-                                    subscriber = sub.subscriber
-                                    if subscriber is not None:
-                                        subscriber.fin_delivered(msg._raw[ID])
-                                    sub.outstanding -= 1
-                                    sub.fin_pending += 1
-                                    if not sub.dirty:
-                                        mark(sub)
-                                    host.outstanding -= 1
+                                    if sub is not fin_sub:
+                                        if fins:
+                                            self._fin_run(st)
+                                        st.fin_sub = fin_sub = sub
+                                    add_fin(msg._raw[ID])
                                     if tracked:
                                         tracked.discard(msg)
-                                    if host.drain_watch or sub.drained is not None:
-                                        host.settled(sub)
                             else:
                                 tracked.add(msg)
                     if observe_process is not None:
@@ -269,6 +303,8 @@ class HandlerWorkers:
                         inline = 0
                         if observe_process is not None:
                             self._hand_over(processed, latencies)
+                        if fins:
+                            self._fin_run(st)
                         st.batch += 1
                         await asyncio.sleep(0)
                         st.batch += 1
@@ -280,6 +316,8 @@ class HandlerWorkers:
                 st.batch += 1
                 if not st.stalled:
                     self.pumping -= 1
+                if fins:
+                    self._fin_run(st)
                 if processed or latencies:
                     self._hand_over(processed, latencies)
 
@@ -300,6 +338,9 @@ class HandlerWorkers:
             return
         st.stalled = True
         self.pumping -= 1
+        if st.fins:
+            # the FINs of the handlers that returned before this one suspended
+            self._fin_run(st)
         msg = st.msg
         if msg is not None and msg._state == PENDING:
             # outstanding outside the queue: stop() must be able to find it
