@@ -37,6 +37,16 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     encoded = None
     if ext is None and trace_id is None and not traced:
         encoded = one_mpub_body(bodies, max_msg_size, max_body_size)
+        if encoded is not None:
+            # the common case: one plain MPUB, encoded already
+            count = len(bodies)
+            one = EncodedMPub(topic, partition, encoded, count)
+            try:
+                await run(one, deadline)
+            except PublishError as exc:
+                exc.sent = 0
+                raise
+            return BatchReceipt(topic, count, (one.sent_to,), ())
     checked = check_bodies(bodies, max_msg_size) if encoded is None else list(bodies)
     header = ext_header_bytes(ext, trace_id) if ext is not None else None
     if trace_id is not None:
