@@ -185,7 +185,9 @@ class HandlerWorkers:
         popleft = items.popleft
         handler = self.handler
         host = self._host
-        observe_process, observe_latency = self.timer or (None, None)
+        # metrics on: the handlers are timed
+        timed = self.timer is not None
+        inline_slots = range(_INLINE_BATCH)
         # this batch's processing times and latencies, until handed over
         processed: list[float] = []
         latencies: list[float] = []
@@ -223,85 +225,88 @@ class HandlerWorkers:
             self.pumping += 1
             st.batch += 1
             st.stalled = False
-            if observe_latency is not None:
+            if timed:
                 t0 = clock()
                 wall = time.time() - t0
             # runs at the next loop turn: if this batch is still going then, a handler
             # suspended (inline handlers never yield to the loop)
             loop.call_soon(self._stall_check, st, st.batch)
-            inline = 0
             try:
-                while items:
-                    item = popleft()
-                    if type(item) is tuple:
-                        # a record: its message is made here, and lives only until it is
-                        # answered
-                        sub = queue.head_owner  # type: ignore[assignment]
-                        if sub.closed:
-                            host.discard(sub, item[ID])
+                while True:
+                    # at most _INLINE_BATCH messages before the loop gets a turn
+                    for _ in inline_slots:
+                        try:
+                            item = popleft()
+                        except IndexError:  # once per batch: cheaper than a test per message
+                            break
+                        if type(item) is tuple:
+                            # a record: its message is made here, and lives only until it
+                            # is answered
+                            sub = queue.head_owner  # type: ignore[assignment]
+                            if sub.closed:
+                                host.discard(sub, item[ID])
+                                continue
+                            msg = Message(item, sub)
+                        elif type(item) is Sub:
+                            queue.head_owner = item
                             continue
-                        msg = Message(item, sub)
-                    elif type(item) is Sub:
-                        queue.head_owner = item
-                        continue
-                    else:
-                        msg = item  # type: ignore[assignment]
-                        sub = msg._owner  # type: ignore[assignment]
-                        if sub.closed and msg._state == PENDING:
-                            host.discard(sub, msg._raw[ID])
-                            continue
-                    st.msg = msg
-                    if observe_latency is not None:
-                        add_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
-                    try:
-                        await handler(msg)
-                    except asyncio.CancelledError as exc:
-                        if me.cancelling():
-                            raise
-                        if fins:
-                            self._fin_run(st)
-                        failed(msg, exc)
-                    except Exception as exc:
-                        if fins:
-                            self._fin_run(st)  # the FINs before this message's REQ
-                        failed(msg, exc)
-                    else:
-                        if msg._state == PENDING:
-                            if msg._auto:
-                                # Message.finish() without its indirections
-                                msg._state = FINISHED
-                                if finish is not None:
-                                    finish(sub, msg)
-                                else:
-                                    if sub is not fin_sub:
+                        else:
+                            msg = item  # type: ignore[assignment]
+                            sub = msg._owner  # type: ignore[assignment]
+                            if sub.closed and msg._state == PENDING:
+                                host.discard(sub, msg._raw[ID])
+                                continue
+                        st.msg = msg
+                        if timed:
+                            add_latency(t0 + wall - msg._raw[TIMESTAMP] * 1e-9)
+                        try:
+                            await handler(msg)
+                        except asyncio.CancelledError as exc:
+                            if me.cancelling():
+                                raise
+                            if fins:
+                                self._fin_run(st)
+                            failed(msg, exc)
+                        except Exception as exc:
+                            if fins:
+                                self._fin_run(st)  # the FINs before this message's REQ
+                            failed(msg, exc)
+                        else:
+                            if msg._state == PENDING:
+                                if msg._auto:
+                                    # Message.finish() without its indirections
+                                    msg._state = FINISHED
+                                    if sub is fin_sub:
+                                        add_fin(msg._raw[ID])
+                                    elif finish is not None:
+                                        finish(sub, msg)
+                                    else:  # another subscription's run begins
                                         if fins:
                                             self._fin_run(st)
                                         st.fin_sub = fin_sub = sub
-                                    add_fin(msg._raw[ID])
+                                        add_fin(msg._raw[ID])
                                     if tracked:
                                         tracked.discard(msg)
-                            else:
-                                tracked.add(msg)
-                    if observe_process is not None:
-                        t1 = clock()
-                        add_processed(t1 - t0)
-                        t0 = t1
-                    if st.stalled:
-                        # back from a suspension: pumping again, watched again; a slow
-                        # handler's timings are not held back until the batch ends
-                        st.stalled = False
-                        if observe_process is not None:
-                            self._hand_over(processed, latencies)
-                        if msg._state != PENDING:
-                            tracked.discard(msg)
-                        self.pumping += 1
-                        st.batch += 1
-                        loop.call_soon(self._stall_check, st, st.batch)
-                    inline += 1
-                    if inline >= _INLINE_BATCH:
+                                else:
+                                    tracked.add(msg)
+                        if timed:
+                            t1 = clock()
+                            add_processed(t1 - t0)
+                            t0 = t1
+                        if st.stalled:
+                            # back from a suspension: pumping again, watched again; a slow
+                            # handler's timings are not held back until the batch ends
+                            st.stalled = False
+                            if timed:
+                                self._hand_over(processed, latencies)
+                            if msg._state != PENDING:
+                                tracked.discard(msg)
+                            self.pumping += 1
+                            st.batch += 1
+                            loop.call_soon(self._stall_check, st, st.batch)
+                    else:
                         # let I/O in; not a handler suspension, so the check is re-armed
-                        inline = 0
-                        if observe_process is not None:
+                        if timed:
                             self._hand_over(processed, latencies)
                         if fins:
                             self._fin_run(st)
@@ -309,8 +314,10 @@ class HandlerWorkers:
                         await asyncio.sleep(0)
                         st.batch += 1
                         loop.call_soon(self._stall_check, st, st.batch)
-                        if observe_process is not None:
+                        if timed:
                             t0 = clock()
+                        continue
+                    break  # the queue is empty
             finally:
                 st.msg = None
                 st.batch += 1

@@ -42,6 +42,7 @@ CLOSE_WAIT = b"CLOSE_WAIT"
 #: ``HTTP`` read as a big-endian int32: the peer is an HTTP server, not nsqd's TCP port
 _HTTP_SIZE = 0x48545450
 
+StructError = struct.error
 _HEADER = struct.Struct(">ii")
 _pack_header = _HEADER.pack
 _unpack_header = _HEADER.unpack_from
@@ -192,6 +193,7 @@ class FrameDecoder:
         message = FRAME_MESSAGE
         ext = layout.ext
         position = layout.position
+        plain = not ext and not position
         # ext layouts check their own variable length (_ext_record)
         min_message = _MIN_STOCK_MESSAGE_SIZE if ext or not position else \
             _MIN_POSITION_MESSAGE_SIZE
@@ -206,30 +208,31 @@ class FrameDecoder:
         timestamp = attempts = 0
         msg_id = b""
         while True:
-            left = end - pos
-            if left >= _MESSAGE_HEAD_SIZE:
+            try:
                 # header, timestamp, attempts and id in one call; meaningless unless it is
-                # a message
+                # a message. Too few bytes for that raises: once per read, so cheaper than
+                # a length test per frame
                 size, ftype, timestamp, attempts, msg_id = unpack_head(buf, pos)
+            except StructError:
+                if end - pos < 8:
+                    break
+                size, ftype = _unpack_header(buf, pos)
+            else:
                 stop = pos + 4 + size
                 if ftype == message and min_message <= size <= max_size and stop <= end:
                     # the common frame, whole and valid: no further test
-                    if ext:
+                    if plain:
+                        append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None,
+                                None, None))
+                    elif ext:
                         append(_ext_record(buf, pos + 34, stop, position, timestamp,
                                            attempts, msg_id))
-                    elif position:
+                    else:
                         offset, raw_size = unpack_position(buf, pos + 34)
                         append((timestamp, attempts, msg_id, buf[pos + 46:stop], None, None,
                                 offset, raw_size))
-                    else:
-                        append((timestamp, attempts, msg_id, buf[pos + 34:stop], None, None,
-                                None, None))
                     pos = stop
                     continue
-            elif left < 8:
-                break
-            else:
-                size, ftype = _unpack_header(buf, pos)
             # any other frame, a partial one, or a bad header
             if size < 4 or size > max_size or not 0 <= ftype <= message:
                 self._check_header(buf[pos:pos + 8])
