@@ -50,6 +50,21 @@ async def test_fins_before_a_suspended_handler_go_out_while_it_waits() -> None:
     assert rig.consumer.stats().in_flight == 0
 
 
+async def test_a_handler_reading_the_counts_sees_the_messages_before_it_finished() -> None:
+    seen: list[tuple[int, int]] = []
+
+    async def handler(msg: Message) -> None:
+        st = rig.consumer.stats()
+        seen.append((st.finished, st.in_flight))
+
+    rig = Rig(handler)
+    rig.deliver(5, batch=True)
+    await turns(3)
+    # each handler sees the ones before it finished and itself in flight
+    assert seen == [(0, 5), (1, 4), (2, 3), (3, 2), (4, 1)]
+    assert len(rig.sent("FIN")) == 5
+
+
 async def test_two_subscriptions_in_one_batch_answer_each_their_own() -> None:
     async def handler(msg: Message) -> None:
         return None

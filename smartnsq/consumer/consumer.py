@@ -475,6 +475,7 @@ class Consumer:
     def stats(self) -> ConsumerStats:
         """Totals and per-subscription counters, backoff state."""
         flow = self._driver.flow
+        self._dispatch.settle()  # the handlers' FIN runs count (consumer.workers)
         if flow is not None and self._loop is not None and not self._closed:
             self._driver.flush()
         per, totals = self._subscriptions.stats()
