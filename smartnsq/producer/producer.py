@@ -307,7 +307,8 @@ class Producer:
     def _deadline(self, timeout: float | None) -> float:
         """After :meth:`_check_open` (the loop is bound)."""
         assert self._loop is not None
-        return deadline(timeout, self.config.publish_timeout, self._loop.time())
+        now = self._loop.time()
+        return now + self._timeout if timeout is None else deadline(timeout, self._timeout, now)
 
     def _is_traced(self, topic: str) -> bool:
         return self.trace.is_on(topic)
@@ -338,8 +339,7 @@ class Producer:
         """
         loop = self._loop
         if get_ident() != self._open_in or loop is None or not loop.is_running():
-            # not started, stopped, or called from another loop or thread: the full test
-            self._check_open()
+            self._check_open()  # not started, stopped, or another loop or thread
             loop = self._loop
             assert loop is not None
         # the type test first: an unhashable topic must not reach the set lookup
