@@ -191,15 +191,16 @@ class NodePool:
         above its high-water mark."""
         up = self._up
         n = len(up)
-        if not n:
-            return None
-        if n < self._size and self._dialing is None and not self._closed:
-            self._start_dial()
+        if n < self._size:  # a full pool (the common case) skips both tests
+            if not n:
+                return None
+            if self._dialing is None and not self._closed:
+                self._start_dial()
         if n == 1:
             conn = up[0]
         else:
-            self._rr += 1
-            conn = up[self._rr % n]
+            rr = self._rr = self._rr + 1
+            conn = up[rr % n]
         return None if writable and conn.write_paused else conn
 
     async def get(self) -> Connection:
