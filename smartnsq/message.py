@@ -66,6 +66,18 @@ class MessageOwner(Protocol):
     def touch(self, msg: Message) -> bool: ...
 
 
+def _json_object(header: bytes, msg_id: bytes) -> dict[str, Any]:
+    """An ext header's JSON object, or ProtocolError."""
+    try:
+        doc = json.loads(header)
+    except ValueError as exc:
+        raise ProtocolError(f"ext header of message {msg_id.hex()} is not JSON: "
+                            f"{exc}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"ext header of message {msg_id.hex()} is not a JSON object")
+    return doc
+
+
 class Message:
     """One delivered NSQ message.
 
@@ -76,6 +88,8 @@ class Message:
 
     __slots__ = ("_auto", "_ext", "_owner", "_raw", "_state")
 
+    _ext: dict[str, Any]
+
     def __init__(self, record: MessageRecord, owner: MessageOwner) -> None:
         #: the decoded frame (smartnsq.protocol.messages): the consumer's queue holds
         #: records, and a message is made of one only when its handler is called
@@ -83,7 +97,8 @@ class Message:
         self._owner = owner
         self._state = PENDING
         self._auto = True
-        self._ext: Any = None
+        # _ext (the parsed ext header) is set by the first read of ``ext``: an unset slot
+        # costs nothing per message
 
     def __repr__(self) -> str:
         where = self._owner.address
@@ -171,17 +186,11 @@ class Message:
         header = raw[EXT]
         if raw[EXT_VERSION] != EXT_VERSION_JSON or header is None:
             return None
-        if self._ext is None:
-            try:
-                doc = json.loads(header)
-            except ValueError as exc:
-                raise ProtocolError(f"ext header of message {raw[ID].hex()} is not JSON: "
-                                    f"{exc}") from None
-            if not isinstance(doc, dict):
-                raise ProtocolError(f"ext header of message {raw[ID].hex()} is not a JSON "
-                                    "object")
-            self._ext = doc
-        return dict(self._ext)
+        try:
+            doc = self._ext
+        except AttributeError:
+            doc = self._ext = _json_object(header, raw[ID])
+        return dict(doc)
 
     def _set_body(self, body: bytes) -> None:
         """Replace the body as received (the consumer removes a trace envelope this way,
