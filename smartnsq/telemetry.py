@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
-from smartnsq.metrics.default import get_metrics
+from smartnsq.metrics.default import check_metrics, get_metrics
 from smartnsq.tracing import resolve
 
 if TYPE_CHECKING:
@@ -29,10 +29,8 @@ class TelemetryOptions:
 
     def __init__(self, metrics: Metrics | None, tracer_provider: TracerProvider | None,
                  trace_envelope: bool) -> None:
-        if metrics is not None and not (hasattr(metrics, "enabled")
-                                        and callable(getattr(metrics, "counter", None))):
-            raise ConfigError(f"metrics must be a smartnsq.metrics.Metrics (e.g. "
-                              f"PrometheusMetrics), got {type(metrics).__name__}")
+        if metrics is not None:
+            check_metrics(metrics, "metrics=")
         if not isinstance(trace_envelope, bool):
             raise ConfigError(f"trace_envelope must be True or False, got {trace_envelope!r}")
         if trace_envelope and importlib.util.find_spec("opentelemetry") is None:

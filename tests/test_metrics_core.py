@@ -109,13 +109,26 @@ def test_wrong_label_count_names_the_metric() -> None:
         m.histogram(c.CONSUMER_PROCESS).labels("t", "c", "extra")
 
 
-def test_two_exporters_on_one_registry_fail_at_once() -> None:
+def test_exporters_on_one_registry_share_its_collector_until_the_last_closes() -> None:
     registry = CollectorRegistry()
     first = PrometheusMetrics(registry)
-    with pytest.raises(ValueError, match="Duplicated timeseries"):
-        PrometheusMetrics(registry)
+    second = PrometheusMetrics(registry)  # was "Duplicated timeseries in CollectorRegistry"
+    first.counter(c.PRODUCER_RETRIES).labels("orders").inc(2)
+    second.counter(c.PRODUCER_RETRIES).labels("orders").inc(3)
+    assert registry.get_sample_value("smartnsq_producer_retries_total",
+                                     {"topic": "orders"}) == 5.0
+    other = PrometheusMetrics(registry, prefix="app_nsq")  # another prefix: its own figures
+    assert registry.get_sample_value("app_nsq_producer_retries_total",
+                                     {"topic": "orders"}) is None
+    other.close()
     first.close()
-    PrometheusMetrics(registry).close()
+    first.close()  # twice: no second release
+    assert registry.get_sample_value("smartnsq_producer_retries_total",
+                                     {"topic": "orders"}) == 5.0
+    second.close()
+    assert registry.get_sample_value("smartnsq_producer_retries_total",
+                                     {"topic": "orders"}) is None
+    PrometheusMetrics(registry).close()  # registrable again, from zero
 
 
 def test_counts_from_threads_while_scraping() -> None:

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import types
+
+from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
 from smartnsq.metrics.noop import NO_METRICS
 
-__all__ = ["get_metrics", "set_metrics"]
+__all__ = ["check_metrics", "get_metrics", "set_metrics"]
 
 _current: Metrics = NO_METRICS
+
+
+def check_metrics(metrics: object, where: str) -> Metrics:
+    """``metrics`` if it is a smartnsq metrics backend, else a :class:`ConfigError` naming
+    what was passed (``where``: the call or keyword that got it). Checked where it is given,
+    not when a client starts far from the mistake."""
+    if (isinstance(getattr(metrics, "enabled", None), bool)
+            and all(callable(getattr(metrics, name, None))
+                    for name in ("counter", "histogram", "gauge"))):
+        return metrics  # type: ignore[return-value]
+    if isinstance(metrics, types.ModuleType):
+        got = f"the module {metrics.__name__}"
+    else:
+        got = f"{type(metrics).__module__}.{type(metrics).__qualname__}"
+    hint = ""
+    if type(metrics).__module__.startswith("prometheus_client") or got.startswith(
+            "the module prometheus_client"):
+        hint = " (wrap a registry: PrometheusMetrics(registry))"
+    elif type(metrics).__module__.startswith("opentelemetry") or got.startswith(
+            "the module opentelemetry"):
+        hint = " (wrap a meter provider: OpenTelemetryMetrics(meter_provider))"
+    raise ConfigError(f"{where} takes a smartnsq.metrics backend (PrometheusMetrics, "
+                      f"OpenTelemetryMetrics, or None), got {got}{hint}")
 
 
 def get_metrics() -> Metrics:
@@ -17,7 +43,9 @@ def get_metrics() -> Metrics:
 
 
 def set_metrics(metrics: Metrics | None) -> Metrics:
-    """Make ``metrics`` the process default (None: off again); return the previous one."""
+    """Make ``metrics`` the process default (None: off again); return the previous one.
+    Clients already started keep the backend they started with."""
     global _current
-    previous, _current = _current, (NO_METRICS if metrics is None else metrics)
+    new = NO_METRICS if metrics is None else check_metrics(metrics, "set_metrics()")
+    previous, _current = _current, new
     return previous

@@ -12,11 +12,17 @@ Counters and gauges are aggregated in process and reported through observable in
 (read at each export, nothing per message). Histograms have no observable form in the OTel
 API, so each observation is recorded on an OTel histogram: its cost per message is the
 SDK's own.
+
+Every ``OpenTelemetryMetrics`` on one meter provider shares one set of instruments and
+figures: one made per request (or per client) adds to the same counts, where a second set
+of observable instruments of the same names would each report only its own share (and
+the SDK keeps every instrument's callback for good).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +30,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from smartnsq._version import __version__
+from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, MetricSpec
 from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
 from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
@@ -92,19 +99,58 @@ class _Histogram:
         return child
 
 
+class _Instruments:
+    """A meter provider's smartnsq instruments and their figures, shared by its exporters."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.store = LocalStore()
+        self.histograms: dict[str, _Histogram] = {}
+        # instruments are made once per metric even when clients on two threads bind at once
+        self.lock = threading.Lock()
+
+
+#: meter provider -> its instruments (weak: a dropped provider takes its entry along)
+_SHARED: weakref.WeakKeyDictionary[MeterProvider, _Instruments] = weakref.WeakKeyDictionary()
+#: the global provider's: one entry whatever it is now, since the API's proxy forwards to
+#: the SDK provider set later
+_GLOBAL: list[_Instruments] = []
+_SHARED_LOCK = threading.Lock()
+
+
+def _instruments(provider: MeterProvider | None) -> _Instruments:
+    with _SHARED_LOCK:
+        shared = _GLOBAL[0] if provider is None and _GLOBAL else (
+            _SHARED.get(provider) if provider is not None else None)
+        if shared is None:
+            meter = otel_metrics.get_meter("smartnsq", __version__, meter_provider=provider)
+            shared = _Instruments(meter)
+            if provider is None:
+                _GLOBAL.append(shared)
+            else:
+                _SHARED[provider] = shared
+        return shared
+
+
 class OpenTelemetryMetrics:
     """Metrics through the OpenTelemetry API, on ``meter_provider`` (the global one unless
-    given), instrumentation scope ``smartnsq``."""
+    given), instrumentation scope ``smartnsq``. Exporters on the same provider share its
+    instruments and figures."""
 
     enabled = True
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
-        self._meter: Meter = otel_metrics.get_meter(
-            "smartnsq", __version__, meter_provider=meter_provider)
-        self._store = LocalStore()
-        self._histograms: dict[str, _Histogram] = {}
-        # instruments are made once per metric even when clients on two threads bind at once
-        self._lock = threading.Lock()
+        if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+            raise ConfigError(f"OpenTelemetryMetrics(meter_provider=...) takes an "
+                              f"OpenTelemetry MeterProvider, got "
+                              f"{type(meter_provider).__module__}."
+                              f"{type(meter_provider).__qualname__}")
+        self.meter_provider = meter_provider
+        shared = _instruments(meter_provider)
+        self._meter: Meter = shared.meter
+        self._store = shared.store
+        self._histograms = shared.histograms
+        self._lock = shared.lock
 
     def counter(self, spec: MetricSpec) -> Counter:
         fam = self._store.counters.get(spec.name)

@@ -11,11 +11,18 @@
 
 The clients aggregate in process (:mod:`smartnsq.metrics.local`); this module's collector
 turns that into metric families when the registry is scraped.
+
+Every ``PrometheusMetrics`` on one registry with one prefix shares one collector and one set
+of figures: a web application that makes one per request (or per client) gets the sum of all
+of them, not prometheus_client's "Duplicated timeseries" from the second one.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import types
+import weakref
 from collections.abc import Iterable
 from wsgiref.simple_server import WSGIServer
 
@@ -29,6 +36,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, Kind, MetricSpec
 from smartnsq.metrics.catalog import ALL, PREFIX
 from smartnsq.metrics.local import Counter, GaugeReader, Histogram, LocalStore
@@ -77,18 +85,71 @@ class _Collector(Collector):
             yield fam
 
 
+class _Shared:
+    """One registry's collector for one prefix, and how many exporters use it."""
+
+    __slots__ = ("collector", "store", "users")
+
+    def __init__(self, store: LocalStore, collector: _Collector) -> None:
+        self.store = store
+        self.collector = collector
+        self.users = 0
+
+
+#: registry -> prefix -> its collector (weak: a dropped registry takes its entry along)
+_SHARED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _Shared]] = (
+    weakref.WeakKeyDictionary())
+_SHARED_LOCK = threading.Lock()
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def _attach(registry: CollectorRegistry, prefix: str) -> _Shared:
+    with _SHARED_LOCK:
+        by_prefix = _SHARED.setdefault(registry, {})
+        shared = by_prefix.get(prefix)
+        if shared is None:
+            store = LocalStore()
+            collector = _Collector(store, prefix)
+            try:
+                registry.register(collector)
+            except ValueError as exc:
+                # another collector (the application's own) holds names of ours
+                raise ConfigError(
+                    f"PrometheusMetrics: the registry already has metrics named "
+                    f"{prefix}_*, registered by another collector than smartnsq's "
+                    f"({str(exc)[:200]}); pass prefix= or another registry") from None
+            shared = by_prefix[prefix] = _Shared(store, collector)
+        shared.users += 1
+        return shared
+
+
 class PrometheusMetrics:
     """Metrics for ``prometheus_client``: one collector on ``registry`` (the default
-    registry unless given), names ``smartnsq_*`` (``prefix`` changes that)."""
+    registry unless given), names ``smartnsq_*`` (``prefix`` changes that). Exporters made
+    on the same registry with the same prefix share that collector and its figures."""
 
     enabled = True
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  prefix: str = PREFIX) -> None:
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise ConfigError(f"PrometheusMetrics(registry=...) takes a prometheus_client "
+                              f"CollectorRegistry (prometheus_client.REGISTRY, or "
+                              f"CollectorRegistry()), got {_describe(registry)}")
+        if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
+            raise ConfigError(f"PrometheusMetrics(prefix=...) must be a Prometheus metric "
+                              f"name ([a-zA-Z_:][a-zA-Z0-9_:]*), got {prefix!r}")
         self.registry = REGISTRY if registry is None else registry
-        self._store = LocalStore()
-        self._collector = _Collector(self._store, prefix)
-        self.registry.register(self._collector)
+        self._prefix = prefix
+        self._shared: _Shared | None = _attach(self.registry, prefix)
+        self._store = self._shared.store
+        self._collector = self._shared.collector
 
     def counter(self, spec: MetricSpec) -> Counter:
         return self._store.counter(spec)
@@ -106,8 +167,20 @@ class PrometheusMetrics:
         return start_http_server(port, addr, registry=self.registry)
 
     def close(self) -> None:
-        """Unregister the collector (its figures disappear from the registry)."""
-        self.registry.unregister(self._collector)
+        """Stop using the collector; once every exporter sharing it (same registry and
+        prefix) is closed, it is unregistered and its figures disappear. Closing twice does
+        nothing more."""
+        shared, self._shared = self._shared, None
+        if shared is None:
+            return
+        with _SHARED_LOCK:
+            shared.users -= 1
+            if shared.users:
+                return
+            by_prefix = _SHARED.get(self.registry, {})
+            if by_prefix.get(self._prefix) is shared:
+                del by_prefix[self._prefix]
+            self.registry.unregister(shared.collector)
 
     def __repr__(self) -> str:
         return f"PrometheusMetrics(registry={self.registry!r})"
