@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 from typing import TYPE_CHECKING
 
 from smartnsq.errors import ConfigError
@@ -24,6 +25,24 @@ if TYPE_CHECKING:
 __all__ = ["TelemetryOptions"]
 
 
+def _check_provider(provider: object) -> None:
+    """A tracer provider is an instance with ``get_tracer``; the usual slips (the module
+    ``opentelemetry.trace``, the SDK class itself, a tracer) are named at construction,
+    not met as an AttributeError when the client starts."""
+    if isinstance(provider, types.ModuleType):
+        got = f"the module {provider.__name__} (pass trace.get_tracer_provider(), or "
+        got += "an SDK TracerProvider())"
+    elif isinstance(provider, type):
+        got = f"the class {provider.__qualname__} (pass an instance: {provider.__name__}())"
+    elif not callable(getattr(provider, "get_tracer", None)):
+        got = f"{type(provider).__module__}.{type(provider).__qualname__}"
+        if callable(getattr(provider, "start_span", None)):
+            got += " (a tracer: pass the provider it came from)"
+    else:
+        return
+    raise ConfigError(f"tracer_provider= takes an OpenTelemetry TracerProvider, got {got}")
+
+
 class TelemetryOptions:
     """A client's metrics backend, tracer provider and envelope choice."""
 
@@ -31,6 +50,8 @@ class TelemetryOptions:
                  trace_envelope: bool) -> None:
         if metrics is not None:
             check_metrics(metrics, "metrics=")
+        if tracer_provider is not None:
+            _check_provider(tracer_provider)
         if not isinstance(trace_envelope, bool):
             raise ConfigError(f"trace_envelope must be True or False, got {trace_envelope!r}")
         if trace_envelope and importlib.util.find_spec("opentelemetry") is None:
