@@ -159,17 +159,17 @@ class ResponseQueue:
         of OKs, ``FrameDecoder.feed_oks``) answer the ``n`` oldest slots; a response nothing
         waits for fails the connection."""
         slots = self.slots
-        waiting = len(slots)
-        if n == 1 and waiting:
+        if n == 1 and slots:
             # one answer per read (one request at a time): no run to take
             fut, _, kind, _, _, _, _ = slots.popleft()
             if kind is _SUBSCRIBE:
                 self.subscribe_answered = True
             if not fut.done():
                 fut.set_result(payload)
-            if waiting == 1 and self.idle_fut is not None:
+            if not slots and self.idle_fut is not None:
                 self.wake_idle()
             return
+        waiting = len(slots)
         if n >= waiting:
             taken = list(slots)
             slots.clear()
