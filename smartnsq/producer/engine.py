@@ -367,9 +367,10 @@ class TcpEngine(RetryEngine[Connection]):
             return
         self.active += 1
         try:
-            conn.check_publish_answer(await conn.send_publish(
-                parts[0], min(deadline - now, self.request_timeout), op.topic, parts[1]),
-                op.what)
+            answer = await conn.send_publish(
+                parts[0], min(deadline - now, self.request_timeout), op.topic, parts[1])
+            if answer is not OK:  # as in pub()
+                conn.check_publish_answer(answer, op.what)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -380,4 +381,6 @@ class TcpEngine(RetryEngine[Connection]):
             if self.obs is not None:
                 self.obs.sent_at_once(op.topic, op.what, op.count, conn.address, now)
         finally:
-            self.leave()
+            self.active -= 1  # leave(), inline
+            if not self.active:
+                self.idle()
