@@ -33,6 +33,7 @@ from smartnsq.consumer import positions as positions_module
 from smartnsq.consumer.positions import Positioner, QueuePosition, StartGuard
 from smartnsq.devcluster import DevCluster
 from smartnsq.devcluster.nsqd.node import NsqdNode
+from smartnsq.devcluster.nsqd.options import NsqdOptions
 from smartnsq.errors import InvalidError, StartPositionError
 from smartnsq.ordered import OrderedConsumer
 from smartnsq.protocol import commands as C
@@ -591,20 +592,63 @@ async def test_server_positions_by_offset_and_by_count(target: Target) -> None:
     backlog = await publish(tcp, topic, "old", 3)
     end = backlog[-1].offset + (backlog[-1].offset - backlog[-2].offset)
 
-    async def position_after(value: int, kind: str = "virtual_queue") -> int:
+    async def position_after(value: int, expected: int, kind: str = "virtual_queue") -> int:
+        """The channel's position once it is ``expected`` (or after 5 s): youzan answers
+        setoffset before its channel applies the move (the move goes to the channel's loop),
+        and drops a move asked while the previous one is still pending."""
         await set_offset(target, http, topic, value, kind)
-        status, doc = await target._json(
-            "GET", f"http://{http}/stats", format="json", topic=topic, partition="0",
-            channel=CHANNEL, needClients="false")
-        assert status == 200, doc
-        t = doc["topics"][0]
-        return int(t["backend_depth"]) - int(t["channels"][0]["depth_size"])
+        position = -1
+        for _ in range(50):
+            status, doc = await target._json(
+                "GET", f"http://{http}/stats", format="json", topic=topic, partition="0",
+                channel=CHANNEL, needClients="false")
+            assert status == 200, doc
+            t = doc["topics"][0]
+            position = int(t["backend_depth"]) - int(t["channels"][0]["depth_size"])
+            if position == expected:
+                break
+            await asyncio.sleep(0.1)
+        return position
 
-    # inside a record: on to the next one; past the end: the end
-    assert await position_after(backlog[0].offset + 3) == backlog[1].offset
-    assert await position_after(backlog[1].offset) == backlog[1].offset
-    assert await position_after(end + 1000) == end
-    # message counts start at 1 (0 is the first message too); past the last: the end
-    for count, where in [(0, backlog[0].offset), (1, backlog[0].offset),
-                         (3, backlog[2].offset), (4, end), (99, end)]:
-        assert await position_after(count, kind="msgcount") == where, count
+    # Each move goes somewhere else than the one before, so that each is seen applied
+    # before the next is asked (a move to where the channel already is cannot be told
+    # from a move still pending). Inside a record: on to the next one; past the end: the
+    # end. Message counts start at 1 (0 is the first message too); past the last: the end.
+    moves = [("virtual_queue", backlog[0].offset + 3, backlog[1].offset),
+             ("virtual_queue", end + 1000, end),
+             ("msgcount", 0, backlog[0].offset),
+             ("virtual_queue", backlog[1].offset, backlog[1].offset),
+             ("msgcount", 1, backlog[0].offset),
+             ("msgcount", 3, backlog[2].offset),
+             ("msgcount", 4, end),
+             ("msgcount", 3, backlog[2].offset),
+             ("msgcount", 99, end)]
+    for kind, value, where in moves:
+        assert await position_after(value, where, kind=kind) == where, (kind, value)
+
+
+@pytest.mark.parametrize("start", [OffsetSpec.msgcount(1), OffsetSpec.timestamp(0)],
+                         ids=["msgcount", "timestamp"])
+async def test_a_replay_by_count_or_time_waits_for_the_move_to_apply(
+        start: OffsetSpec) -> None:
+    """A user replays a channel that already read everything, by message count or time.
+    nsqd answers setoffset before its channel moves (docs/protocol.md §13.2.3), here a
+    whole 0.3 s later: every message must still reach the handler (the start guard took
+    the old place, the end, as its floor and finished them all unseen)."""
+    options = NsqdOptions(setoffset_lag=0.3)
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with DevCluster(nodes=1, lookupds=1, flavour="youzan",
+                          nsqd_options=options) as cluster, \
+            aiohttp.ClientSession(timeout=timeout) as session:
+        target = Target("double", cluster.lookupd_http_addresses[0], session)
+        try:
+            topic, tcp, _ = await target.create_topic("replay", ordered=False)
+            backlog = await publish(tcp, topic, "old", 6)
+            await consume_raw(tcp, topic, 6, ordered=False)  # the channel is at the end
+            got = Collector()
+            async with make_consumer(False, target, topic, got, start) as c:
+                await got.wait_for(lambda: len(got.messages) >= 6, timeout=WAIT)
+                check_handled(got, backlog, ordered=False)
+                assert c.stats().dropped_before_start == 0
+        finally:
+            await target.cleanup()

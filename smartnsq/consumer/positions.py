@@ -39,6 +39,8 @@ log = logging.getLogger("smartnsq.consumer")
 
 #: pauses between attempts to make a refused position stick (the queue end is updated lazily)
 _RETRY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
+#: reads of a channel moved by count or time until it left where it was (it may stay)
+_APPLY_PAUSES = (0.02, 0.05, 0.1, 0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +212,10 @@ class Positioner:
             if send:
                 await self._set_offset()
             send = True
-            now = await read_position(self._http, self.ep, self.topic, self.channel)
+            # a count or a time has no offset to wait for, but nsqd answers before its
+            # channel moves (docs/protocol.md §13.2.3)
+            now = await (self._moved(before) if target is None else
+                         read_position(self._http, self.ep, self.topic, self.channel))
             if now.channel is not None and self._took(before, now, target):
                 return now
             if attempt == len(_RETRY_PAUSES):
@@ -223,6 +228,18 @@ class Positioner:
                      self.topic, self.ep.partition, now.channel, spec.encode().decode())
             await asyncio.sleep(_RETRY_PAUSES[attempt])
             attempt += 1
+
+    async def _moved(self, before: QueuePosition) -> QueuePosition:
+        """Where the channel is once it left where it was, or after a short while (it may
+        have been asked to stay there): read earlier, a channel moving backwards would
+        still show its old place, and the guard would finish what lies between unseen."""
+        was = before.channel if before.channel is not None else before.end
+        for pause in _APPLY_PAUSES:
+            now = await read_position(self._http, self.ep, self.topic, self.channel)
+            if now.channel is not None and now.channel != was:
+                return now
+            await asyncio.sleep(pause)
+        return await read_position(self._http, self.ep, self.topic, self.channel)
 
     @staticmethod
     def _took(before: QueuePosition, now: QueuePosition, target: int | None) -> bool:

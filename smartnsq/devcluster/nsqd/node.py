@@ -326,7 +326,18 @@ class NsqdNode:
 
     def seek_channel(self, plog: PartitionLog, ch: Channel, kind: str, value: int) -> None:
         """Move a youzan channel's consume position (SUB_ADVANCED offsets, setoffset);
-        raises ValueError with the reason."""
+        raises ValueError with the reason. As real nsqd, the position is resolved now and
+        the move may follow a moment later (NsqdOptions.setoffset_lag)."""
+        index = self.seek_index(plog, kind, value)
+        lag = self.options.setoffset_lag
+        if lag > 0:
+            asyncio.get_running_loop().call_later(lag, ch.seek, index)
+        else:
+            ch.seek(index)
+
+    def seek_index(self, plog: PartitionLog, kind: str, value: int) -> int:
+        """Where a youzan channel's consume position moves for ``kind``/``value``; raises
+        ValueError with the reason."""
         cluster = self.options.cluster_mode
         if kind == "special":
             if value != -1:
@@ -347,7 +358,7 @@ class NsqdNode:
             index = plog.index_of_timestamp(value)
         else:
             raise ValueError("not supported offset type")
-        ch.seek(index)
+        return index
 
     def create_local_topic(self, topic: str, partition: int, *, ext: bool = False) -> None:
         """youzan standalone: INTERNAL_CREATE_TOPIC makes this node hold and lead it."""

@@ -63,6 +63,11 @@ class NsqdOptions:
     allow_sub_ext_compatible: bool = False
     #: hostname reported in /info, stats and lookupd; empty = the machine's name
     hostname: str = ""
+    #: youzan: seconds after which ``/channel/setoffset`` moves the channel (0: at once). Real
+    #: nsqd answers first and hands the move to the channel's loop, so a ``/stats`` read at
+    #: once can still show the old position (docs/protocol.md §13.2.1); usually the move is
+    #: done within the next request, which 0 models, and a lag makes the slow case certain
+    setoffset_lag: float = 0.0
 
     def resolved(self, flavour: Flavour) -> NsqdOptions:
         """A copy with the flavour-dependent defaults filled in."""
