@@ -126,7 +126,7 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
             view = await _check_topic(producer.lookup, dest_name)
             dest_parts = view.partition_num if view.is_partitioned else None
             dest_nodes = sorted(view.nodes)
-        await reach_destination(producer, dest_nodes, pconfig.connection, connect_timeout)
+        await reach_destination(producer, dest_nodes, connect_timeout)
         forwarder = Forwarder(producer, dest_name, rule, count,
                               partitions=dest_parts if ordered else None,
                               destination=_named(dest.nsqd, dest.lookupd))

@@ -1,10 +1,9 @@
 """``smartnsq bridge``'s start: wait until the destination accepts a connection, before
 anything is read from the source.
 
-With ``--to-nsqd`` the dial is the producer's own (its connection pool of that nsqd), so the
-connection made here is the one the first publish uses. With ``--to-lookupd`` the producer
-has no pool of a node before its first publish routes there, so the nodes the lookup names
-are dialled on a connection of their own, closed again (one extra connection per run).
+The dial is the producer's own (its connection pool of each nsqd: with ``--to-lookupd`` of
+each node the destination topic's lookup names, made ahead of the first publish routed
+there), so the connection made here is the one the publishes use: no extra connection.
 """
 
 from __future__ import annotations
@@ -15,10 +14,7 @@ from collections.abc import Sequence
 from smartnsq.cli.bridge_forward import retrying
 from smartnsq.cli.common import CliError, describe, err_print
 from smartnsq.cli.connections import REMIND_SECONDS
-from smartnsq.config import ConnectionConfig
-from smartnsq.conn import Connection
 from smartnsq.producer import Producer
-from smartnsq.protocol.validation import parse_tcp_address
 
 #: seconds between two rounds of dials to an unreachable destination
 REDIAL_SECONDS = 0.5
@@ -29,23 +25,12 @@ def _named(address: str, exc: BaseException) -> str:
     return text if address in text else f"nsqd {address}: {text}"
 
 
-async def _refusal(address: str, config: ConnectionConfig) -> str | None:
-    """Why the nsqd at ``address`` refused a connection (dial and IDENTIFY), None if not."""
-    host, port = parse_tcp_address(address)
-    conn = Connection(host, port, config)
-    try:
-        await conn.connect()
-    except Exception as exc:  # any failure to connect is the answer here
-        return _named(address, exc)
-    await conn.close()
-    return None
-
-
 async def _pool_refusal(producer: Producer, address: str) -> str | None:
-    """As :func:`_refusal`, through the producer's pool of ``address``: a connection made
-    stays in the pool. A pool in its reconnect backoff answers with its last failure (its
-    own redial runs in the background)."""
-    pool = producer.pools[address]
+    """Why the nsqd at ``address`` refused a connection (dial and IDENTIFY), None if not,
+    asked through the producer's pool of ``address``: a connection made stays in the pool.
+    A pool in its reconnect backoff answers with its last failure (a listed nsqd's pool
+    redials in the background, a looked-up one's on the next round)."""
+    pool = producer.pool(address)
     if pool.is_up:
         return None
     if not pool.available(asyncio.get_running_loop().time()):
@@ -59,7 +44,7 @@ async def _pool_refusal(producer: Producer, address: str) -> str | None:
 
 
 async def reach_destination(producer: Producer, addresses: Sequence[str],
-                            config: ConnectionConfig, bound: float) -> None:
+                            bound: float) -> None:
     """Return once one of the destination's nsqd ``addresses`` accepts a connection. Until
     then the reason is on stderr (at once, then every :data:`REMIND_SECONDS`); after
     ``bound`` seconds (0: never) raise :class:`CliError` with it. Nothing has been read
@@ -67,14 +52,12 @@ async def reach_destination(producer: Producer, addresses: Sequence[str],
     loop = asyncio.get_running_loop()
     began, shown_at = loop.time(), None
     why = ""
-    pooled = all(a in producer.pools for a in addresses)
     while True:
         left = began + bound - loop.time() if bound else None
         try:
             async with asyncio.timeout(left):
-                refusals = await asyncio.gather(*(
-                    _pool_refusal(producer, a) if pooled else _refusal(a, config)
-                    for a in addresses))
+                refusals = await asyncio.gather(*(_pool_refusal(producer, a)
+                                                  for a in addresses))
         except TimeoutError:
             # the bound ran out during this round: the previous round's reason is the news
             why = why or "; ".join(f"nsqd {a}: no answer" for a in addresses)

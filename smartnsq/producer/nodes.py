@@ -55,6 +55,11 @@ class Nodes:
     def target(self, route: TopicRoute, address: str) -> NodePool:
         """The pool of nsqd ``address`` a route names (lookupd mode), made (without
         background redials) on first use."""
+        return self.pool(address)
+
+    def pool(self, address: str) -> NodePool:
+        """The pool of nsqd ``address``: a listed one, or (lookupd mode) made without
+        background redials on first use."""
         pool = self.pools.get(address)
         return pool if pool is not None else self._new(address, auto_reconnect=False)
 

@@ -66,13 +66,7 @@ from smartnsq.producer.engine import TcpEngine
 from smartnsq.producer.instruments import ProducerInstruments
 from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.nodes import Nodes
-from smartnsq.producer.ops import (
-    DPub,
-    Op,
-    Pub,
-    check_trace_id,
-    one_op,
-)
+from smartnsq.producer.ops import DPub, Op, Pub, check_trace_id, one_op
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.retry import RetryPolicy
 from smartnsq.producer.router import TopicRoute
@@ -251,6 +245,12 @@ class Producer:
     def pools(self) -> Mapping[str, NodePool]:
         """Connection pools by nsqd address (``host:port``)."""
         return dict(self._nodes.pools)
+
+    def pool(self, address: str) -> NodePool:
+        """The connection pool of nsqd ``address`` (``host:port``); in lookupd mode made
+        (without background redials) if no publish went there yet. Its ``get()`` dials, and
+        the connection made stays for the publishes routed to that nsqd."""
+        return self._nodes.pool(address)
 
     @property
     def refreshes(self) -> int:
