@@ -201,21 +201,33 @@ class CountingProxy:
             await asyncio.wait_for(self.server.wait_closed(), 1.0)
 
 
+def announce(ct: ClusterThread, port: int) -> None:
+    """Make the destination's lookupd give ``port`` as its nsqd's TCP port (the proxy's)."""
+    def move() -> None:
+        (info,) = ct.cluster.meta.nodes.values()
+        info.tcp_port = port
+    ct.call(move)
+
+
+@pytest.mark.parametrize("to", ["--to-nsqd", "--to-lookupd"])
 async def test_the_destination_is_dialled_by_the_producer_only(
-        source: ClusterThread, dest: ClusterThread) -> None:
-    """``bridge --to-nsqd``: the dial that checks the destination at start is the
-    producer's own connection, kept for the publishes: while the bridge runs no connection
-    to the destination was closed, and there are no more than the producer's pool holds."""
+        source: ClusterThread, dest: ClusterThread, to: str) -> None:
+    """The dial that checks the destination at start is the producer's own connection,
+    kept for the publishes: while the bridge runs no connection to the destination was
+    closed, and there are no more than the producer's pool holds (with ``--to-lookupd``
+    the check made a connection of its own, closed at once, before)."""
     topic = "dials"
     make_topic(source, topic, SRC_CHANNEL)
     make_topic(dest, topic, DST_CHANNEL)
     await publish(source, topic, [json.dumps({"i": i}) for i in range(20)])
     proxy = CountingProxy(tcp(dest))
     address = await proxy.start()
+    if to == "--to-lookupd":
+        announce(dest, int(address.rsplit(":", 1)[1]))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "smartnsq", "bridge", topic, "--from-nsqd", tcp(source),
-        "--to-nsqd", address, "-n", "21", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        to, dest.lookupd if to == "--to-lookupd" else address, "-n", "21",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         await eventually("20 forwarded",
                          lambda: channel_stats(dest, topic, DST_CHANNEL)["depth"] == 20)
