@@ -14,9 +14,10 @@ no leader after the bounded retries the publish raises instead of falling back t
 partition. (If operators expand the topic, later messages of a key may map to a new
 partition; per-key order *across* that change then depends on the consumers.)
 
-A message whose call ``timeout`` has passed while it waited for its turn fails without being
-sent. A caller cancelled while waiting is left out; once its message is on the wire the lane
-still waits for the answer, so a cancelled message cannot be overtaken by the next one.
+A message whose call ``timeout`` passes while it waits for its turn fails then, at its own
+deadline (not when its turn comes), without being sent. A caller cancelled while waiting is
+left out; once its message is on the wire the lane still waits for the answer, so a cancelled
+message cannot be overtaken by the next one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ SendShard = Callable[[str, ShardKey, ShardRule, bytes, int | None, float],
 
 
 class _Item:
-    __slots__ = ("body", "deadline", "fut", "trace_id")
+    __slots__ = ("body", "deadline", "fut", "timer", "trace_id")
 
     def __init__(self, body: bytes, trace_id: int | None, deadline: float,
                  fut: asyncio.Future[PublishReceipt | None]) -> None:
@@ -45,6 +46,15 @@ class _Item:
         self.trace_id = trace_id
         self.deadline = deadline
         self.fut = fut
+        #: fails the call at its deadline while it still waits for its turn
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _expire(topic: str, item: _Item) -> None:
+    if not item.fut.done():
+        item.fut.set_exception(PublishTimeoutError(
+            f"ordered publish to topic {topic!r} timed out waiting for the previous message "
+            f"of its shard key"))
 
 
 class _Lane:
@@ -91,7 +101,10 @@ class ShardLanes:
             lane.items.append(_Item(body, trace_id, deadline, fut))
             lane.task = loop.create_task(self._work(k, lane))
         else:
-            lane.items.append(_Item(body, trace_id, deadline, fut))
+            # queued behind the key's previous message: its timeout counts from now
+            item = _Item(body, trace_id, deadline, fut)
+            item.timer = loop.call_at(deadline, _expire, topic, item)
+            lane.items.append(item)
         return fut
 
     async def _work(self, k: Hashable, lane: _Lane) -> None:
@@ -100,13 +113,13 @@ class ShardLanes:
         try:
             while items:
                 item = items.popleft()
+                if item.timer is not None:
+                    item.timer.cancel()
                 fut = item.fut
-                if fut.done():  # cancelled while waiting for its turn
+                if fut.done():  # cancelled or timed out while waiting for its turn
                     continue
                 if loop.time() >= item.deadline:
-                    fut.set_exception(PublishTimeoutError(
-                        f"ordered publish to topic {lane.topic!r} timed out waiting for the "
-                        f"previous message of its shard key"))
+                    _expire(lane.topic, item)
                     continue
                 try:
                     result = await self._send(lane.topic, lane.key, lane.rule, item.body,
@@ -124,7 +137,10 @@ class ShardLanes:
             if self._lanes.get(k) is lane:
                 del self._lanes[k]
             while items:
-                items.popleft().fut.cancel()
+                left = items.popleft()
+                if left.timer is not None:
+                    left.timer.cancel()
+                left.fut.cancel()
 
     async def drain(self) -> None:
         """Wait until every lane is empty."""
