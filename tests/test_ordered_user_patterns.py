@@ -359,3 +359,23 @@ async def test_a_start_position_for_a_partition_the_topic_lacks(
     said = [r.getMessage() for r in caplog.records if "start_at names partition 7" in
             r.getMessage()]
     assert len(said) == 1 and "it has partitions 0..3" in said[0], caplog.text
+
+
+async def test_a_partition_list_naming_a_missing_partition(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """partitions=[p, 7] on a 4-partition topic: start() returns at once, a warning names
+    the partitions the topic has, partition p is consumed in order, the others stay."""
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    sent = await publish_keyed(cluster, 3)
+    part = shard_partition(KEYS[0], PARTS)
+    mine = [b for b in sent if shard_partition(b.decode().split(":")[0], PARTS) == part]
+    got = Collector()
+    t0 = time.monotonic()
+    async with consumer(cluster, got, partitions=[part, 7]) as c:
+        assert time.monotonic() - t0 < 1.0
+        await got.wait_for(lambda: len(got.distinct) == len(mine), timeout=5)
+        assert set(c.positions()) == {part}
+    assert_per_key_order(got.handled, mine)
+    assert depth(cluster) == len(sent) - len(mine)
+    assert any("no partition 7 (it has partitions 0..3)" in r.getMessage()
+               for r in caplog.records), caplog.text
