@@ -49,6 +49,9 @@ from smartnsq.protocol.validation import check_topic, parse_http_address
 
 log = logging.getLogger("smartnsq.lookup")
 
+STOPPED = ("this Lookup was stopped (Lookup.stop() or the end of its 'async with') and cannot "
+           "be started again; stop the clients that share it first, or give them a new Lookup")
+
 
 def _refused(err: LookupdError) -> bool:
     """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
@@ -150,7 +153,7 @@ class Lookup:
     async def start(self) -> None:
         """Open the HTTP session and start the periodic ``/listlookup`` pass."""
         if self._closed:
-            raise ClientClosedError("this Lookup is stopped")
+            raise ClientClosedError(STOPPED)
         if self._started:
             return
         self._started = True
@@ -175,6 +178,10 @@ class Lookup:
         if self._closed:
             return
         self._closed = True
+        if followed := self._topics.followed():
+            # running consumers keep their connections but hear of no new nsqd or leader
+            log.warning("Lookup stopped while clients still follow %s: they get no more "
+                        "updates; stop the clients before the Lookup they share", followed)
         tasks: list[asyncio.Task[Any]] = list(self._background)
         if self._discovery_task is not None:
             tasks.append(self._discovery_task)
@@ -190,7 +197,7 @@ class Lookup:
 
     async def _ready(self) -> LookupdClient:
         if self._closed:
-            raise ClientClosedError("this Lookup is stopped")
+            raise ClientClosedError(STOPPED)
         await self.start()
         assert self._client is not None
         return self._client
@@ -250,7 +257,7 @@ class Lookup:
     async def _discover_round(self) -> tuple[str, ...]:
         assert self._roster is not None
         try:
-            return await self._roster.run()
+            return await self._roster.run(answered=self._discovered.set)
         finally:
             self._discovered.set()
 
@@ -333,7 +340,7 @@ class Lookup:
         subscriber first gets it as a snapshot change (``previous=None``).
         """
         if self._closed:
-            raise ClientClosedError("this Lookup is closed")
+            raise ClientClosedError(STOPPED)
         state = self._use(topic, access, metainfo)
         sub = Subscription(state.topic, state.access, callback=callback, maxsize=maxsize,
                            on_close=lambda s: self._topics.unsubscribe(state, s))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from smartnsq.errors import LookupdError
 from smartnsq.lookup.client import LookupdClient
@@ -46,14 +46,36 @@ class LookupdRoster:
         self.supported: bool | None = None
         self.passes = 0
 
-    async def run(self) -> tuple[str, ...]:
-        """One discovery pass; never raises for lookupd failures. Returns the known set."""
+    async def run(self, answered: Callable[[], None] | None = None) -> tuple[str, ...]:
+        """One discovery pass; never raises for lookupd failures. Returns the known set.
+
+        ``answered`` is called once, as soon as one lookupd answered (its answer applied): the
+        first lookup round waits for that, not for a silent seed's whole request timeout.
+        """
         if not self.enabled:
             return self._health.addresses
         self.passes += 1
         healthy, probes = self._health.plan()
         targets = healthy + probes
-        results = await asyncio.gather(*(self._ask(a) for a in targets))
+        tasks = [asyncio.ensure_future(self._ask(a)) for a in targets]
+        pending = set(tasks)
+        try:
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                # in target order (healthiest first), as the leader tie-break wants
+                results = [t.result() for t in tasks if t.done()]
+                if answered is not None and any(r is not None for r in results):
+                    self._use(results, targets)
+                    answered()
+                    answered = None
+        finally:
+            for t in pending:  # cancelled with the pass: no request outlives it
+                t.cancel()
+        self._use([t.result() for t in tasks], targets)
+        return self._health.addresses
+
+    def _use(self, results: Sequence[ClusterLookupds | _Unsupported | None],
+             targets: Sequence[str]) -> None:
         lists = [r for r in results if isinstance(r, ClusterLookupds)]
         if lists:
             self.supported = True
@@ -67,7 +89,6 @@ class LookupdRoster:
         else:
             log.warning("/listlookup failed on every lookupd (%s); keeping %d known lookupds",
                         ", ".join(targets), len(self._health.addresses))
-        return self._health.addresses
 
     async def _ask(self, lookupd: str) -> ClusterLookupds | _Unsupported | None:
         try:

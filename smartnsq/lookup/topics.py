@@ -121,6 +121,10 @@ class TopicTable:
     def keys(self) -> tuple[Key, ...]:
         return tuple(self._states)
 
+    def followed(self) -> str:
+        """``topic/access`` of every state with a subscriber, comma-separated ("" if none)."""
+        return ", ".join(f"{t}/{a}" for (t, a), s in self._states.items() if s.subscribers)
+
     def track(self, state: TopicState, *, immediately: bool) -> None:
         """Start the state's refresher unless it runs (or the table is closed)."""
         if state.refresher is None and not self._closed:
