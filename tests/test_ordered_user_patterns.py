@@ -377,5 +377,24 @@ async def test_a_partition_list_naming_a_missing_partition(
         assert set(c.positions()) == {part}
     assert_per_key_order(got.handled, mine)
     assert depth(cluster) == len(sent) - len(mine)
-    assert any("no partition 7 (it has partitions 0..3)" in r.getMessage()
-               for r in caplog.records), caplog.text
+    assert any("no partition 7 (it has partitions 0..3); subscribing to the others asked "
+               "for" in r.getMessage() for r in caplog.records), caplog.text
+
+
+async def test_a_partition_list_naming_only_missing_partitions(
+        cluster: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """partitions=[7] on a 4-partition topic: start() returns at once, the warning says the
+    consumer waits for it (not that it subscribes to "the others": there are none), and
+    every message stays in the channel."""
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    sent = await publish_keyed(cluster, 2)
+    got = Collector()
+    t0 = time.monotonic()
+    async with consumer(cluster, got, partitions=[7]) as c:
+        assert time.monotonic() - t0 < 1.0
+        assert c.positions() == {}
+    assert got.handled == []
+    assert depth(cluster) == len(sent)
+    said = [r.getMessage() for r in caplog.records if "no partition 7" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "none of those asked for exists yet: waiting for them" in said[0], said

@@ -240,9 +240,11 @@ class LookupDiscovery(Discovery):
         if wanted is not None and view.is_partitioned and view.partition_num:
             missing = sorted(p for p in wanted if p >= view.partition_num)
             if missing and missing != self._missing_said:
+                rest = ("subscribing to the others asked for" if len(missing) < len(wanted)
+                        else "none of those asked for exists yet: waiting for them")
                 log.warning("consumer of topic %r: no partition %s (it has partitions 0..%d); "
-                            "subscribing to the others asked for", self._topic,
-                            ", ".join(map(str, missing)), view.partition_num - 1)
+                            "%s", self._topic, ", ".join(map(str, missing)),
+                            view.partition_num - 1, rest)
             self._missing_said = missing
         if self._positioned and view.is_partitioned and view.partition_num:
             missing = sorted(p for p in self._positioned if p >= view.partition_num)
