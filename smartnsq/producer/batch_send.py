@@ -34,7 +34,6 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     MPUBs of at most ``max_body_size`` (``traced``: the trace switch is on for the topic;
     see :func:`mpub_op`), sent one after another; a failure's :class:`PublishError` says
     how many messages went before it."""
-    encoded = None
     if ext is None and trace_id is None and not traced:
         encoded = one_mpub_body(bodies, max_msg_size, max_body_size)
         if encoded is not None:
@@ -47,20 +46,19 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
                 exc.sent = 0
                 raise
             return BatchReceipt(topic, count, (one.sent_to,), ())
-    checked = check_bodies(bodies, max_msg_size) if encoded is None else list(bodies)
+    checked = check_bodies(bodies, max_msg_size)
     header = ext_header_bytes(ext, trace_id) if ext is not None else None
     if trace_id is not None:
         check_trace_id(trace_id)
     # besides the body, each element carries the header or (MPUB_TRACE) its trace id
     extra = 2 + len(header) if header is not None else \
         _TRACE_EXTRA if trace_id is not None or traced else 0
-    chunks = [checked] if encoded is not None else split_batches(checked, max_body_size, extra)
+    chunks = split_batches(checked, max_body_size, extra)
     receipts: list[PublishReceipt] = []
     partitions: list[int | None] = []
     sent = 0
     for chunk in chunks:
-        op = mpub_op(topic, partition, chunk, encoded=encoded, header=header,
-                     trace_id=trace_id, traced=traced)
+        op = mpub_op(topic, partition, chunk, header=header, trace_id=trace_id, traced=traced)
         try:
             receipt = await run(op, deadline)
         except PublishError as exc:

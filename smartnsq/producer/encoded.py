@@ -222,13 +222,11 @@ class ExtBatch(Op):
         await conn.publish_many_ext(self.topic, p, items, timeout)
 
 
-def mpub_op(topic: str, partition: int | None, chunk: list[bytes], *, encoded: bytes | None,
-            header: bytes | None, trace_id: int | None, traced: bool) -> Op:
+def mpub_op(topic: str, partition: int | None, chunk: list[bytes], *, header: bytes | None,
+            trace_id: int | None, traced: bool) -> Op:
     """The op that publishes one :meth:`Producer.publish_many` chunk: MPUB_EXT with an ext
     ``header``, MPUB_TRACE with ``trace_id``, an MPUB that may go out traced, or a plain MPUB
-    encoded once here (``encoded``: already encoded), whatever the retries."""
-    if encoded is not None:
-        return EncodedMPub(topic, partition, encoded, len(chunk))
+    encoded once here, whatever the retries."""
     if header is not None:
         return MPubExt(topic, partition, chunk, header)
     if trace_id is not None:
