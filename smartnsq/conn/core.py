@@ -236,16 +236,16 @@ class ConnectionCore(Generic[C]):
             if deadline < self.fifo.deadline_at:
                 self.fifo.arm(deadline)
         waiters = self._waiters
-        if waiters:
-            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+        alone = not waiters
+        waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
+        if alone:
+            # nothing else awaited (one request at a time): no loop turn to wait for
+            self._write_now(command, body)
+        else:
             # others in flight: this one joins the loop turn's single write
             self._write(command)
             if body is not None:
                 self._write(body)
-        else:
-            waiters.append((fut, deadline, kind, timeout, topic, partition, close_on_error))
-            # nothing else awaited (one request at a time): no loop turn to wait for
-            self._write_now(command, body)
         # one count per command: requests are publishes plus the others
         if kind is _PUBLISH:
             self.publishes += 1
