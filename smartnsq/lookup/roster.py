@@ -62,9 +62,11 @@ class LookupdRoster:
         try:
             while pending:
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if answered is None:
+                    continue
                 # in target order (healthiest first), as the leader tie-break wants
                 results = [t.result() for t in tasks if t.done()]
-                if answered is not None and any(r is not None for r in results):
+                if any(r is not None for r in results):
                     self._use(results, targets)
                     answered()
                     answered = None
