@@ -11,10 +11,20 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import types
 
 from smartnsq.errors import ConfigError, EventLoopError
 
-__all__ = ["check_count", "check_duration", "check_loop", "check_optional_duration"]
+__all__ = ["check_count", "check_duration", "check_loop", "check_optional_duration",
+           "type_named"]
+
+
+def type_named(value: object) -> str:
+    """What a wrong argument is, for its error: ``the module m`` for a module (a common
+    slip: the package instead of one of its objects), else the type's full name."""
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def check_duration(value: object, name: str, *, positive: bool = False) -> float:

@@ -12,6 +12,7 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
+from smartnsq._checks import type_named
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
 from smartnsq.metrics.default import check_metrics, get_metrics
@@ -35,7 +36,7 @@ def _check_provider(provider: object) -> None:
     elif isinstance(provider, type):
         got = f"the class {provider.__qualname__} (pass an instance: {provider.__name__}())"
     elif not callable(getattr(provider, "get_tracer", None)):
-        got = f"{type(provider).__module__}.{type(provider).__qualname__}"
+        got = type_named(provider)
         if callable(getattr(provider, "start_span", None)):
             got += " (a tracer: pass the provider it came from)"
     else:

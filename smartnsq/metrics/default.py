@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import types
-
+from smartnsq._checks import type_named
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import Metrics
 from smartnsq.metrics.noop import NO_METRICS
@@ -21,10 +20,7 @@ def check_metrics(metrics: object, where: str) -> Metrics:
             and all(callable(getattr(metrics, name, None))
                     for name in ("counter", "histogram", "gauge"))):
         return metrics  # type: ignore[return-value]
-    if isinstance(metrics, types.ModuleType):
-        got = f"the module {metrics.__name__}"
-    else:
-        got = f"{type(metrics).__module__}.{type(metrics).__qualname__}"
+    got = type_named(metrics)
     hint = ""
     if type(metrics).__module__.startswith("prometheus_client") or got.startswith(
             "the module prometheus_client"):

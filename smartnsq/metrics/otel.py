@@ -29,6 +29,7 @@ from typing import Any
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
+from smartnsq._checks import type_named
 from smartnsq._version import __version__
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, MetricSpec
@@ -142,9 +143,7 @@ class OpenTelemetryMetrics:
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
         if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
             raise ConfigError(f"OpenTelemetryMetrics(meter_provider=...) takes an "
-                              f"OpenTelemetry MeterProvider, got "
-                              f"{type(meter_provider).__module__}."
-                              f"{type(meter_provider).__qualname__}")
+                              f"OpenTelemetry MeterProvider, got {type_named(meter_provider)}")
         self.meter_provider = meter_provider
         shared = _instruments(meter_provider)
         self._meter: Meter = shared.meter
