@@ -18,9 +18,16 @@ from typing import Any
 
 import pytest
 
-from tests.spark.cluster import driver_args, driver_env, driver_session, run_driver, unpack
+from tests.spark.cluster import (
+    TEST_SECONDS,
+    driver_args,
+    driver_env,
+    driver_session,
+    run_driver,
+    unpack,
+)
 
-pytestmark = pytest.mark.spark_cluster
+pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 FIRST, SECOND, PER_TRIGGER = 600, 200, 200
 CHANNEL = "spark_q"

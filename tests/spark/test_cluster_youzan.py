@@ -24,6 +24,7 @@ import pytest
 
 from tests.spark.cluster import (
     DRIVER_PYTHON,
+    TEST_SECONDS,
     driver_args,
     driver_env,
     driver_session,
@@ -33,7 +34,7 @@ from tests.spark.cluster import (
     unpack,
 )
 
-pytestmark = pytest.mark.spark_cluster
+pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(TEST_SECONDS)]
 
 ROWS = 3000
 PER_TRIGGER = 700
