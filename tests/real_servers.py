@@ -294,7 +294,7 @@ class YouzanCluster:
         if not self.created:
             return
         leader = await self.leader_lookupd()
-        failed = []
+        failed: list[tuple[str, object]] = []
         for name in self.created:
             try:
                 ans = await self.post(leader, "/topic/delete", topic=name, partition="**")
