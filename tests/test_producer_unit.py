@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from array import array
 from types import MappingProxyType
 
 import pytest
@@ -236,8 +237,19 @@ def test_one_mpub_body_takes_only_what_fits_one_checked_mpub() -> None:
             ([b"a", b"x" * 11], 10, 1 << 20),       # over max_msg_size
             ([b"x" * 11] * 3, 10, 1 << 20),         # all over, all one size
             ([b"a", bytearray(b"b")], 10, 1 << 20),  # not bytes: converted one by one
-            ([b"a", "s"], 10, 1 << 20)):            # not a buffer at all
+            ([b"a", "s"], 10, 1 << 20),             # not a buffer at all
+            # its len counts items, not bytes: must never size an element
+            ([memoryview(array("i", [1, 2]))], 10, 1 << 20),
+            ([b"a", None], 10, 1 << 20)):
         assert one_mpub_body(bodies, max_msg, max_body) is None
+
+
+def test_one_mpub_body_takes_a_bytes_subclass_as_its_bytes() -> None:
+    class Tagged(bytes):
+        pass
+
+    assert one_mpub_body([Tagged(b"ab"), b"c"], 10, 1 << 20) == \
+        b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x01c"
 
 
 def test_one_mpub_body_is_encoded_at_once() -> None:
