@@ -244,14 +244,6 @@ def test_one_mpub_body_takes_only_what_fits_one_checked_mpub() -> None:
         assert one_mpub_body(bodies, max_msg, max_body) is None
 
 
-def test_one_mpub_body_takes_a_bytes_subclass_as_its_bytes() -> None:
-    class Tagged(bytes):
-        pass
-
-    assert one_mpub_body([Tagged(b"ab"), b"c"], 10, 1 << 20) == \
-        b"\x00\x00\x00\x02\x00\x00\x00\x02ab\x00\x00\x00\x01c"
-
-
 def test_one_mpub_body_is_encoded_at_once() -> None:
     bodies = [b"ab", b"cd"]
     body = one_mpub_body(bodies, 10, 1 << 20)

@@ -19,7 +19,7 @@ import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 from smartnsq.protocol.commands import mpub_body
 
@@ -30,7 +30,6 @@ _BODY_OVERHEAD = 4
 #: ``map(_done, futures)``: the test without a Python step per future; the same for answers
 _done = asyncio.Future.done
 _set_result = asyncio.Future.set_result
-_bytes_len = bytes.__len__
 
 SendBatch = Callable[[Any, list[bytes], float], Awaitable[object]]
 
@@ -193,21 +192,17 @@ def split_batches(bodies: list[bytes], max_body_size: int,
     return chunks
 
 
-def one_mpub_body(bodies: Sequence[bytes], max_msg_size: int,
+def one_mpub_body(bodies: Sequence[object], max_msg_size: int,
                   max_body_size: int) -> bytes | None:
     """The MPUB body of ``bodies`` when all are non-empty ``bytes`` within ``max_msg_size``
     and fit one MPUB (the common case, checked and encoded without a Python step per
-    message); None otherwise, whatever was passed: check them one by one and
-    :func:`split_batches` them."""
-    # one C iterator checks the type and takes the size: bytes.__len__ refuses anything
-    # that is not bytes (str, bytearray, a memoryview whose len is not its byte count)
-    try:
-        sizes = list(map(_bytes_len, bodies))
-    except TypeError:
+    message); None otherwise: check them one by one and :func:`split_batches` them."""
+    n = len(bodies)
+    # C iterators only (a list and a count cost less than a set of the types)
+    if not n or list(map(type, bodies)).count(bytes) != n:
         return None
-    n = len(sizes)
-    if not n:
-        return None
+    checked = cast("Sequence[bytes]", bodies)
+    sizes = list(map(len, checked))
     if sizes.count(sizes[0]) == n:
         lo = hi = sizes[0]
         total = n * lo
@@ -218,4 +213,4 @@ def one_mpub_body(bodies: Sequence[bytes], max_msg_size: int,
             or _BODY_OVERHEAD + _MSG_OVERHEAD * n + total > max_body_size:
         return None
     # encoded at once: later changes to the caller's list cannot reach the wire
-    return mpub_body(bodies, sizes)
+    return mpub_body(checked, sizes)
