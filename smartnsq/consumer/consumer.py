@@ -25,7 +25,6 @@ import types
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Self
 
-from smartnsq import errors as _e
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
 from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, lookup_of, resolve_source
@@ -53,6 +52,7 @@ from smartnsq.consumer.rdy_driver import RdyDriver
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.consumer.stop_steps import StopSteps
 from smartnsq.consumer.sub import Sub
+from smartnsq.consumer.sub_errors import ends_consumer
 from smartnsq.consumer.subscriptions import SubscriptionSet
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, NSQError
 from smartnsq.flow import RdyController
@@ -66,14 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "GivingUpCallback", "Handler", "StartAt", "Sub"]
 
 log = logging.getLogger("smartnsq.consumer")
-
-#: errors that reconnecting cannot fix: the consumer stops and reports them
-_CONFIG_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, _e.UnsupportedFeatureError, _e.SubOrderIsMustError, _e.SubExtendNeedError,
-    _e.SubExtendForbiddenError, _e.SubChannelNotRegisteredError, _e.BadTopicError,
-    _e.BadChannelError, _e.BadPartitionError, _e.InvalidError, _e.AuthFailedError,
-    _e.UnauthorizedError, _e.AuthDisabledError,
-)
 
 
 class Consumer:
@@ -199,7 +191,7 @@ class Consumer:
                                     tracing, self._fatal)
         self._subscriptions = SubscriptionSet(
             self.topic, self.channel, config, policy, self._dispatch, self._driver,
-            self._start_at, tracing, discovery, is_fatal=self._is_fatal,
+            self._start_at, tracing, discovery, is_fatal=ends_consumer,
             on_fatal=self._fatal, rng=self._rng)
 
         self._stop_steps = StopSteps(config, self._driver, self._subscriptions, discovery,
@@ -246,9 +238,6 @@ class Consumer:
 
     # ------------------------------------------------------------------ validation
 
-    def _is_fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, _CONFIG_ERRORS)
-
     def _check_open(self) -> None:
         check_loop(self._loop, "this Consumer")
         if self._closed or self._stopping:
@@ -290,7 +279,7 @@ class Consumer:
             if self._error is not None:
                 raise self._error
         except BaseException as exc:
-            if self._error is None and self._is_fatal(exc):
+            if self._error is None and ends_consumer(exc):
                 self._error = exc
             self._starting = False
             await self._shutdown(0.0)

@@ -1,0 +1,45 @@
+"""Which errors met while subscribing end the consumer, and which are retried.
+
+A subscription is opened by connecting, IDENTIFY (and AUTH), then SUB, SUB_ORDERED or
+SUB_ADVANCED (:mod:`smartnsq.consumer.subscriptions`). What fails there goes to
+:func:`ends_consumer`: an error that reconnecting cannot fix (a configuration the server
+refuses: ordered/ext/channel mismatches, stock nsqd asked for youzan features, bad names,
+auth refused) stops the consumer, which keeps it as ``Consumer.error`` and raises it from
+``start()`` and ``wait_closed()``; everything else (connection refused or lost, a leader that
+moved, E_TOPIC_NOT_EXIST, too many connections) is retried with backoff by
+:class:`~smartnsq.consumer.conns.ConnectionSet`. The errors' wording is their own
+(:mod:`smartnsq.errors`); the server's description is kept in each.
+"""
+
+from __future__ import annotations
+
+from smartnsq.errors import (
+    AuthDisabledError,
+    AuthFailedError,
+    BadChannelError,
+    BadPartitionError,
+    BadTopicError,
+    ConfigError,
+    InvalidError,
+    SubChannelNotRegisteredError,
+    SubExtendForbiddenError,
+    SubExtendNeedError,
+    SubOrderIsMustError,
+    UnauthorizedError,
+    UnsupportedFeatureError,
+)
+
+__all__ = ["ENDS_CONSUMER", "ends_consumer"]
+
+#: errors that reconnecting cannot fix: the consumer stops and reports them
+ENDS_CONSUMER: tuple[type[BaseException], ...] = (
+    ConfigError, UnsupportedFeatureError, SubOrderIsMustError, SubExtendNeedError,
+    SubExtendForbiddenError, SubChannelNotRegisteredError, BadTopicError, BadChannelError,
+    BadPartitionError, InvalidError, AuthFailedError, UnauthorizedError, AuthDisabledError,
+)
+
+
+def ends_consumer(exc: BaseException) -> bool:
+    """True when ``exc``, met while subscribing, stops the consumer; False when the
+    subscription is retried."""
+    return isinstance(exc, ENDS_CONSUMER)
