@@ -30,7 +30,6 @@ from smartnsq.errors import (
     ConfigError,
     LookupdError,
     LookupFailedError,
-    LookupRefusedError,
 )
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
@@ -42,7 +41,7 @@ from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_look
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
 from smartnsq.lookup.roster import LookupdRoster
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
-from smartnsq.lookup.topics import TopicState, TopicTable
+from smartnsq.lookup.topics import TopicState, TopicTable, refused, round_error
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
 from smartnsq.metrics import Metrics
 from smartnsq.protocol.validation import check_topic, parse_http_address
@@ -51,27 +50,6 @@ log = logging.getLogger("smartnsq.lookup")
 
 STOPPED = ("this Lookup was stopped (Lookup.stop() or the end of its 'async with') and cannot "
            "be started again; stop the clients that share it first, or give them a new Lookup")
-
-
-def _refused(err: LookupdError) -> bool:
-    """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
-    partition count beyond youzan's, a body over the cap. Asking again will not change it."""
-    return err.status is not None and 200 <= err.status < 300
-
-
-def _round_error(state: TopicState, failed: dict[str, str],
-                 refusals: dict[str, str] | None) -> LookupFailedError:
-    """Why a round for ``state`` got no answer (see :meth:`Lookup._round_failed`)."""
-    what = f"/lookup for topic {state.topic!r} (access={state.access})"
-    if refusals:
-        reason = "; ".join(f"{a}: {r}" for a, r in refusals.items())
-        # lookupds not asked (demoted, not due) are named too, as in any failed round
-        detail = "; ".join(f"{a}: {refusals.get(a, r)}" for a, r in failed.items())
-        return LookupRefusedError(
-            f"every lookupd's answer to {what} was refused as invalid: {detail}",
-            reason=reason)
-    detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
-    return LookupFailedError(f"no lookupd answered {what}: {detail}")
 
 
 def check_access(access: str) -> Access:
@@ -445,7 +423,7 @@ class Lookup:
                 failed[st.address] = f"demoted, not asked (last error: {st.last_error})"
         if not answers:
             refusals = {a: r.reason for a, r in fresh.items()
-                        if isinstance(r, LookupdError) and _refused(r)}
+                        if isinstance(r, LookupdError) and refused(r)}
             # refused only when every lookupd asked answered and was refused: one that is
             # down or slow may still come back with a good answer
             return self._round_failed(state, failed,
@@ -480,7 +458,7 @@ class Lookup:
         """Keep the previous view (if any), record why, tell subscribers; raise without
         a view. ``refusals``: each lookupd's refused answer when every lookupd asked
         answered and none was believed (:class:`LookupRefusedError`)."""
-        err = _round_error(state, failed, refusals)
+        err = round_error(state, failed, refusals)
         now = self._clock()
         level = logging.DEBUG if state.failed_again(err, now) else logging.WARNING
         if state.view is not None:

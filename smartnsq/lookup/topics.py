@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartnsq.errors import LookupFailedError, LookupRefusedError
+from smartnsq.errors import LookupdError, LookupFailedError, LookupRefusedError
 from smartnsq.lookup.coalesce import Coalescer
 from smartnsq.lookup.health import REPEAT_WARNING_EVERY
 from smartnsq.lookup.refresher import run_periodically
@@ -66,6 +66,27 @@ class TopicState:
             return True
         self.warned_at = now
         return False
+
+
+def refused(err: LookupdError) -> bool:
+    """The lookupd answered (2xx) but what it said was refused: not a lookup answer, a
+    partition count beyond youzan's, a body over the cap. Asking again will not change it."""
+    return err.status is not None and 200 <= err.status < 300
+
+
+def round_error(state: TopicState, failed: dict[str, str],
+                 refusals: dict[str, str] | None) -> LookupFailedError:
+    """Why a round for ``state`` got no answer (see ``Lookup._round_failed``)."""
+    what = f"/lookup for topic {state.topic!r} (access={state.access})"
+    if refusals:
+        reason = "; ".join(f"{a}: {r}" for a, r in refusals.items())
+        # lookupds not asked (demoted, not due) are named too, as in any failed round
+        detail = "; ".join(f"{a}: {refusals.get(a, r)}" for a, r in failed.items())
+        return LookupRefusedError(
+            f"every lookupd's answer to {what} was refused as invalid: {detail}",
+            reason=reason)
+    detail = "; ".join(f"{a}: {r}" for a, r in failed.items()) or "no lookupd known"
+    return LookupFailedError(f"no lookupd answered {what}: {detail}")
 
 
 class TopicTable:
