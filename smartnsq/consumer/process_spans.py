@@ -23,6 +23,7 @@ from smartnsq.errors import ProtocolError
 from smartnsq.message import Message
 from smartnsq.protocol.messages import EXT, EXT_VERSION, EXT_VERSION_JSON
 from smartnsq.tracing.carrier import extract_ext, unwrap_body
+from smartnsq.tracing.semconv import NSQ_GIVEN_BACK
 from smartnsq.tracing.spans import Tracing
 
 __all__ = ["ProcessSpans"]
@@ -68,7 +69,13 @@ class ProcessSpans:
         return span, parent
 
     @staticmethod
-    def close(span: Span, error: BaseException | None = None) -> None:
+    def close(span: Span, error: BaseException | None = None, *,
+              given_back: bool = False) -> None:
+        """End ``span``: processed (failed with ``error``), or ``given_back``: requeued by
+        the consumer, unprocessed (stop() with the message unanswered), marked so that
+        the span does not read as a processed message."""
+        if given_back:
+            span.set_attribute(NSQ_GIVEN_BACK, True)
         Tracing.end(span, error)
 
     def wrap(self, handler: Handler) -> Handler:

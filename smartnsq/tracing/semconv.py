@@ -5,7 +5,8 @@ from __future__ import annotations
 
 __all__ = [
     "BATCH_COUNT", "BODY_SIZE", "CONSUMER_GROUP", "DESTINATION", "ERROR_TYPE", "MESSAGE_ID",
-    "NSQ_ATTEMPTS", "NSQ_COMMAND", "NSQ_OFFSET", "NSQ_TRACE_ID", "OPERATION_NAME",
+    "NSQ_ATTEMPTS", "NSQ_COMMAND", "NSQ_GIVEN_BACK", "NSQ_OFFSET", "NSQ_TRACE_ID",
+    "OPERATION_NAME",
     "OPERATION_TYPE", "PARTITION", "SERVER_ADDRESS", "SERVER_PORT", "SYSTEM", "SYSTEM_NSQ",
 ]
 
@@ -32,3 +33,6 @@ NSQ_ATTEMPTS = "messaging.nsq.message.attempts"
 NSQ_OFFSET = "messaging.nsq.message.offset"
 #: the NSQ command that carried the publish (PUB, MPUB, PUB_EXT, ...)
 NSQ_COMMAND = "messaging.nsq.command"
+#: the message went back to nsqd unprocessed (the consumer stopped with it in hand): the span
+#: ends at that REQ, and its outcome is not the application's
+NSQ_GIVEN_BACK = "messaging.nsq.message.given_back"
