@@ -34,7 +34,14 @@ from smartnsq._version import __version__
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, MetricSpec
 from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
-from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
+from smartnsq.metrics.local import (
+    DEFAULT_MAX_TOPICS,
+    Counter,
+    GaugeReader,
+    LocalStore,
+    TopicLabels,
+    check_max_topics,
+)
 
 __all__ = ["OpenTelemetryMetrics", "attributes"]
 
@@ -86,14 +93,17 @@ class _HistogramChild:
 
 
 class _Histogram:
-    def __init__(self, spec: MetricSpec, instrument: Any) -> None:
+    def __init__(self, spec: MetricSpec, instrument: Any, topics: TopicLabels) -> None:
         self._spec = spec
         self._record = instrument.record
+        self._topics = topics
         self._children: dict[tuple[str, ...], _HistogramChild] = {}
 
     def labels(self, *values: str) -> _HistogramChild:
         child = self._children.get(values)
         if child is None:
+            # a topic past the bound: its observations go to the "(other)" attribute set
+            values = self._topics.bound(self._spec, values)
             # dict.setdefault: two threads binding at once end with one child
             child = self._children.setdefault(
                 values, _HistogramChild(self._record, attributes(self._spec, values)))
@@ -103,9 +113,9 @@ class _Histogram:
 class _Instruments:
     """A meter provider's smartnsq instruments and their figures, shared by its exporters."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, max_topics: int) -> None:
         self.meter = meter
-        self.store = LocalStore()
+        self.store = LocalStore(max_topics)
         self.histograms: dict[str, _Histogram] = {}
         # instruments are made once per metric even when clients on two threads bind at once
         self.lock = threading.Lock()
@@ -119,13 +129,16 @@ _GLOBAL: list[_Instruments] = []
 _SHARED_LOCK = threading.Lock()
 
 
-def _instruments(provider: MeterProvider | None) -> _Instruments:
+def _instruments(provider: MeterProvider | None, max_topics: int | None) -> _Instruments:
     with _SHARED_LOCK:
         shared = _GLOBAL[0] if provider is None and _GLOBAL else (
             _SHARED.get(provider) if provider is not None else None)
+        if shared is not None:
+            check_max_topics(max_topics, shared.store, "OpenTelemetryMetrics")
         if shared is None:
             meter = otel_metrics.get_meter("smartnsq", __version__, meter_provider=provider)
-            shared = _Instruments(meter)
+            shared = _Instruments(
+                meter, DEFAULT_MAX_TOPICS if max_topics is None else max_topics)
             if provider is None:
                 _GLOBAL.append(shared)
             else:
@@ -136,16 +149,23 @@ def _instruments(provider: MeterProvider | None) -> _Instruments:
 class OpenTelemetryMetrics:
     """Metrics through the OpenTelemetry API, on ``meter_provider`` (the global one unless
     given), instrumentation scope ``smartnsq``. Exporters on the same provider share its
-    instruments and figures."""
+    instruments and figures.
+
+    ``max_topics`` (default 1000) bounds the topic attribute
+    (``messaging.destination.name``): the first that many distinct topics keep their own
+    attribute sets, later ones are reported as ``"(other)"`` (a warning is logged once).
+    Exporters on one provider share its bound."""
 
     enabled = True
 
-    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+    def __init__(self, meter_provider: MeterProvider | None = None, *,
+                 max_topics: int | None = None) -> None:
         if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
             raise ConfigError(f"OpenTelemetryMetrics(meter_provider=...) takes an "
                               f"OpenTelemetry MeterProvider, got {type_named(meter_provider)}")
         self.meter_provider = meter_provider
-        shared = _instruments(meter_provider)
+        check_max_topics(max_topics, None, "OpenTelemetryMetrics")
+        shared = _instruments(meter_provider, max_topics)
         self._meter: Meter = shared.meter
         self._store = shared.store
         self._histograms = shared.histograms
@@ -174,7 +194,8 @@ class OpenTelemetryMetrics:
                 instrument = self._meter.create_histogram(
                     spec.otel_name, spec.otel_unit, spec.description,
                     explicit_bucket_boundaries_advisory=list(spec.buckets))
-                fam = self._histograms[spec.name] = _Histogram(spec, instrument)
+                fam = self._histograms[spec.name] = _Histogram(spec, instrument,
+                                                               self._store.topics)
         return fam
 
     def gauge(self, spec: MetricSpec, read: GaugeRead) -> GaugeReader:

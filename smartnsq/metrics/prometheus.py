@@ -39,7 +39,14 @@ from prometheus_client.utils import floatToGoString
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, Kind, MetricSpec
 from smartnsq.metrics.catalog import ALL, PREFIX
-from smartnsq.metrics.local import Counter, GaugeReader, Histogram, LocalStore
+from smartnsq.metrics.local import (
+    DEFAULT_MAX_TOPICS,
+    Counter,
+    GaugeReader,
+    Histogram,
+    LocalStore,
+    check_max_topics,
+)
 
 __all__ = ["PrometheusMetrics"]
 
@@ -109,12 +116,14 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
-def _attach(registry: CollectorRegistry, prefix: str) -> _Shared:
+def _attach(registry: CollectorRegistry, prefix: str, max_topics: int | None) -> _Shared:
     with _SHARED_LOCK:
         by_prefix = _SHARED.setdefault(registry, {})
         shared = by_prefix.get(prefix)
+        if shared is not None:
+            check_max_topics(max_topics, shared.store, "PrometheusMetrics")
         if shared is None:
-            store = LocalStore()
+            store = LocalStore(DEFAULT_MAX_TOPICS if max_topics is None else max_topics)
             collector = _Collector(store, prefix)
             try:
                 registry.register(collector)
@@ -132,12 +141,17 @@ def _attach(registry: CollectorRegistry, prefix: str) -> _Shared:
 class PrometheusMetrics:
     """Metrics for ``prometheus_client``: one collector on ``registry`` (the default
     registry unless given), names ``smartnsq_*`` (``prefix`` changes that). Exporters made
-    on the same registry with the same prefix share that collector and its figures."""
+    on the same registry with the same prefix share that collector and its figures.
+
+    ``max_topics`` (default 1000) bounds the ``topic`` label: the first that many distinct
+    topics keep their own series, later ones are counted under ``topic="(other)"`` (a
+    warning is logged once), so generated topic names do not grow the registry without
+    end. Exporters sharing a collector share its bound."""
 
     enabled = True
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 prefix: str = PREFIX) -> None:
+                 prefix: str = PREFIX, *, max_topics: int | None = None) -> None:
         if registry is not None and not isinstance(registry, CollectorRegistry):
             raise ConfigError(f"PrometheusMetrics(registry=...) takes a prometheus_client "
                               f"CollectorRegistry (prometheus_client.REGISTRY, or "
@@ -147,7 +161,8 @@ class PrometheusMetrics:
                               f"name ([a-zA-Z_:][a-zA-Z0-9_:]*), got {prefix!r}")
         self.registry = REGISTRY if registry is None else registry
         self._prefix = prefix
-        self._shared: _Shared | None = _attach(self.registry, prefix)
+        check_max_topics(max_topics, None, "PrometheusMetrics")
+        self._shared: _Shared | None = _attach(self.registry, prefix, max_topics)
         self._store = self._shared.store
         self._collector = self._shared.collector
 
