@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import click
 
@@ -325,7 +325,7 @@ async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...
         assert t.partition is not None
         return position[t.partition] if isinstance(position, dict) else position
 
-    await _refuse_past_end(targets, topic_name, spec)
+    targets = await _refuse_past_end(targets, topic_name, spec)
     await _call_all(targets, lambda n, t: n.set_offset(t.http_address, topic_name,
                                                        channel_name, t.partition or 0,
                                                        spec(t)),
@@ -333,22 +333,27 @@ async def set_offset(topic_name: str, channel_name: str, lookupd: tuple[str, ...
 
 
 async def _refuse_past_end(targets: list[Target], topic: str,
-                           spec: Callable[[Target], OffsetSpec]) -> None:
+                           spec: Callable[[Target], OffsetSpec]) -> list[Target]:
     """Refuse, before any partition moves, an offset or count past a partition's end: youzan
     takes it and moves the channel to the end (0.3.7-HA answers 200 with an empty body to
     ``virtual_queue:1000000`` on a 510-byte partition), skipping every message a mistyped
     number never meant to. ``count:`` one past the last message is the end, as youzan counts
-    from 1. A partition whose /stats cannot be read is left to the call to report."""
+    from 1. A partition whose /stats cannot be read is left to the call to report; one whose
+    nsqd gave no answer at all comes back marked unreachable (the call would only wait the
+    timeout again). Returns the targets to call."""
     checks = [(t, spec(t)) for t in targets
               if t.partition is not None and spec(t).kind in ("virtual_queue", "msgcount")]
     if not checks:
-        return
+        return targets
     async with NsqdHttpClient() as http:
         found = await asyncio.gather(
             *(http.partition_stats(t.http_address, topic, t.partition or 0)
               for t, _ in checks), return_exceptions=True)
     past = []
+    silent: dict[Target, str] = {}
     for (t, offset), st in zip(checks, found, strict=True):
+        if isinstance(st, NsqdUnavailableError) and _no_answer(st):
+            silent[t] = failure(st)
         if not isinstance(st, PartitionStats):
             continue
         if offset.kind == "virtual_queue" and offset.value > st.end:
@@ -360,6 +365,13 @@ async def _refuse_past_end(targets: list[Target], topic: str,
     if past:
         raise CliError(f"channel set-offset: nothing moved: {'; '.join(past)}; youzan would "
                        "move the channel to the end (--to end does that)")
+    return [replace(t, unreachable=silent[t]) if t in silent else t for t in targets]
+
+
+def _no_answer(exc: NsqdUnavailableError) -> bool:
+    """The nsqd gave no answer at all (refused, reset, timed out): not another kind of port,
+    not a body that could not be read."""
+    return exc.status is None and not isinstance(exc, WrongPortError)
 
 
 async def _partition_targets(addresses: tuple[str, ...], partition: int) -> list[Target]:
@@ -419,7 +431,7 @@ async def _version(http: NsqdHttpClient, address: str) -> str | NsqdUnavailableE
     try:
         info = await http.info(address)
     except NsqdUnavailableError as exc:
-        if exc.status is None and not isinstance(exc, WrongPortError):
+        if _no_answer(exc):
             return exc
         return ""  # another port, or a body not read: the call itself says what it is
     except NSQError:

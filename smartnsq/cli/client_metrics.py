@@ -134,7 +134,7 @@ async def scrape(urls: Iterable[str]) -> tuple[dict[Key, ClientCounts], dict[str
             errors[url] = f"cannot connect ({exc.os_error.strerror or exc.os_error})"
             return
         except TimeoutError:
-            errors[url] = f"no answer within {SCRAPE_TIMEOUT:g}s"
+            errors[url] = f"no answer within {SCRAPE_TIMEOUT:g} s (timed out)"
             return
         except (aiohttp.ClientError, OSError) as exc:
             errors[url] = describe(exc)

@@ -292,10 +292,12 @@ def render_clients(doc: dict[str, Any]) -> Group:
 
 @dataclass(frozen=True)
 class ClientSide:
-    """``--client-metrics``: the endpoints' URLs, and the TCP address of each nsqd asked."""
+    """``--client-metrics``: the endpoints' URLs, and the TCP address of each nsqd asked (a
+    task: with ``--nsqd`` it is asked of each nsqd's /info beside the first /stats, not
+    before it, so a silent nsqd costs the HTTP timeout once, not twice)."""
 
     urls: tuple[str, ...]
-    tcp: dict[str, str]
+    tcp: asyncio.Future[dict[str, str]]
 
 
 async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None,
@@ -314,7 +316,7 @@ async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None,
         counts, sample.client_errors = await scrape(side.urls)
         sample.clients = {k: v for k, v in counts.items() if topic is None or k[0] == topic}
         sample.endpoints = side.urls
-        sample.tcp = side.tcp
+        sample.tcp = await side.tcp
 
     await asyncio.gather(*(one(a) for a in nodes),
                          *([client_side(clients)] if clients is not None else []))
@@ -386,10 +388,17 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
     async with NsqdHttpClient() as http:
         clients = None
         if client_metrics:
+            known = asyncio.get_running_loop().create_future()
             if cluster.nsqd:
-                tcp = await tcp_addresses(http, nodes)
-            clients = ClientSide(client_metrics, tcp)
-        await _show(http, nodes, topic, interval, once, as_json, clients)
+                known = asyncio.ensure_future(tcp_addresses(http, nodes))
+            else:
+                known.set_result(tcp)
+            clients = ClientSide(client_metrics, known)
+        try:
+            await _show(http, nodes, topic, interval, once, as_json, clients)
+        finally:
+            if clients is not None:
+                clients.tcp.cancel()  # a first /stats that failed did not wait for it
 
 
 async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
