@@ -6,17 +6,42 @@ is missing; the commands live in :mod:`smartnsq.cli.app`.
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
 
 __all__ = ["main"]
 
 #: the ``cli`` extra's distributions, by the module each one installs
 _EXTRA = {"click": "click", "rich": "rich"}
 
+#: exit code after Ctrl-C (128 + SIGINT), as the commands themselves exit (cli.stopping)
+_EXIT_INTERRUPTED = 128 + signal.SIGINT
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smartnsq`` console script (and ``python -m smartnsq``)."""
+    # Ctrl-C while the commands are still importing (most of the start-up's ~0.6 s) ends
+    # quietly with 130, as it does once a command runs, instead of a traceback out of
+    # whichever import it hit; repeated Ctrl-C while ending says nothing more either
+    guard = _guard_imports()
+    try:
+        run = _load()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.stderr.write("smartnsq: interrupted\n")
+        return _EXIT_INTERRUPTED
+    finally:
+        guard()
+    if run is None:
+        return 1
+    return run(argv)
+
+
+def _load() -> Callable[[Sequence[str] | None], int] | None:
+    """The commands' entry point; None (having said why) when the extra is missing."""
     import importlib
 
     for module, dist in _EXTRA.items():
@@ -26,7 +51,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(
                 f"smartnsq: the command line needs the 'cli' extra ({dist} is not installed):"
                 " pip install 'smartnsq[cli]'\n")
-            return 1
+            return None
     from smartnsq.cli.app import main as run
 
-    return run(argv)
+    return run
+
+
+def _first_interrupt(signum: int, frame: FrameType | None) -> None:
+    # the first Ctrl-C stops the imports; a second one must not break into the quiet exit
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _guard_imports() -> Callable[[], None]:
+    """Route Ctrl-C to :func:`_first_interrupt` until the returned undo is called; nothing
+    when not on the main thread, or when SIGINT is not Python's default handler (ignored in
+    a background job, or an embedding program's own): that choice stays as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+    signal.signal(signal.SIGINT, _first_interrupt)
+
+    def undo() -> None:
+        # the commands (asyncio.run) take Ctrl-C over from Python's default handler only
+        if signal.getsignal(signal.SIGINT) is _first_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return undo
