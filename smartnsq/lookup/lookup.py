@@ -34,14 +34,14 @@ from smartnsq.errors import (
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
 from smartnsq.lookup.coalesce import Coalescer
-from smartnsq.lookup.events import LookupFailed, TopicChange, diff_views
+from smartnsq.lookup.events import TopicChange, diff_views
 from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.meters import LookupMeters
 from smartnsq.lookup.parse import not_found_answer, not_found_reason, parse_lookup
 from smartnsq.lookup.refresher import jittered_delay, run_periodically
 from smartnsq.lookup.roster import LookupdRoster
 from smartnsq.lookup.subscription import ChangeCallback, Subscription
-from smartnsq.lookup.topics import TopicState, TopicTable, refused, round_error
+from smartnsq.lookup.topics import TopicState, TopicTable, refused
 from smartnsq.lookup.view import Access, LookupAnswer, TopicView, merge_answers
 from smartnsq.metrics import Metrics
 from smartnsq.protocol.validation import check_topic, parse_http_address
@@ -50,6 +50,9 @@ log = logging.getLogger("smartnsq.lookup")
 
 STOPPED = ("this Lookup was stopped (Lookup.stop() or the end of its 'async with') and cannot "
            "be started again; stop the clients that share it first, or give them a new Lookup")
+NESTED = ("this Lookup is already inside an 'async with' block: entering it again would stop it "
+          "at the end of the inner block, under the outer one; use it as it is inside the "
+          "block (clients given lookupd= never stop it), or make another Lookup")
 
 
 def check_access(access: str) -> Access:
@@ -116,16 +119,22 @@ class Lookup:
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closed = False
+        #: inside an ``async with`` (entered, not yet exited): a second entry is refused
+        self._entered = False
         self._admin: LookupAdmin | None = None
         #: its metrics (``meters.use(m)`` before start: a client's that made it)
         self.meters = LookupMeters(metrics)
 
     async def __aenter__(self) -> Self:
+        if self._entered:  # like httpx's "Cannot open a client instance more than once"
+            raise ConfigError(NESTED)
         await self.start()
+        self._entered = True
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._entered = False
         await self.stop()
 
     async def start(self) -> None:
@@ -390,10 +399,17 @@ class Lookup:
             self._spawn(self._discover_once, "lookupd discovery")
 
     async def _round(self, state: TopicState) -> TopicView:
-        await self._ensure_discovered()
-        healthy, probes = self._health.plan()
-        tasks = {a: asyncio.create_task(self._query(a, state)) for a in healthy + probes}
+        tasks: dict[str, asyncio.Task[LookupAnswer | LookupdError]] = {}
         try:
+            if self._config.use_listlookup and not self._discovered.is_set():
+                # the first round asks the seeds while the first /listlookup pass runs: a
+                # silent seed then costs the caller one request timeout, not two in a row
+                healthy, probes = self._health.plan()
+                tasks = {a: asyncio.create_task(self._query(a, state)) for a in healthy + probes}
+                await self._ensure_discovered()
+            healthy, probes = self._health.plan()
+            tasks.update({a: asyncio.create_task(self._query(a, state))
+                          for a in healthy + probes if a not in tasks})
             if healthy:
                 await asyncio.wait([tasks[a] for a in healthy])
             fresh = {a: t.result() for a, t in tasks.items() if t.done()}
@@ -426,8 +442,8 @@ class Lookup:
                         if isinstance(r, LookupdError) and refused(r)}
             # refused only when every lookupd asked answered and was refused: one that is
             # down or slow may still come back with a good answer
-            return self._round_failed(state, failed,
-                                      refusals if len(refusals) == len(tasks) else None)
+            return state.round_failed(failed, refusals if len(refusals) == len(tasks) else None,
+                                      self._clock())
 
         carried = [a for a in failed
                    if a in state.answers and a in self._health
@@ -441,7 +457,7 @@ class Lookup:
         previous, state.view, state.last_error = state.view, view, None
         events = diff_views(previous, view)
         if events:
-            self._notify(state, TopicChange(state.topic, state.access, previous, view, events))
+            state.notify(TopicChange(state.topic, state.access, previous, view, events))
         return view
 
     def _probe_done(self, task: asyncio.Task[LookupAnswer | LookupdError],
@@ -452,26 +468,3 @@ class Lookup:
         if task.exception() is None and isinstance(task.result(), LookupAnswer):
             self._spawn(state.coalescer, f"refresh of topic {state.topic!r} "
                                            f"(access={state.access})")
-
-    def _round_failed(self, state: TopicState, failed: dict[str, str],
-                      refusals: dict[str, str] | None) -> TopicView:
-        """Keep the previous view (if any), record why, tell subscribers; raise without
-        a view. ``refusals``: each lookupd's refused answer when every lookupd asked
-        answered and none was believed (:class:`LookupRefusedError`)."""
-        err = round_error(state, failed, refusals)
-        now = self._clock()
-        level = logging.DEBUG if state.failed_again(err, now) else logging.WARNING
-        if state.view is not None:
-            log.log(level, "%s; keeping the view built %.1fs ago", err,
-                    now - state.view.built_at)
-        else:
-            log.log(level, "%s", err)
-        self._notify(state, TopicChange(state.topic, state.access, state.view, state.view,
-                                        (LookupFailed(err),)))
-        if state.view is None:
-            raise err
-        return state.view
-
-    def _notify(self, state: TopicState, change: TopicChange) -> None:
-        for sub in list(state.subscribers):
-            sub.deliver(change)

@@ -45,6 +45,9 @@ class LookupdRoster:
         #: None until a pass got an answer; then whether the cluster has /listlookup
         self.supported: bool | None = None
         self.passes = 0
+        #: answers applied to the known set (once a pass; twice when a list unlike the
+        #: first ones came after the first answer released the round)
+        self.applied = 0
 
     async def run(self, answered: Callable[[], None] | None = None) -> tuple[str, ...]:
         """One discovery pass; never raises for lookupd failures. Returns the known set.
@@ -59,6 +62,8 @@ class LookupdRoster:
         targets = healthy + probes
         tasks = [asyncio.ensure_future(self._ask(a)) for a in targets]
         pending = set(tasks)
+        #: the lists the release applied (None: not released yet)
+        applied: list[ClusterLookupds] | None = None
         try:
             while pending:
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -68,16 +73,24 @@ class LookupdRoster:
                 results = [t.result() for t in tasks if t.done()]
                 if any(r is not None for r in results):
                     self._use(results, targets)
+                    applied = [r for r in results if isinstance(r, ClusterLookupds)]
                     answered()
                     answered = None
         finally:
             for t in pending:  # cancelled with the pass: no request outlives it
                 t.cancel()
-        self._use([t.result() for t in tasks], targets)
+        # Applied again only when a list unlike those applied came after the release: a
+        # failure, "no /listlookup" or the same list (a healthy cluster's lookupds all list
+        # the same) changes neither the set nor the leader (see _use)
+        results = [t.result() for t in tasks]
+        if applied is None or any(isinstance(r, ClusterLookupds) and r not in applied
+                                  for r in results):
+            self._use(results, targets)
         return self._health.addresses
 
     def _use(self, results: Sequence[ClusterLookupds | _Unsupported | None],
              targets: Sequence[str]) -> None:
+        self.applied += 1
         lists = [r for r in results if isinstance(r, ClusterLookupds)]
         if lists:
             self.supported = True

@@ -19,6 +19,7 @@ from typing import Any
 
 from smartnsq.errors import LookupdError, LookupFailedError, LookupRefusedError
 from smartnsq.lookup.coalesce import Coalescer
+from smartnsq.lookup.events import LookupFailed, TopicChange
 from smartnsq.lookup.health import REPEAT_WARNING_EVERY
 from smartnsq.lookup.refresher import run_periodically
 from smartnsq.lookup.subscription import Subscription
@@ -66,6 +67,28 @@ class TopicState:
             return True
         self.warned_at = now
         return False
+
+    def round_failed(self, failed: dict[str, str], refusals: dict[str, str] | None,
+                     now: float) -> TopicView:
+        """Keep the previous view (if any), record why, tell subscribers; raise without
+        a view. ``refusals``: each lookupd's refused answer when every lookupd asked
+        answered and none was believed (:class:`LookupRefusedError`)."""
+        err = round_error(self, failed, refusals)
+        level = logging.DEBUG if self.failed_again(err, now) else logging.WARNING
+        if self.view is not None:
+            log.log(level, "%s; keeping the view built %.1fs ago", err,
+                    now - self.view.built_at)
+        else:
+            log.log(level, "%s", err)
+        self.notify(TopicChange(self.topic, self.access, self.view, self.view,
+                                (LookupFailed(err),)))
+        if self.view is None:
+            raise err
+        return self.view
+
+    def notify(self, change: TopicChange) -> None:
+        for sub in list(self.subscribers):
+            sub.deliver(change)
 
 
 def refused(err: LookupdError) -> bool:
