@@ -18,7 +18,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["AwaitableReturned", "HandlerExited", "call_plain", "guard_async", "returns_awaitable"]
+__all__ = ["AwaitableReturned", "HandlerExited", "call_plain", "guard_async", "guard_callback",
+           "returns_awaitable"]
 
 
 class AwaitableReturned(Exception):
@@ -52,6 +53,36 @@ def guard_async(handler: Callable[[Any], Awaitable[Any]],
             await handler(msg)
         except (SystemExit, KeyboardInterrupt) as exc:
             exited(msg, exc)
+
+    return guarded
+
+
+def guard_callback(callback: Callable[..., Any] | None,
+                   exited: Callable[[Any, BaseException], None]) -> Callable[..., Any] | None:
+    """A consumer callback run on the loop (``giving_up``, ``dead_letter``, ``on_blocked``,
+    ``on_violation``: the message first), whose exits, raised or awaited, are given to
+    ``exited(msg, exc)`` and then raised as :class:`HandlerExited`, an ordinary exception:
+    the consumer keeps the message, as for any failed callback, instead of the loop's thread
+    ending (a ``sys.exit(3)`` in ``giving_up`` stopped every sync client of the process)."""
+    if callback is None:
+        return None
+    cb = callback
+
+    async def awaited(msg: Any, pending: Awaitable[Any]) -> Any:
+        try:
+            return await pending
+        except (SystemExit, KeyboardInterrupt) as exc:
+            exited(msg, exc)
+            raise HandlerExited(exc) from exc
+
+    @functools.wraps(cb)
+    def guarded(msg: Any, *rest: Any) -> Any:
+        try:
+            result = cb(msg, *rest)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            exited(msg, exc)
+            raise HandlerExited(exc) from exc
+        return awaited(msg, result) if inspect.isawaitable(result) else result
 
     return guarded
 

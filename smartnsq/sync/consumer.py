@@ -52,6 +52,7 @@ from smartnsq.sync._handlers import (
     HandlerExited,
     call_plain,
     guard_async,
+    guard_callback,
     returns_awaitable,
 )
 from smartnsq.sync._loop import acquire, release
@@ -160,7 +161,8 @@ class Consumer:
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncConsumer(
                 topic, channel, wrapped, nsqd=nsqd, lookupd=lookupd, config=config,
-                giving_up=giving_up, start_at=start_at, trace=trace, trace_switch=trace_switch,
+                giving_up=guard_callback(giving_up, self._handler_exited), start_at=start_at,
+                trace=trace, trace_switch=trace_switch,
                 partitions=partitions, metrics=metrics, tracer_provider=tracer_provider,
                 trace_envelope=trace_envelope)
 
@@ -218,7 +220,7 @@ class Consumer:
     def _handler_exited(self, msg: Message, exc: BaseException) -> None:
         """The handler raised SystemExit or KeyboardInterrupt: its message is requeued and
         the consumer stops with that exception (``wait()`` raises it)."""
-        log.error("consumer of %s/%s: the handler raised %r (sys.exit() in a handler?): the "
+        log.error("consumer of %s/%s: the handler or a callback raised %r (sys.exit()?): the "
                   "consumer stops, the message is requeued, and wait() raises it",
                   self._async.topic, self._async.channel, exc)
         self._stop_on(msg, exc)
@@ -488,8 +490,10 @@ class OrderedConsumer(Consumer):
     ) -> None:
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncOrderedConsumer(
-                topic, channel, wrapped, lookupd=lookupd, config=config, on_blocked=on_blocked,
-                dead_letter=dead_letter, on_violation=on_violation, start_at=start_at,
+                topic, channel, wrapped, lookupd=lookupd, config=config,
+                on_blocked=guard_callback(on_blocked, self._handler_exited),
+                dead_letter=guard_callback(dead_letter, self._handler_exited),
+                on_violation=guard_callback(on_violation, self._handler_exited), start_at=start_at,
                 trace=trace, trace_switch=trace_switch, partitions=partitions, nsqd=nsqd,
                 metrics=metrics, tracer_provider=tracer_provider, trace_envelope=trace_envelope)
 
