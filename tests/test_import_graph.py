@@ -149,22 +149,35 @@ def class_sizes(sources: dict[str, str]) -> dict[str, int]:
     files, so the object is as big as all of them."""
     own: dict[str, int] = {}
     bases: dict[str, list[str]] = {}
-    where: dict[str, str] = {}
-    for name, text in sources.items():
+    # keyed by module and name: two modules may each have a class of one name (the asyncio
+    # Consumer and the sync facade's), and neither may hide the other's size
+    for module, text in sources.items():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno is not None
-                own[node.name] = node.end_lineno - node.lineno + 1
-                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
-                where[node.name] = name
+                key = f"{module}.{node.name}"
+                own[key] = node.end_lineno - node.lineno + 1
+                bases[key] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    by_name: dict[str, list[str]] = {}
+    for key in own:
+        by_name.setdefault(key.rpartition(".")[2], []).append(key)
 
-    def size(cls: str) -> int:
-        mixins = [b for b in bases[cls] if b in own]
+    def resolve(module: str, base: str) -> str | None:
+        """A base named in ``module``: its own class of that name, else the one class of
+        that name elsewhere (an import), else None (outside the sources, or ambiguous)."""
+        if f"{module}.{base}" in own:
+            return f"{module}.{base}"
+        found = by_name.get(base, [])
+        return found[0] if len(found) == 1 else None
+
+    def size(key: str) -> int:
+        module = key.rpartition(".")[0]
+        mixins = [m for m in (resolve(module, b) for b in bases[key]) if m is not None]
         if len(mixins) < 2:
-            return own[cls]
-        return own[cls] + sum(size(b) for b in mixins)
+            return own[key]
+        return own[key] + sum(size(m) for m in mixins)
 
-    return {f"{where[c]}.{c}": size(c) for c in own}
+    return {key: size(key) for key in own}
 
 
 def test_class_size_counts_its_mixins() -> None:
@@ -173,6 +186,9 @@ def test_class_size_counts_its_mixins() -> None:
                "n": "import m\n\nclass E(C, Exception):\n    pass\n"}
     # mixed from A and B: 2 + 2 + 3; one base is ordinary inheritance, not a mixin
     assert class_sizes(sources) == {"m.A": 2, "m.B": 3, "m.C": 7, "m.D": 2, "n.E": 2}
+    # one name in two modules: each class keeps its own size
+    twins = {"a": "class Client:\n    x = 1\n", "b": "class Client:\n    pass\n\n\n"}
+    assert class_sizes(twins) == {"a.Client": 2, "b.Client": 2}
 
 
 def test_no_class_over_the_limit() -> None:

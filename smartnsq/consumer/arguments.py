@@ -8,13 +8,14 @@ import inspect
 from collections.abc import Collection, Mapping
 from typing import Literal
 
+from smartnsq.addresses import Source, lookup_of
 from smartnsq.config import ConsumerConfig
-from smartnsq.consumer.discovery import Discovery, LookupDiscovery
+from smartnsq.consumer.discovery import DirectDiscovery, Discovery, LookupDiscovery
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.commands import OffsetSpec
 
 __all__ = ["StartAt", "check_config", "check_handler", "check_partitions", "check_start_at",
-           "check_trace", "is_async_callable"]
+           "check_trace", "discovery_of", "is_async_callable"]
 
 #: a start position for every partition ("earliest", "end" or an OffsetSpec), or per
 #: partition id
@@ -107,3 +108,18 @@ def check_start_at(start_at: StartAt | None,
     if isinstance(discovery, LookupDiscovery):
         discovery.name_positions(frozenset(out))
     return out
+
+
+def discovery_of(topic: str, source: Source, config: ConsumerConfig,
+                 partitions: Collection[int] | None) -> Discovery:
+    """Where the consumer finds its nsqd: the listed ones, or the partition leaders of the
+    lookup (``partitions``: only those, which needs a lookup)."""
+    only = check_partitions(partitions)
+    if source.direct:
+        if only is not None:
+            raise ConfigError("partitions= needs lookupd= (the partition leaders come from "
+                              "the lookup)")
+        return DirectDiscovery(source.nsqd)
+    lookup, own = lookup_of(source, poll_interval=config.lookupd_poll_interval,
+                            poll_jitter=config.lookupd_poll_jitter)
+    return LookupDiscovery(topic, lookup, own=own, partitions=only)

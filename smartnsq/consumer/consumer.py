@@ -27,21 +27,18 @@ from typing import TYPE_CHECKING, Self
 
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
-from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, lookup_of, resolve_source
+from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, resolve_source
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import (
     StartAt,
     check_config,
     check_handler,
-    check_partitions,
     check_start_at,
     check_trace,
+    discovery_of,
 )
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import (
-    DirectDiscovery,
-    Discovery,
-    LookupDiscovery,
     Topology,
 )
 from smartnsq.consumer.dispatch import Dispatcher, Handler
@@ -49,6 +46,7 @@ from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
 from smartnsq.consumer.rdy_driver import RdyDriver
+from smartnsq.consumer.snapshot import consumer_stats
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.consumer.stop_steps import StopSteps
 from smartnsq.consumer.sub import Sub
@@ -155,17 +153,7 @@ class Consumer:
         config = check_config(config)
         policy = make_policy(config)
         check_trace(trace, trace_switch)
-        only = check_partitions(partitions)
-        if only is not None and source.direct:
-            raise ConfigError("partitions= needs lookupd= (the partition leaders come from "
-                              "the lookup)")
-        discovery: Discovery
-        if source.direct:
-            discovery = DirectDiscovery(source.nsqd)
-        else:
-            lookup, own = lookup_of(source, poll_interval=config.lookupd_poll_interval,
-                                    poll_jitter=config.lookupd_poll_jitter)
-            discovery = LookupDiscovery(self.topic, lookup, own=own, partitions=only)
+        discovery = discovery_of(self.topic, source, config, partitions)
         self._start_at = check_start_at(start_at, discovery)
         if policy.ordered and discovery.kind != "lookupd":
             raise ConfigError("ordered consumption subscribes per partition, which needs "
@@ -467,18 +455,8 @@ class Consumer:
         self._dispatch.settle()  # the handlers' FIN runs count (consumer.workers)
         if flow is not None and self._loop is not None and not self._closed:
             self._driver.flush()
-        per, totals = self._subscriptions.stats()
-        return ConsumerStats(
-            topic=self.topic, channel=self.channel, received=totals[0], finished=totals[1],
-            requeued=totals[2], given_up=totals[3], in_flight=self._dispatch.outstanding,
-            max_in_flight=self._max_in_flight,
-            total_rdy=flow.total_rdy if flow is not None else 0,
-            backoff_level=flow.backoff_level if flow is not None else 0,
-            in_backoff=flow.in_backoff if flow is not None else False,
-            backoff_paused=flow.backoff_window_active if flow is not None else False,
-            starved=flow.is_starved() if flow is not None else False,
-            connects=self._subscriptions.connects, subscriptions=per,
-            dropped_before_start=self._dispatch.dropped_before_start)
+        return consumer_stats(self.topic, self.channel, self._max_in_flight, flow,
+                              self._subscriptions, self._dispatch)
 
     def __repr__(self) -> str:
         if not hasattr(self, "_subscriptions"):  # the constructor refused its arguments

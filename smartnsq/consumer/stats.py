@@ -50,3 +50,4 @@ class ConsumerStats:
     #: (``start_at``; nsqd's read-ahead on repositioning), or the second copy of a message
     #: nsqd had read ahead and then read again (docs/protocol.md §13.2.1)
     dropped_before_start: int = 0
+

@@ -44,7 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
 
 from smartnsq._checks import check_duration, check_loop
-from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
+from smartnsq.addresses import LookupdSpec, NsqdSpec, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
 from smartnsq.lookup import Lookup
@@ -62,19 +62,16 @@ from smartnsq.producer.encoded import (
     check_encoded,
     check_ext_items,
 )
-from smartnsq.producer.engine import TcpEngine
 from smartnsq.producer.instruments import ProducerInstruments
 from smartnsq.producer.lanes import ShardLanes
-from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.ops import DPub, Op, Pub, check_trace_id, one_op
 from smartnsq.producer.pool import NodePool
-from smartnsq.producer.retry import RetryPolicy
 from smartnsq.producer.router import TopicRoute
-from smartnsq.producer.routing import Router
 from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as default_switch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
+from smartnsq.producer.wiring import check_config, wire
 from smartnsq.protocol.validation import check_partition, check_topic
 from smartnsq.sharding import ShardKey, ShardRule, check_shard_key
 
@@ -110,10 +107,7 @@ class Producer:
                  trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
                  tracer_provider: TracerProvider | None = None,
                  trace_envelope: bool = False) -> None:
-        if config is None:
-            config = ProducerConfig()
-        elif not isinstance(config, ProducerConfig):
-            raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
+        config = check_config(config)
         source = resolve_source("Producer", nsqd, lookupd)
         self.config = config
         self.instruments = ProducerInstruments(metrics, tracer_provider, trace_envelope)
@@ -123,21 +117,8 @@ class Producer:
         self._max_msg = config.max_msg_size
         self._max_body = config.max_body_size
         self._timeout = config.publish_timeout
-        policy = RetryPolicy.from_config(config)
-        self._router: Router | None = None
-        self._lookup: Lookup | None = None
-        self._own_lookup = False
-        direct: Sequence[str] = source.nsqd
-        if not source.direct:
-            self._lookup, self._own_lookup = lookup_of(
-                source, poll_interval=config.lookupd_poll_interval,
-                poll_jitter=config.lookupd_poll_jitter)
-            self._router = Router(self._lookup, policy.backoff)
-        self._nodes = Nodes(config, direct)
-        if self._router is None:
-            self._engine = TcpEngine(policy, direct=self._nodes.direct)
-        else:
-            self._engine = TcpEngine(policy, router=self._router, endpoints=self._nodes)
+        self._nodes, self._engine, self._lookup, self._own_lookup, self._router = wire(
+            config, source)
         #: runs one op with retries until its deadline
         self._run = self._engine.run
         #: a plain PUB in direct mode
