@@ -68,6 +68,9 @@ async def test_break_with_a_message_in_hand_ends_its_span_at_the_stop_requeue(
             end = spans[done].end_time
             assert end is not None and end < stopped_at
             assert spans[done].status.status_code is StatusCode.UNSET
+            assert NSQ_GIVEN_BACK not in (spans[done].attributes or {})
+        # the held one reads as given back unprocessed, not as a processed message
+        assert (spans[ids[2]].attributes or {})[NSQ_GIVEN_BACK] is True
         held = spans[ids[2]].end_time
         # ended by stop()'s REQ after the drain, not before stop() and not after it returned
         assert held is not None and stopped_at + DRAIN * 1e9 * 0.9 <= held <= stop_returned

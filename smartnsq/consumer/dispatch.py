@@ -360,7 +360,7 @@ class Dispatcher:
         self._driver.requeued(sub, backoff)
         self.settled(sub)
         if self._handed:
-            self._handed.answered(msg)
+            self._handed.answered(msg, given_back=reason is STOP)
 
     def return_unseen(self, msg: Message) -> None:
         """REQ 0 for a message the application never saw (see :mod:`.unseen`)."""

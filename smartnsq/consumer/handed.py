@@ -59,8 +59,9 @@ class HandedOut:
         if span is not None or self._meters is not None:
             self._handed[msg] = (start, span)
 
-    def answered(self, msg: Message) -> None:
-        """``msg`` was answered: its processing ended."""
+    def answered(self, msg: Message, given_back: bool = False) -> None:
+        """``msg`` was answered: its processing ended (``given_back``: the consumer requeued
+        it unprocessed, as stop() does with what the application left unanswered)."""
         entry = self._handed.pop(msg, None)
         if entry is None:
             return
@@ -68,4 +69,4 @@ class HandedOut:
         if self._meters is not None:
             self._meters.process.observe(time.perf_counter() - start)
         if span is not None and self._spans is not None:
-            self._spans.close(span)
+            self._spans.close(span, given_back=given_back)
