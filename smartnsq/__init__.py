@@ -7,9 +7,9 @@ every error (:mod:`smartnsq.errors`). Blocking facades of the clients live in
 :mod:`smartnsq.sync`, the Spark source and sink in :mod:`smartnsq.spark`, the embedded test
 cluster in :mod:`smartnsq.devcluster`.
 
-``import smartnsq`` loads the config models and the errors only; each client class is
+``import smartnsq`` loads the errors only; each client class and the config models are
 imported when first used (``from smartnsq import Producer`` loads the producer and its
-lookup, not the consumer).
+lookup, not the consumer; the config models load pydantic, most of a client's start-up).
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from smartnsq import errors as _errors
-from smartnsq.config import (
-    ConnectionConfig,
-    ConsumerConfig,
-    LookupConfig,
-    ProducerConfig,
-    TLSConfig,
-)
 from smartnsq.errors import *  # noqa: F403  (every error class: smartnsq.errors.__all__)
-from smartnsq.protocol.commands import OffsetSpec
 
 if TYPE_CHECKING:
+    from smartnsq.config import (
+        ConnectionConfig,
+        ConsumerConfig,
+        LookupConfig,
+        ProducerConfig,
+        TLSConfig,
+    )
     from smartnsq.consumer.consumer import Consumer
     from smartnsq.lookup.lookup import Lookup
     from smartnsq.lookup.view import TopicView
@@ -37,21 +36,29 @@ if TYPE_CHECKING:
     from smartnsq.producer.http import HttpProducer
     from smartnsq.producer.producer import Producer
     from smartnsq.producer.types import BatchReceipt, PublishReceipt
+    from smartnsq.protocol.commands import OffsetSpec
     from smartnsq.trace import TraceSwitch
 
 from smartnsq._version import __version__
 
-# the clients are imported on first use, so that ``import smartnsq`` stays cheap and a
+# the clients and the config models are imported on first use, so that ``import smartnsq``
+# stays cheap (a command line can take Ctrl-C quietly from its first milliseconds) and a
 # producer-only process never loads the consumer
 _LAZY = {
     "BatchReceipt": "smartnsq.producer.types",
+    "ConnectionConfig": "smartnsq.config",
     "Consumer": "smartnsq.consumer.consumer",
+    "ConsumerConfig": "smartnsq.config",
     "HttpProducer": "smartnsq.producer.http",
     "Lookup": "smartnsq.lookup.lookup",
+    "LookupConfig": "smartnsq.config",
     "Message": "smartnsq.message",
+    "OffsetSpec": "smartnsq.protocol.commands",
     "OrderedConsumer": "smartnsq.ordered.consumer",
     "Producer": "smartnsq.producer.producer",
+    "ProducerConfig": "smartnsq.config",
     "PublishReceipt": "smartnsq.producer.types",
+    "TLSConfig": "smartnsq.config",
     "TopicView": "smartnsq.lookup.view",
     "TraceSwitch": "smartnsq.trace",
 }

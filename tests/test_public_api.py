@@ -136,6 +136,17 @@ def test_importing_the_producer_loads_no_consumer_spark_cli_or_devcluster() -> N
         assert "smartnsq.producer.producer" in loaded
 
 
+def test_import_smartnsq_loads_neither_pydantic_nor_the_protocol() -> None:
+    # the config models (pydantic: ~0.15 s) load on first use: a command line's own Ctrl-C
+    # handling is in place within milliseconds of start-up, and a bare import stays cheap
+    loaded = loaded_after("import smartnsq; import smartnsq.cli")
+    assert [m for m in loaded if m.startswith(("pydantic", "smartnsq.config",
+                                               "smartnsq.protocol"))] == []
+    assert "ProducerConfig" in dir(smartnsq)
+    assert loaded_after("from smartnsq import ProducerConfig, OffsetSpec").count(
+        "smartnsq.config") == 1
+
+
 def test_the_command_line_without_its_extra_says_how_to_get_it() -> None:
     for missing in ("click", "rich"):
         out = run_python(f"import sys; sys.modules[{missing!r}] = None; "
