@@ -43,9 +43,8 @@ async def read_body(resp: aiohttp.ClientResponse, *, server: str, path: str,
                     limit: int) -> bytes:
     """The body of ``resp``, or :class:`BodyTooLargeError` once it passes ``limit`` bytes.
 
-    ``server`` names the server in the error (``nsqd 10.0.0.1:4151``). The peak is about the
-    body's size (at most ``limit`` plus one chunk): a body near the cap used to cost twice
-    its size (the bytearray plus its final ``bytes()`` copy).
+    ``server`` names the server in the error (``nsqd 10.0.0.1:4151``). The body is held once
+    while read: the peak is about its size (at most ``limit`` plus one chunk).
     """
     declared = resp.content_length
     if declared is not None and declared > limit:
