@@ -12,60 +12,16 @@ import pytest
 
 from tests.cli_support import smartnsq
 from tests.lookup_fakes import FakeLookupd, TopicSpec
+from tests.silent_server import Silent, silent_servers
 
 #: NsqdHttpClient's default timeout (and the --client-metrics scrape's), which the CLI uses
 HTTP_TIMEOUT = 5
 
 
-class Silent:
-    """A 127.0.0.1 listener that accepts and never writes a byte; notes its first accept."""
-
-    def __init__(self, done: asyncio.Event) -> None:
-        self.done = done
-        self.first_accept: float | None = None
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-        self.port = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> Silent:
-        self.server = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def _swallow(self, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> None:
-        if self.first_accept is None:
-            self.first_accept = time.monotonic()
-        self.writers.append(writer)
-        await self.done.wait()
-
-    async def close(self) -> None:
-        for w in self.writers:
-            w.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
 @pytest.fixture
 async def silent() -> AsyncIterator[Callable[[], Awaitable[Silent]]]:
-    done = asyncio.Event()
-    made: list[Silent] = []
-
-    async def make() -> Silent:
-        made.append(await Silent(done).start())
-        return made[-1]
-
-    try:
+    async with silent_servers() as make:
         yield make
-    finally:
-        done.set()
-        for s in made:
-            await s.close()
 
 
 def check_one_timeout(command: list[str], nsqd: Silent, code: int, text: str) -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from tests.cli_support import ClusterThread, cluster_fixture, smartnsq
+from tests.silent_server import Silent, silent_servers
 
 stock = cluster_fixture("stock", nodes=1)
 
@@ -20,52 +21,10 @@ stock = cluster_fixture("stock", nodes=1)
 HTTP_TIMEOUT = 5
 
 
-class Silent:
-    """A listener that accepts and never writes a byte; notes when it first accepted."""
-
-    def __init__(self, done: asyncio.Event) -> None:
-        self.done = done
-        self.first_accept: float | None = None
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-        self.address = ""
-
-    async def start(self) -> Silent:
-        self.server = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def _swallow(self, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> None:
-        if self.first_accept is None:
-            self.first_accept = time.monotonic()
-        self.writers.append(writer)
-        await self.done.wait()
-
-    async def close(self) -> None:
-        for w in self.writers:
-            w.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
 @pytest.fixture
 async def silent_nsqds() -> AsyncIterator[Callable[[], Awaitable[Silent]]]:
-    """Makes silent nsqds; all closed after the test."""
-    done = asyncio.Event()
-    made: list[Silent] = []
-
-    async def make() -> Silent:
-        made.append(await Silent(done).start())
-        return made[-1]
-
-    try:
+    async with silent_servers() as make:
         yield make
-    finally:
-        done.set()
-        for s in made:
-            await s.close()
 
 
 async def test_commands_name_the_silent_nsqd_and_the_seconds_waited(
