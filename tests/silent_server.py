@@ -1,5 +1,6 @@
-"""A 127.0.0.1 listener that accepts connections and never writes a byte (a hung nsqd, or a
-port that swallows requests), for the tests of what clients and commands do then."""
+"""A 127.0.0.1 listener that accepts connections and never writes a byte (a hung nsqd or
+nsqlookupd, or a port that swallows requests), for the tests of what clients and commands
+do then."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ class Silent:
     def __init__(self, done: asyncio.Event) -> None:
         self.done = done
         self.first_accept: float | None = None
+        #: connections accepted
+        self.accepted = 0
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -34,6 +37,7 @@ class Silent:
                        writer: asyncio.StreamWriter) -> None:
         if self.first_accept is None:
             self.first_accept = time.monotonic()
+        self.accepted += 1
         self.writers.append(writer)
         await self.done.wait()
 

@@ -16,43 +16,12 @@ from smartnsq.config import LookupConfig
 from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
 from smartnsq.lookup import Lookup
 from tests.lookup_fakes import FakeLookupd, TopicSpec, youzan_cluster
+from tests.silent_server import Silent, silent_servers
 
 pytestmark = pytest.mark.timeout(20)
 
 T = "orders"
 TIMEOUT = 0.5
-
-
-class SilentLookupd:
-    """Accepts TCP connections on 127.0.0.1 and never answers: a hung nsqlookupd."""
-
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.port = 0
-        self._writers: list[asyncio.StreamWriter] = []
-        self._server: asyncio.Server | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        self._writers.append(writer)
-        await reader.read()  # until the client gives up and closes
-
-    async def __aenter__(self) -> SilentLookupd:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for w in self._writers:
-            w.close()
-        async with asyncio.timeout(5):
-            await self._server.wait_closed()
 
 
 def cfg(*addresses: str, **kw: Any) -> LookupConfig:
@@ -62,9 +31,10 @@ def cfg(*addresses: str, **kw: Any) -> LookupConfig:
 
 
 @pytest.fixture
-async def silent() -> AsyncIterator[SilentLookupd]:
-    async with SilentLookupd() as server:
-        yield server
+async def silent() -> AsyncIterator[Silent]:
+    """A hung nsqlookupd."""
+    async with silent_servers() as make:
+        yield await make()
 
 
 @pytest.fixture
@@ -79,7 +49,7 @@ async def fakes() -> AsyncIterator[list[FakeLookupd]]:
 
 @pytest.mark.parametrize("threshold", [1, 3])
 async def test_first_lookup_on_a_silent_lookupd_fails_in_one_request_timeout(
-        silent: SilentLookupd, threshold: int) -> None:
+        silent: Silent, threshold: int) -> None:
     # it waited out /listlookup's timeout, then /lookup's on the same lookupd: 2.0 x
     async with Lookup(cfg(silent.address, failure_threshold=threshold)) as lk:
         start = time.monotonic()
@@ -94,7 +64,7 @@ async def test_first_lookup_on_a_silent_lookupd_fails_in_one_request_timeout(
 
 
 async def test_a_consumer_on_a_silent_lookupd_starts_in_one_request_timeout(
-        silent: SilentLookupd, caplog: pytest.LogCaptureFixture) -> None:
+        silent: Silent, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     async with Lookup(cfg(silent.address)) as lk:
         start = time.monotonic()
@@ -111,7 +81,7 @@ async def test_a_consumer_on_a_silent_lookupd_starts_in_one_request_timeout(
 
 
 async def test_a_silent_seed_beside_a_youzan_cluster_still_finds_the_discovered_lookupds(
-        silent: SilentLookupd, fakes: list[FakeLookupd]) -> None:
+        silent: Silent, fakes: list[FakeLookupd]) -> None:
     # the first round starts before /listlookup answered: the lookupds it lists are still
     # asked in that round, and the first answer still releases the round
     cluster = await youzan_cluster(2)
