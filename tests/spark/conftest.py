@@ -55,7 +55,9 @@ class ThreadedCluster:
             self.loop.close()
 
 
-@pytest.fixture(scope="session")
+# package scope: the JVM (1 GB heap, its threads) ends with tests/spark instead of running
+# beside the rest of the suite
+@pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
     reason = java_missing_reason()
     if reason is not None:
