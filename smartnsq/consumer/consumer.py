@@ -38,9 +38,7 @@ from smartnsq.consumer.arguments import (
     discovery_of,
 )
 from smartnsq.consumer.conns import ConnectionSet
-from smartnsq.consumer.discovery import (
-    Topology,
-)
+from smartnsq.consumer.discovery import Topology
 from smartnsq.consumer.dispatch import Dispatcher, Handler
 from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.observe import Observability
