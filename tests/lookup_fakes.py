@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from smartnsq.config import LookupConfig
+
 Flavour = Literal["youzan", "stock"]
 Envelope = Literal["v1", "legacy"]
 Mode = Literal["ok", "hang", "error500", "malformed", "wrong_types"]
@@ -267,3 +269,15 @@ async def youzan_cluster(n: int, *, leader: int = 0) -> list[FakeLookupd]:
         f.cluster_leader = fakes[leader]
     fakes[leader].is_leader = True
     return fakes
+
+
+#: quick_config's request timeout, for the tests that time against it
+QUICK_TIMEOUT = 0.5
+
+
+def quick_config(*addresses: str, **kw: Any) -> LookupConfig:
+    """A Lookup's config for tests of its rounds: no polling within a test, requests given up
+    after 0.5 s, lookupds demoted after 3 failures; ``kw`` overrides any of them."""
+    base: dict[str, Any] = {"poll_interval": 30.0, "poll_jitter": 0.0,
+                            "request_timeout": QUICK_TIMEOUT, "failure_threshold": 3}
+    return LookupConfig(addresses=addresses, **{**base, **kw})

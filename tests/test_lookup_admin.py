@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,14 +14,6 @@ from tests.lookup_fakes import FakeLookupd, TopicSpec, closed_port_url, peer, yo
 
 def cfg(*urls: str, **kw: Any) -> LookupConfig:
     return LookupConfig(addresses=urls, request_timeout=0.3, **kw)
-
-
-@pytest.fixture
-async def fakes() -> AsyncIterator[list[FakeLookupd]]:
-    started: list[FakeLookupd] = []
-    yield started
-    for f in started:
-        await f.stop()
 
 
 async def test_reads_are_merged_across_lookupds(fakes: list[FakeLookupd]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -69,15 +68,6 @@ async def next_change(sub: Subscription, *, want: type | None = None,
             change = await sub.get()
             if want is None or any(isinstance(e, want) for e in change.events):
                 return change
-
-
-@pytest.fixture
-async def fakes() -> AsyncIterator[list[FakeLookupd]]:
-    """A list to put started fakes in; all are stopped at the end."""
-    started: list[FakeLookupd] = []
-    yield started
-    for f in started:
-        await f.stop()
 
 
 async def stock(fakes: list[FakeLookupd], *legacy: int,

@@ -7,27 +7,19 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from smartnsq import Consumer
-from smartnsq.config import LookupConfig
 from smartnsq.errors import ClientClosedError, ConfigError, LookupFailedError
 from smartnsq.lookup import Lookup
-from tests.lookup_fakes import FakeLookupd, TopicSpec, youzan_cluster
+from tests.lookup_fakes import QUICK_TIMEOUT, FakeLookupd, TopicSpec, quick_config, youzan_cluster
 from tests.silent_server import Silent, silent_servers
 
 pytestmark = pytest.mark.timeout(20)
 
 T = "orders"
-TIMEOUT = 0.5
-
-
-def cfg(*addresses: str, **kw: Any) -> LookupConfig:
-    base: dict[str, Any] = {"poll_interval": 30.0, "poll_jitter": 0.0,
-                            "request_timeout": TIMEOUT, "failure_threshold": 3}
-    return LookupConfig(addresses=addresses, **{**base, **kw})
+TIMEOUT = QUICK_TIMEOUT
 
 
 @pytest.fixture
@@ -37,21 +29,13 @@ async def silent() -> AsyncIterator[Silent]:
         yield await make()
 
 
-@pytest.fixture
-async def fakes() -> AsyncIterator[list[FakeLookupd]]:
-    started: list[FakeLookupd] = []
-    yield started
-    for f in started:
-        await f.stop()
-
-
 # -- 1. a silent lookupd costs the first lookup one request timeout -----------------------
 
 @pytest.mark.parametrize("threshold", [1, 3])
 async def test_first_lookup_on_a_silent_lookupd_fails_in_one_request_timeout(
         silent: Silent, threshold: int) -> None:
     # it waited out /listlookup's timeout, then /lookup's on the same lookupd: 2.0 x
-    async with Lookup(cfg(silent.address, failure_threshold=threshold)) as lk:
+    async with Lookup(quick_config(silent.address, failure_threshold=threshold)) as lk:
         start = time.monotonic()
         with pytest.raises(LookupFailedError) as ei:
             async with asyncio.timeout(4 * TIMEOUT):
@@ -66,7 +50,7 @@ async def test_first_lookup_on_a_silent_lookupd_fails_in_one_request_timeout(
 async def test_a_consumer_on_a_silent_lookupd_starts_in_one_request_timeout(
         silent: Silent, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    async with Lookup(cfg(silent.address)) as lk:
+    async with Lookup(quick_config(silent.address)) as lk:
         start = time.monotonic()
         async with asyncio.timeout(4 * TIMEOUT):
             consumer = Consumer(T, "ch", lookupd=lk)
@@ -88,7 +72,7 @@ async def test_a_silent_seed_beside_a_youzan_cluster_still_finds_the_discovered_
     fakes.extend(cluster)
     for f in cluster:
         f.topics[T] = TopicSpec(legacy=[4150])
-    async with Lookup(cfg(cluster[0].url, silent.address)) as lk:
+    async with Lookup(quick_config(cluster[0].url, silent.address)) as lk:
         start = time.monotonic()
         async with asyncio.timeout(4 * TIMEOUT):
             view = await lk.lookup(T, "r")
@@ -104,7 +88,7 @@ async def test_a_silent_seed_beside_a_youzan_cluster_still_finds_the_discovered_
 async def test_each_discovery_pass_applies_its_answers_once(fakes: list[FakeLookupd]) -> None:
     cluster = await youzan_cluster(3, leader=1)
     fakes.extend(cluster)
-    async with Lookup(cfg(cluster[0].url)) as lk:
+    async with Lookup(quick_config(cluster[0].url)) as lk:
         async with asyncio.timeout(5):
             for _ in range(5):
                 known = await lk.discover()
@@ -124,7 +108,7 @@ async def test_a_lookup_entered_twice_refuses_the_inner_entry_and_keeps_running(
     good = await FakeLookupd("stock").start()
     good.topics[T] = TopicSpec(legacy=[4150])
     fakes.append(good)
-    lk = Lookup(cfg(good.url))
+    lk = Lookup(quick_config(good.url))
     async with lk:
         with pytest.raises(ConfigError, match=r"already inside an 'async with'.*another Lookup"):
             async with lk:
@@ -145,7 +129,7 @@ async def test_a_started_lookup_may_still_be_entered_once(fakes: list[FakeLookup
     good = await FakeLookupd("stock").start()
     good.topics[T] = TopicSpec(legacy=[4150])
     fakes.append(good)
-    lk = Lookup(cfg(good.url))
+    lk = Lookup(quick_config(good.url))
     async with asyncio.timeout(2):
         await lk.lookup(T, "r")
     async with lk:

@@ -6,34 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from smartnsq.config import LookupConfig
 from smartnsq.errors import ClientClosedError
 from smartnsq.lookup import Lookup
-from tests.lookup_fakes import FakeLookupd, TopicSpec
+from tests.lookup_fakes import QUICK_TIMEOUT, FakeLookupd, TopicSpec, quick_config
 
 pytestmark = pytest.mark.timeout(20)
 
 T = "orders"
-TIMEOUT = 0.5
-
-
-def cfg(*urls: str, **kw: Any) -> LookupConfig:
-    base: dict[str, Any] = {"poll_interval": 30.0, "poll_jitter": 0.0,
-                            "request_timeout": TIMEOUT, "failure_threshold": 3}
-    return LookupConfig(addresses=urls, **{**base, **kw})
-
-
-@pytest.fixture
-async def fakes() -> AsyncIterator[list[FakeLookupd]]:
-    started: list[FakeLookupd] = []
-    yield started
-    for f in started:
-        await f.stop()
+TIMEOUT = QUICK_TIMEOUT
 
 
 async def good_and_silent(fakes: list[FakeLookupd]) -> tuple[FakeLookupd, FakeLookupd]:
@@ -51,7 +34,7 @@ async def test_a_silent_seed_costs_the_first_lookup_one_request_timeout_not_two(
     # then for the silent seed's /lookup: 2 x request_timeout before anything was returned
     good, silent = await good_and_silent(fakes)
     before = asyncio.all_tasks()
-    async with Lookup(cfg(silent.url, good.url)) as lk:
+    async with Lookup(quick_config(silent.url, good.url)) as lk:
         start = time.monotonic()
         view = await lk.lookup(T, "r")
         took = time.monotonic() - start
@@ -66,7 +49,7 @@ async def test_a_silent_seed_costs_the_first_lookup_one_request_timeout_not_two(
 async def test_stopped_during_the_first_discovery_pass_leaves_no_request_running(
         fakes: list[FakeLookupd]) -> None:
     _, silent = await good_and_silent(fakes)
-    lk = Lookup(cfg(silent.url))
+    lk = Lookup(quick_config(silent.url))
     asked = silent.path_event("/listlookup")
     await lk.start()
     async with asyncio.timeout(2):
@@ -82,7 +65,7 @@ async def test_stopped_during_the_first_discovery_pass_leaves_no_request_running
 async def test_a_lookup_stopped_under_a_subscriber_says_so_and_refuses_clearly(
         fakes: list[FakeLookupd], caplog: pytest.LogCaptureFixture) -> None:
     good, _ = await good_and_silent(fakes)
-    lk = Lookup(cfg(good.url))
+    lk = Lookup(quick_config(good.url))
     await lk.lookup(T, "r")
     sub = lk.subscribe(T, "r")
     caplog.set_level(logging.WARNING, "smartnsq.lookup")
@@ -106,7 +89,7 @@ async def test_stopping_an_idle_lookup_warns_about_nothing(
         fakes: list[FakeLookupd], caplog: pytest.LogCaptureFixture) -> None:
     good, _ = await good_and_silent(fakes)
     caplog.set_level(logging.WARNING, "smartnsq.lookup")
-    async with Lookup(cfg(good.url)) as lk:
+    async with Lookup(quick_config(good.url)) as lk:
         sub = lk.subscribe(T, "r")
         await lk.lookup(T, "r")
         sub.close()
