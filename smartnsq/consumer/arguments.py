@@ -14,8 +14,8 @@ from smartnsq.consumer.discovery import DirectDiscovery, Discovery, LookupDiscov
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.commands import OffsetSpec
 
-__all__ = ["StartAt", "check_config", "check_handler", "check_partitions", "check_start_at",
-           "check_trace", "discovery_of", "is_async_callable"]
+__all__ = ["StartAt", "check_config", "check_handler", "check_ordered_source", "check_partitions",
+           "check_start_at", "check_trace", "discovery_of", "is_async_callable"]
 
 #: a start position for every partition ("earliest", "end" or an OffsetSpec), or per
 #: partition id
@@ -108,6 +108,13 @@ def check_start_at(start_at: StartAt | None,
     if isinstance(discovery, LookupDiscovery):
         discovery.name_positions(frozenset(out))
     return out
+
+
+def check_ordered_source(ordered: bool, discovery: Discovery) -> None:
+    """Ordered consumption subscribes per partition, whose leaders move: lookupd only."""
+    if ordered and discovery.kind != "lookupd":
+        raise ConfigError("ordered consumption subscribes per partition, which needs "
+                          "lookupd= (partition leaders move)")
 
 
 def discovery_of(topic: str, source: Source, config: ConsumerConfig,

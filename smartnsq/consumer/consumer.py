@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Self
 
 from smartnsq import trace as _trace
 from smartnsq._checks import check_count, check_loop, check_optional_duration
+from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec, Source, resolve_source
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import (
     StartAt,
     check_config,
     check_handler,
+    check_ordered_source,
     check_start_at,
     check_trace,
     discovery_of,
@@ -153,9 +155,7 @@ class Consumer:
         check_trace(trace, trace_switch)
         discovery = discovery_of(self.topic, source, config, partitions)
         self._start_at = check_start_at(start_at, discovery)
-        if policy.ordered and discovery.kind != "lookupd":
-            raise ConfigError("ordered consumption subscribes per partition, which needs "
-                              "lookupd= (partition leaders move)")
+        check_ordered_source(policy.ordered, discovery)
 
         self._config = config
         self._handler = handler
@@ -184,6 +184,7 @@ class Consumer:
                                      self._dispatch, observe)
 
         # lifecycle
+        self._entry = Entry(type(self).__name__)
         self._started = False
         self._starting = False
         self._stopping = False
@@ -232,12 +233,13 @@ class Consumer:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        # one block at a time, and none around a started consumer (smartnsq._entry)
+        await self._entry.enter(self.is_running, self.start)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: types.TracebackType | None) -> None:
-        await self.stop()
+        await self._entry.leave(self.stop)
 
     async def start(self) -> None:
         """Discover, connect and subscribe. Returns once every endpoint known at start was

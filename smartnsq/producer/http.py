@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Self, overload
 import aiohttp
 
 from smartnsq._checks import check_duration, check_loop
+from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
@@ -113,6 +114,7 @@ class HttpProducer:
         self._own_session = session is None
         self._started = False
         self._closed = False
+        self._entry = Entry("HttpProducer")
         #: the event loop of the first call: the HTTP session belongs to it
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -126,12 +128,13 @@ class HttpProducer:
                 check_loop(self._loop, "this HttpProducer")
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        # one block at a time, and none around a started producer (smartnsq._entry)
+        await self._entry.enter(self._started and not self._closed, self.start)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.stop()
+        await self._entry.leave(self.stop)
 
     async def start(self) -> None:
         """Bind the producer to the running loop, open its HTTP session (unless one was

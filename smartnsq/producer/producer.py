@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
 
 from smartnsq._checks import check_duration, check_loop
+from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec, resolve_source
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError
@@ -133,6 +134,7 @@ class Producer:
         self._topics_ok: set[str] = set()
         self._closed = False
         self._started = False
+        self._entry = Entry("Producer")
         #: the event loop this producer runs on: bound by the first call (see _on_loop)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
@@ -148,12 +150,13 @@ class Producer:
     # ------------------------------------------------------------------ life cycle
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        # one block at a time, and none around a started producer (smartnsq._entry)
+        await self._entry.enter(self._started and not self._closed, self.start)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.stop()
+        await self._entry.leave(self.stop)
 
     async def start(self) -> None:
         """Bind the producer to the running loop, resolve its metrics and tracing, and start

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from smartnsq._checks import check_count, check_optional_duration
+from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ConsumerConfig
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
@@ -56,6 +57,7 @@ from smartnsq.sync._handlers import (
     returns_awaitable,
 )
 from smartnsq.sync._loop import acquire, release
+from smartnsq.sync._thread_message import ThreadMessage
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
 
@@ -83,52 +85,6 @@ def _stop_running_at_exit() -> None:
 
 # a forked child does not run the parent's consumers (and must not wait on them at its exit)
 os.register_at_fork(after_in_child=_running.clear)
-
-
-class ThreadMessage:
-    """A :class:`Message` seen from a handler thread: read its fields freely; answering is
-    forwarded to the event loop (in call order, before the handler's own return is seen)."""
-
-    __slots__ = ("_loop", "_msg")
-
-    def __init__(self, msg: Message, loop: asyncio.AbstractEventLoop) -> None:
-        self._msg = msg
-        self._loop = loop
-
-    def __repr__(self) -> str:
-        return repr(self._msg)
-
-    @property
-    def message(self) -> Message:
-        """The underlying message (only touch it on the loop thread)."""
-        return self._msg
-
-    body = property(lambda self: self._msg.body)
-    id = property(lambda self: self._msg.id)
-    attempts = property(lambda self: self._msg.attempts)
-    timestamp = property(lambda self: self._msg.timestamp)
-    topic = property(lambda self: self._msg.topic)
-    channel = property(lambda self: self._msg.channel)
-    nsqd_address = property(lambda self: self._msg.nsqd_address)
-    partition = property(lambda self: self._msg.partition)
-    internal_id = property(lambda self: self._msg.internal_id)
-    trace_id = property(lambda self: self._msg.trace_id)
-    offset = property(lambda self: self._msg.offset)
-    raw_size = property(lambda self: self._msg.raw_size)
-    ext = property(lambda self: self._msg.ext)
-
-    def finish(self) -> None:
-        self._loop.call_soon_threadsafe(self._msg.finish)
-
-    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        delay = check_optional_duration(delay, "requeue delay")
-        self._loop.call_soon_threadsafe(self._msg.requeue, delay, backoff)
-
-    def touch(self) -> None:
-        self._loop.call_soon_threadsafe(self._msg.touch)
-
-    def disable_auto_response(self) -> None:
-        self._loop.call_soon_threadsafe(self._msg.disable_auto_response)
 
 
 class Consumer:
@@ -203,6 +159,7 @@ class Consumer:
                 self._pool.shutdown(wait=False)
             raise
         self._loop: BackgroundLoop | None = None
+        self._entry = Entry(f"smartnsq.sync.{type(self).__name__}", "with")
         self._lock = threading.Lock()
         self._closed = False
         #: a handler called stop(): the consumer is stopping (see _stop_from_handler)
@@ -273,12 +230,13 @@ class Consumer:
         return loop
 
     def __enter__(self) -> Self:
-        self.start()
+        # one block at a time, and none around a started consumer (smartnsq._entry)
+        self._entry.enter_blocking(self._loop is not None and not self._closed, self.start)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.stop()
+        self._entry.leave_blocking(self.stop)
 
     def start(self) -> None:
         """Connect and subscribe (see :meth:`smartnsq.consumer.Consumer.start`)."""

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
 
 from smartnsq._checks import check_optional_duration
+from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, NotStartedError
@@ -49,6 +50,7 @@ class Producer:
                                     trace_envelope=trace_envelope)
         self._loop: BackgroundLoop | None = None
         self._stopped = False
+        self._entry = Entry("smartnsq.sync.Producer", "with")
 
     def start(self) -> None:
         """Start the producer on the shared background loop (see
@@ -160,9 +162,10 @@ class Producer:
         return self._stopped
 
     def __enter__(self) -> Self:
-        self.start()
+        # one block at a time, and none around a started producer (smartnsq._entry)
+        self._entry.enter_blocking(self._loop is not None, self.start)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.stop()
+        self._entry.leave_blocking(self.stop)
