@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,7 +21,6 @@ from smartnsq.cli.common import (
     Cluster,
     FromParam,
     OutputClosed,
-    StartAt,
     cluster_options,
     echo,
     one_line,
@@ -43,6 +43,9 @@ from smartnsq.lookup import Lookup, TopicView
 from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.validation import check_channel
+
+if TYPE_CHECKING:
+    from smartnsq.cli.common import StartAt
 
 TOPIC_EPILOG = """\b
 Examples:

@@ -14,11 +14,12 @@ the command groups here map onto it directly.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
@@ -29,10 +30,65 @@ from smartnsq.cli.common import (
     one_line,
     stdout_closed,
 )
-from smartnsq.cli.dev import DevOptions, TopicSpec, build_parser, run_dev
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
 
+if TYPE_CHECKING:
+    from smartnsq.cli.dev import DevOptions, TopicSpec, build_parser, run_dev
+
 __all__ = ["DevOptions", "TopicSpec", "build_parser", "cli", "main", "run_dev"]
+
+
+class LazyCommand(NamedTuple):
+    """Where a command lives, and its summary for the group's listing (the first sentence
+    of the command's help: tests/test_cli_lazy.py checks they agree)."""
+
+    module: str
+    attribute: str
+    summary: str
+
+
+#: the group's commands, imported when asked for: ``smartnsq --help`` lists them from here,
+#: so it loads none of the clients (aiohttp, pydantic); ``smartnsq tail`` loads only tail's
+COMMANDS: dict[str, LazyCommand] = {
+    "bridge": LazyCommand(
+        "smartnsq.cli.bridge", "bridge",
+        "Forward TOPIC from one cluster to DEST_TOPIC (default: the same name) on another, "
+        "finishing each message on the source only after the destination acknowledged it."),
+    "channel": LazyCommand(
+        "smartnsq.cli.admin", "channel",
+        "Create, delete, reposition, pause, unpause or empty a channel."),
+    "dev": LazyCommand(
+        "smartnsq.cli.dev", "dev",
+        "Run an in-process nsqlookupd + nsqd cluster until interrupted (Ctrl-C or SIGTERM) "
+        "and print its addresses: one '<kind> <host:port>' per line, then 'ready'."),
+    "lookup": LazyCommand(
+        "smartnsq.cli.lookup", "lookup",
+        "Show how the lookupds see TOPIC, merged the way the clients merge it."),
+    "publish": LazyCommand(
+        "smartnsq.cli.publish", "publish",
+        "Publish one message per record of FILEs (or stdin; '-' is stdin too) to TOPIC; "
+        "records from a pipe are published as they arrive (with --batch, a batch at a "
+        "time)."),
+    "stat": LazyCommand(
+        "smartnsq.cli.stat", "stat",
+        "Live statistics of every topic (or TOPIC) on every nsqd: partitions, leaders and "
+        "replicas, depths, in flight, deferred, rates, lag, clients; with --client-metrics, "
+        "the consuming clients' own counts beside them."),
+    "tail": LazyCommand(
+        "smartnsq.cli.tail", "tail", "Print the messages of TOPIC as they arrive."),
+    "to-file": LazyCommand(
+        "smartnsq.cli.archive", "to_file",
+        "Archive TOPIC into files in --output-dir (at-least-once: a message is finished only "
+        "after the file holding it has been flushed and synced)."),
+    "topic": LazyCommand("smartnsq.cli.admin", "topic", "Create or delete a topic."),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # dev's names stay importable from here without loading dev (and the protocol) up front
+    if name in ("DevOptions", "TopicSpec", "build_parser", "run_dev"):
+        return getattr(importlib.import_module("smartnsq.cli.dev"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 EPILOG = """\b
 Examples:
@@ -52,7 +108,37 @@ reader went away.
 
 class SmartnsqGroup(click.Group):
     """Every failure ends as one line on stderr and a non-zero exit code, never a traceback;
-    a closed stdout ends a command quietly (exit code 0)."""
+    a closed stdout ends a command quietly (exit code 0). The commands of :data:`COMMANDS`
+    are imported when one is asked for (click's "lazy group")."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is None and cmd_name in COMMANDS:
+            where = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(where.module), where.attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{where.module}.{where.attribute} is not a click command")
+            self.add_command(command, cmd_name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, from the summaries of :data:`COMMANDS` for the commands not
+        imported yet: a stand-in command with the summary as its help is shortened to the
+        width exactly as the command itself would be."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            command = self.commands.get(name) or click.Command(name, help=COMMANDS[name].summary)
+            if not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:
@@ -123,23 +209,6 @@ def cli(ctx: click.Context, verbose: int) -> None:
     """Operators' tools for NSQ: stock nsqd and youzan's partitioned NSQ."""
     if ctx.invoked_subcommand != "dev":  # dev logs as it always did
         ctx.with_resource(cli_logging(verbose))
-
-
-def _register() -> None:
-    from smartnsq.cli.admin import channel, topic
-    from smartnsq.cli.archive import to_file
-    from smartnsq.cli.bridge import bridge
-    from smartnsq.cli.dev import dev
-    from smartnsq.cli.lookup import lookup
-    from smartnsq.cli.publish import publish
-    from smartnsq.cli.stat import stat
-    from smartnsq.cli.tail import tail
-
-    for command in (tail, publish, to_file, bridge, stat, lookup, topic, channel, dev):
-        cli.add_command(command)
-
-
-_register()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,14 +29,13 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from smartnsq.cli.common import (
     CliError,
     FromParam,
-    StartAt,
     channel_argument,
     cluster_options,
     describe,
@@ -52,6 +51,9 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.ordered import OrderedConsumer
+
+if TYPE_CHECKING:
+    from smartnsq.cli.common import StartAt
 
 EPILOG = """\b
 Examples:

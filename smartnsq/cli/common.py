@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import functools
 import logging
 import os
 import re
@@ -20,24 +21,22 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
 
-import aiohttp
 import click
-from rich.console import Console
 
 from smartnsq.cli.output_pipe import output_gone
-from smartnsq.config import LookupConfig
 from smartnsq.errors import NSQError
-from smartnsq.lookup import Lookup
-from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.validation import (
-    check_channel,
-    check_topic,
-    parse_http_address,
-    parse_tcp_address,
-)
 
+# The clients, the config models (pydantic), the protocol and rich are imported where they
+# are used: ``smartnsq --help`` and a command's ``--help`` load this module, not them.
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from smartnsq.config import LookupConfig
     from smartnsq.consumer import Consumer
+    from smartnsq.lookup import Lookup
+    from smartnsq.protocol.commands import OffsetSpec
+
+    StartAt = OffsetSpec | dict[int, OffsetSpec]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,15 +55,23 @@ def one_line(text: str) -> str:
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True)
 
 
-class _StdoutConsole(Console):
-    def on_broken_pipe(self) -> None:
-        # rich's own exits with 1; end like every other command whose output was closed
-        self.quiet = True
-        stdout_closed()
-        raise OutputClosed
+@functools.cache
+def _stdout_console_class() -> type[Console]:
+    from rich.console import Console
+
+    class _StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own exits with 1; end like every other command whose output was closed
+            self.quiet = True
+            stdout_closed()
+            raise OutputClosed
+
+    return _StdoutConsole
 
 
 def require_stdout(what: str = "the output") -> TextIO:
@@ -80,7 +87,7 @@ def stdout_console() -> Console:
     """Tables on a terminal fit it; piped output gets room for addresses and ids. A closed
     stdout raises :class:`OutputClosed` from ``print``; a missing one (``>&-``) is a
     :class:`CliError`."""
-    return _StdoutConsole(width=None if require_stdout().isatty() else 240)
+    return _stdout_console_class()(width=None if require_stdout().isatty() else 240)
 
 
 # -- the cluster a command talks to ----------------------------------------------------------
@@ -94,17 +101,23 @@ class Cluster:
     nsqd: tuple[str, ...]
 
     def lookup_config(self, *, poll_interval: float = 60.0) -> LookupConfig:
+        from smartnsq.config import LookupConfig
+
         return LookupConfig(addresses=self.lookupd, poll_interval=poll_interval,
                             request_timeout=2.0)
 
     def lookup(self, *, poll_interval: float = 60.0) -> Lookup:
         """A Lookup over ``--lookupd`` (shared by the command's clients; the caller closes
         it)."""
+        from smartnsq.lookup import Lookup
+
         return Lookup(self.lookup_config(poll_interval=poll_interval))
 
 
 def _tcp_address(ctx: click.Context, param: click.Parameter,
                  value: tuple[str, ...]) -> tuple[str, ...]:
+    from smartnsq.protocol.validation import parse_tcp_address
+
     for v in value:
         try:
             parse_tcp_address(v)
@@ -115,6 +128,8 @@ def _tcp_address(ctx: click.Context, param: click.Parameter,
 
 def _http_address(ctx: click.Context, param: click.Parameter,
                   value: tuple[str, ...]) -> tuple[str, ...]:
+    from smartnsq.protocol.validation import parse_http_address
+
     for v in value:
         try:
             parse_http_address(v)
@@ -161,6 +176,8 @@ def pick_cluster(lookupd: tuple[str, ...], nsqd: tuple[str, ...], *, prefix: str
 def topic_argument(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
+    from smartnsq.protocol.validation import check_topic
+
     try:
         return check_topic(value)
     except NSQError as exc:
@@ -173,6 +190,8 @@ def channel_argument(ctx: click.Context, param: click.Parameter,
     option, before anything connects."""
     if value is None:
         return None
+    from smartnsq.protocol.validation import check_channel
+
     try:
         return check_channel(value)
     except NSQError as exc:
@@ -181,14 +200,14 @@ def channel_argument(ctx: click.Context, param: click.Parameter,
 
 # -- option values ---------------------------------------------------------------------------
 
-StartAt = OffsetSpec | dict[int, OffsetSpec]
-
 _PART_OFFSET = re.compile(r"(\d+)=(\d+)")
 
 
 def parse_from(text: str) -> StartAt:
     """``earliest``, ``end``, ``offset:P=N,…`` (byte offsets per partition), ``count:P=N,…``
     (message counts) or ``timestamp:T`` (unix seconds or ISO 8601)."""
+    from smartnsq.protocol.commands import OffsetSpec
+
     if text == "earliest":
         return OffsetSpec.msgcount(0)
     if text == "end":
@@ -229,11 +248,13 @@ def parse_timestamp(text: str) -> int:
     return int(when.timestamp())
 
 
-class FromParam(click.ParamType[StartAt]):
+class FromParam(click.ParamType["StartAt"]):
     name = "POSITION"
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> StartAt:
+        from smartnsq.protocol.commands import OffsetSpec
+
         if isinstance(value, OffsetSpec | dict):
             return value
         try:
@@ -313,18 +334,27 @@ async def _stopped_by_itself(consumer: Consumer) -> None:
 def describe(exc: BaseException) -> str:
     """The one-line text of an error, with its cause when that says more."""
     text = one_line(str(exc)) or type(exc).__name__
-    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError) and not isinstance(
+    if isinstance(exc, (OSError, TimeoutError, *_aiohttp_errors())) and not isinstance(
             exc, NSQError):
         text = f"{type(exc).__name__}: {text}" if str(exc) else type(exc).__name__
     return text
+
+
+def _aiohttp_errors() -> tuple[type[Exception], ...]:
+    """aiohttp's error base when aiohttp is loaded: an error cannot be one of its errors
+    otherwise, and importing it only to check would cost ~0.1 s."""
+    aiohttp = sys.modules.get("aiohttp")
+    return () if aiohttp is None else (aiohttp.ClientError,)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; library and network errors become one-line CliErrors."""
     try:
         return asyncio.run(coro)
-    except (NSQError, OSError, aiohttp.ClientError, TimeoutError) as exc:
-        raise CliError(describe(exc)) from exc
+    except Exception as exc:
+        if isinstance(exc, (NSQError, OSError, TimeoutError, *_aiohttp_errors())):
+            raise CliError(describe(exc)) from exc
+        raise
 
 
 @contextlib.contextmanager

@@ -21,14 +21,16 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import click
 
 from smartnsq.cli.common import CliError, consume_until, err_print
-from smartnsq.consumer import Consumer
 from smartnsq.errors import SubOrderIsMustError, WrongPortError
-from smartnsq.lookup import TopicView
+
+if TYPE_CHECKING:
+    from smartnsq.consumer import Consumer
+    from smartnsq.lookup import TopicView
 
 P = ParamSpec("P")
 T = TypeVar("T")

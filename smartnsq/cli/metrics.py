@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import click
 
 from smartnsq.cli.common import CliError, err_print
-from smartnsq.metrics import set_metrics
 
 T = TypeVar("T")
 
@@ -77,6 +76,8 @@ def serving_metrics(port: int | None, addr: str = "127.0.0.1") -> Iterator[None]
         raise CliError(f"--metrics-port {port}: cannot listen on {_join(addr, port)}: "
                        f"{why}") from None
     err_print(f"smartnsq: metrics on http://{_join(addr, server.server_port)}/metrics")
+    from smartnsq.metrics import set_metrics
+
     previous = set_metrics(metrics)
     try:
         yield

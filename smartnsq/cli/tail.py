@@ -7,7 +7,7 @@ import asyncio
 import base64
 import json
 import random
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -15,7 +15,6 @@ from smartnsq.cli.common import (
     CliError,
     FromParam,
     OutputClosed,
-    StartAt,
     channel_argument,
     cluster_options,
     err_print,
@@ -29,13 +28,15 @@ from smartnsq.cli.connections import connect_timeout_option, consume_watched, re
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.output_pipe import OutputPipe, output_gone
 from smartnsq.cli.stopping import command_runner, stop_event
-from smartnsq.config import ConsumerConfig
-from smartnsq.consumer import Consumer
 from smartnsq.errors import Flavour
-from smartnsq.lookup import Lookup, TopicView
-from smartnsq.message import Message
-from smartnsq.nsqd_http import NsqdHttpClient
-from smartnsq.ordered import OrderedConsumer
+
+# the clients load when the command runs, not for its --help (or another command's)
+if TYPE_CHECKING:
+    from smartnsq.cli.common import StartAt
+    from smartnsq.config import ConsumerConfig
+    from smartnsq.consumer import Consumer
+    from smartnsq.lookup import Lookup, TopicView
+    from smartnsq.message import Message
 
 EPILOG = """\b
 Examples:
@@ -192,6 +193,8 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
         return start
     wanted = set(start) if isinstance(start, dict) else set(partitions or view.partitions)
     leaders = {view.partitions[p].http_address for p in wanted if p in view.partitions}
+    from smartnsq.nsqd_http import NsqdHttpClient
+
     empty: set[int] = set()
     async with NsqdHttpClient() as nsqd:
         answers = [await nsqd.stats(addr, view.topic) for addr in sorted(leaders)]
@@ -238,6 +241,9 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     """Print the messages of TOPIC as they arrive. Ctrl-C stops cleanly: messages already
     printed are finished, nothing is left in flight, and a message is never consumed
     without being printed."""
+    from smartnsq.consumer import Consumer
+    from smartnsq.ordered import OrderedConsumer
+
     cluster = pick_cluster(lookupd, nsqd)
     if cluster.nsqd and (partitions or ordered or start is not None):
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
@@ -285,6 +291,8 @@ def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConf
     """With ``-n`` no more is taken than printed, except that every subscription (nsqd or
     partition) gets one RDY: fewer would leave one waiting for a RDY rotation (seconds)
     while its messages are the ones to print; what arrives after the count goes back."""
+    from smartnsq.config import ConsumerConfig
+
     if count is not None:
         max_in_flight = min(max_in_flight, max(count, sources))
     # max_attempts=0: an inspection tool never gives a message up (FIN without printing it)

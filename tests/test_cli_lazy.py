@@ -1,0 +1,81 @@
+"""The ``smartnsq`` group imports a command's module only when that command is asked for:
+``smartnsq --help`` lists every command from the group's summaries, in the words the
+commands themselves give, without loading the clients (aiohttp, pydantic)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import click
+import pytest
+
+from smartnsq.cli.app import COMMANDS, cli
+
+#: what a user's ``smartnsq --help`` must not wait for
+HEAVY = ("aiohttp", "pydantic", "smartnsq.consumer", "smartnsq.producer", "smartnsq.lookup",
+         "smartnsq.nsqd_http", "smartnsq.config")
+
+
+def _loaded_after(*argv: str) -> set[str]:
+    """The heavy modules a fresh ``smartnsq ARGV`` process has loaded when it exits."""
+    code = ("import sys\n"
+            "from smartnsq.cli import main\n"
+            f"code = main({list(argv)!r})\n"
+            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+            "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.splitlines()[-1].split())
+
+
+def test_top_help_loads_no_client() -> None:
+    assert _loaded_after("--help") == set()
+
+
+def test_tail_help_loads_no_client() -> None:
+    assert _loaded_after("tail", "--help") == set()
+
+
+def test_each_summary_is_its_commands_own() -> None:
+    """The group's summary of a command is the first sentence of the command's help."""
+    for name, where in COMMANDS.items():
+        command = getattr(importlib.import_module(where.module), where.attribute)
+        assert isinstance(command, click.Command)
+        assert command.get_short_help_str(10_000) == where.summary, name
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 200])
+def test_listing_is_the_one_click_prints_for_the_commands(width: int) -> None:
+    """The lazy listing, at any terminal width, is what click prints from the commands."""
+    lazy = click.Context(cli, info_name="smartnsq", terminal_width=width)
+    before = cli.get_help(lazy)
+    eager = click.Group("smartnsq", params=cli.params, help=cli.help, epilog=cli.epilog,
+                        context_settings=cli.context_settings)
+    for name in cli.list_commands(lazy):
+        command = cli.get_command(lazy, name)
+        assert command is not None
+        eager.add_command(command, name)
+    expected = eager.get_help(click.Context(eager, info_name="smartnsq",
+                                            terminal_width=width))
+    assert before == expected
+    listed = before.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    names = [line.split()[0] for line in listed if line.startswith("  ") and
+             not line.startswith("   ")]
+    assert names == sorted(COMMANDS)
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "smartnsq", "tial", "orders"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "No such command 'tial'" in done.stderr
+
+
+def test_dev_names_stay_importable() -> None:
+    from smartnsq.cli.app import DevOptions, TopicSpec, build_parser, run_dev
+
+    assert callable(build_parser) and callable(run_dev)
+    assert DevOptions.__name__ == "DevOptions" and TopicSpec.__name__ == "TopicSpec"
