@@ -69,3 +69,24 @@ async def test_stat_shows_the_silent_nsqd_beside_one_that_answers(
     nodes = {n["http_address"]: n["error"] for n in json.loads(out)["nodes"]}
     assert nodes[live] is None
     assert nodes[silent] is not None and f"within {HTTP_TIMEOUT} s" in nodes[silent]
+
+
+async def test_stat_once_table_waits_for_the_silent_nsqd_once(
+        stock: ClusterThread, silent_nsqds: Callable[[], Awaitable[Silent]]) -> None:
+    """The table of ``stat --once`` takes two samples (for its rates): an nsqd that did not
+    answer the first is reported, not asked again for another HTTP timeout."""
+    silent = await silent_nsqds()
+    live = stock.cluster.nsqd_http_addresses[0]
+    stock.call(lambda: stock.cluster.create_topic("beside_once", channels=["c"]))
+    code, out, err = await smartnsq("stat", "--nsqd", live, "--nsqd", silent.address,
+                                    "--once", "--interval", "0.5",
+                                    bound=HTTP_TIMEOUT * 3 + 10)
+    assert silent.first_accept is not None
+    took = time.monotonic() - silent.first_accept
+    text = (out + err).decode()
+    assert code == 0, text
+    assert "beside_once" in text
+    said = [line for line in text.splitlines() if silent.address in line]
+    assert len(said) == 1 and f"no answer within {HTTP_TIMEOUT} s (timed out)" in said[0], text
+    assert silent.accepted == 1, silent.accepted
+    assert took < HTTP_TIMEOUT + 3, took

@@ -411,15 +411,18 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
     if topic is not None and not any(s["topics"] for s in sample.stats.values()):
         raise CliError(f"topic {topic!r} not found on nsqd {', '.join(sorted(sample.stats))}")
 
-    async def after() -> Sample:
+    async def after(asked: list[str] = nodes) -> Sample:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
-        return await take_sample(http, nodes, topic, clients)
+        return await take_sample(http, asked, topic, clients)
 
     console = stdout_console()
     if once and not as_json:
-        # a one-off snapshot shows rates too: measured over the interval
-        first, sample = sample, await after()
+        # a one-off snapshot shows rates too: measured over the interval, from the nsqds
+        # that answered; one that did not is reported as it failed, not waited for twice
+        first = sample
+        sample = await after([n for n in nodes if n not in first.errors])
+        sample.errors = {**first.errors, **sample.errors}
         with writing_stdout():
             console.print(render(build_doc(sample, first)))
         return
