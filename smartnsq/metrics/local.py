@@ -7,8 +7,9 @@ and ≈0.8 µs per histogram observation on this project's benchmark machine, ag
 consume + FIN budget of a few µs). The exporter's thread only reads: it copies the children
 under the family's lock (taken only when a child is created) and sums gauge readings.
 
-The ``topic`` label is bounded (:class:`TopicLabels`): applications that make topic names
-(one per tenant, per day) would otherwise add series for each, without end.
+The ``topic`` and ``channel`` labels are bounded (:mod:`smartnsq.metrics.bounds`): applications
+that make topic or channel names (one per tenant, per day, per process) would otherwise add
+series for each, without end.
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
-from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, MetricSpec
+from smartnsq.metrics.bounds import (
+    DEFAULT_MAX_CHANNELS,
+    DEFAULT_MAX_TOPICS,
+    OTHER,
+    BoundChildren,
+    LabelBounds,
+    check_labels,
+)
 
 __all__ = [
+    "DEFAULT_MAX_CHANNELS",
     "DEFAULT_MAX_TOPICS",
+    "OTHER",
     "OTHER_TOPIC",
     "Counter",
     "CounterChild",
@@ -31,76 +41,14 @@ __all__ = [
     "Histogram",
     "HistogramChild",
     "HistogramSnapshot",
+    "LabelBounds",
     "LocalStore",
-    "TopicLabels",
-    "check_max_topics",
 ]
 
 log = logging.getLogger("smartnsq.metrics")
 
-
-#: distinct topics that keep a ``topic`` label value of their own, by default
-DEFAULT_MAX_TOPICS = 1000
-#: the ``topic`` value of every topic past the bound; not a valid NSQ topic name, so it never
-#: mixes with a real topic's figures
-OTHER_TOPIC = "(other)"
-
-
-def _check_labels(spec: MetricSpec, values: tuple[str, ...]) -> None:
-    if len(values) != len(spec.labels):
-        raise ValueError(f"metric {spec.name} takes labels {spec.labels}, got {values!r}")
-
-
-def check_max_topics(max_topics: object, store: LocalStore | None, who: str) -> None:
-    """A :class:`ConfigError` for a ``max_topics`` that is not a positive count, or that
-    differs from the bound of the figures ``store`` an exporter is about to share."""
-    if max_topics is None:
-        return
-    if isinstance(max_topics, bool) or not isinstance(max_topics, int) or max_topics < 1:
-        raise ConfigError(f"{who}(max_topics=...) must be a count of topics >= 1, got "
-                          f"{max_topics!r}")
-    if store is not None and store.topics.limit != max_topics:
-        raise ConfigError(f"{who}(max_topics={max_topics}): the figures it shares (same "
-                          f"target) were set up with max_topics={store.topics.limit}")
-
-
-class TopicLabels:
-    """The ``topic`` label values of one backend: the first ``limit`` distinct topics keep
-    their name, later ones count under :data:`OTHER_TOPIC` (one warning, the first time), so
-    the series stay bounded and the totals still add up."""
-
-    def __init__(self, limit: int = DEFAULT_MAX_TOPICS) -> None:
-        self.limit = limit
-        self._known: set[str] = set()
-        self._warned = False
-        self._lock = threading.Lock()
-
-    def label(self, topic: str) -> str:
-        if topic in self._known:
-            return topic
-        with self._lock:
-            if topic in self._known:
-                return topic
-            if len(self._known) < self.limit:
-                self._known.add(topic)
-                return topic
-            if not self._warned:
-                self._warned = True
-                log.warning("metrics: more than %d distinct topics; topic %r and every later "
-                            "new one are counted under topic=%r (max_topics= of the metrics "
-                            "exporter raises the bound)", self.limit, topic, OTHER_TOPIC)
-        return OTHER_TOPIC
-
-    def bound(self, spec: MetricSpec, values: tuple[str, ...]) -> tuple[str, ...]:
-        """``values`` with the topic, if ``spec`` has that label, within the bound."""
-        if "topic" not in spec.labels:
-            return values
-        at = spec.labels.index("topic")
-        topic = values[at]
-        label = self.label(topic)
-        if label is topic:
-            return values
-        return (*values[:at], label, *values[at + 1:])
+#: the ``topic`` value past the bound (the name it had before channels were bounded too)
+OTHER_TOPIC = OTHER
 
 
 class CounterChild:
@@ -113,23 +61,11 @@ class CounterChild:
         self.value += amount
 
 
-class Counter:
-    """A counter family: one child per label-value tuple."""
+class Counter(BoundChildren[CounterChild]):
+    """A counter family: one child per (bounded) label-value tuple."""
 
-    def __init__(self, spec: MetricSpec, topics: TopicLabels | None = None) -> None:
-        self.spec = spec
-        self._topics = TopicLabels() if topics is None else topics
-        self._children: dict[tuple[str, ...], CounterChild] = {}
-        self._lock = threading.Lock()
-
-    def labels(self, *values: str) -> CounterChild:
-        child = self._children.get(values)
-        if child is None:
-            _check_labels(self.spec, values)
-            values = self._topics.bound(self.spec, values)
-            with self._lock:
-                child = self._children.setdefault(values, CounterChild())
-        return child
+    def _new(self, values: tuple[str, ...]) -> CounterChild:
+        return CounterChild()
 
     def samples(self) -> list[tuple[tuple[str, ...], float]]:
         with self._lock:
@@ -193,25 +129,16 @@ class HistogramChild:
         self.sum += sum(values)
 
 
-class Histogram:
+class Histogram(BoundChildren[HistogramChild]):
     """A histogram family with the spec's fixed buckets."""
 
-    def __init__(self, spec: MetricSpec, topics: TopicLabels | None = None) -> None:
+    def __init__(self, spec: MetricSpec, bounds: LabelBounds | None = None) -> None:
         if not spec.buckets or list(spec.buckets) != sorted(set(spec.buckets)):
             raise ValueError(f"metric {spec.name}: buckets must be ascending and distinct")
-        self.spec = spec
-        self._topics = TopicLabels() if topics is None else topics
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
-        self._lock = threading.Lock()
+        super().__init__(spec, bounds)
 
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            _check_labels(self.spec, values)
-            values = self._topics.bound(self.spec, values)
-            with self._lock:
-                child = self._children.setdefault(values, HistogramChild(self.spec.buckets))
-        return child
+    def _new(self, values: tuple[str, ...]) -> HistogramChild:
+        return HistogramChild(self.spec.buckets)
 
     def samples(self) -> list[tuple[tuple[str, ...], HistogramSnapshot]]:
         with self._lock:
@@ -233,9 +160,9 @@ class GaugeReader:
 class GaugeSet:
     """A gauge: the registered readers, summed per label values at collection."""
 
-    def __init__(self, spec: MetricSpec, topics: TopicLabels | None = None) -> None:
+    def __init__(self, spec: MetricSpec, bounds: LabelBounds | None = None) -> None:
         self.spec = spec
-        self._topics = TopicLabels() if topics is None else topics
+        self._bounds = LabelBounds() if bounds is None else bounds
         self._readers: list[GaugeReader] = []
         self._lock = threading.Lock()
 
@@ -259,8 +186,8 @@ class GaugeSet:
                 # the reader runs on the exporter's thread while its client's loop runs: a
                 # reading that races a change is skipped, a scrape never fails for it
                 for values, value in list(reader.read()):
-                    _check_labels(self.spec, values)
-                    values = self._topics.bound(self.spec, values)
+                    check_labels(self.spec, values)
+                    values = self._bounds.bound(self.spec, values)
                     totals[values] = totals.get(values, 0.0) + value
             except Exception:
                 log.warning("metrics: a reader of %s failed", self.spec.name, exc_info=True)
@@ -270,9 +197,10 @@ class GaugeSet:
 class LocalStore:
     """The families of one backend, by metric name (made on first use)."""
 
-    def __init__(self, max_topics: int = DEFAULT_MAX_TOPICS) -> None:
-        #: the topic label values of every family here, bounded together
-        self.topics = TopicLabels(max_topics)
+    def __init__(self, max_topics: int = DEFAULT_MAX_TOPICS,
+                 max_channels: int = DEFAULT_MAX_CHANNELS) -> None:
+        #: the topic and channel label values of every family here, bounded together
+        self.bounds = LabelBounds(max_topics, max_channels)
         self.counters: dict[str, Counter] = {}
         self.histograms: dict[str, Histogram] = {}
         self.gauges: dict[str, GaugeSet] = {}
@@ -282,19 +210,19 @@ class LocalStore:
         fam = self.counters.get(spec.name)
         if fam is None:
             with self._lock:
-                fam = self.counters.setdefault(spec.name, Counter(spec, self.topics))
+                fam = self.counters.setdefault(spec.name, Counter(spec, self.bounds))
         return fam
 
     def histogram(self, spec: MetricSpec) -> Histogram:
         fam = self.histograms.get(spec.name)
         if fam is None:
             with self._lock:
-                fam = self.histograms.setdefault(spec.name, Histogram(spec, self.topics))
+                fam = self.histograms.setdefault(spec.name, Histogram(spec, self.bounds))
         return fam
 
     def gauge(self, spec: MetricSpec) -> GaugeSet:
         fam = self.gauges.get(spec.name)
         if fam is None:
             with self._lock:
-                fam = self.gauges.setdefault(spec.name, GaugeSet(spec, self.topics))
+                fam = self.gauges.setdefault(spec.name, GaugeSet(spec, self.bounds))
         return fam

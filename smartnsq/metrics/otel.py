@@ -33,15 +33,15 @@ from smartnsq._checks import type_named
 from smartnsq._version import __version__
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, MetricSpec
-from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
-from smartnsq.metrics.local import (
+from smartnsq.metrics.bounds import (
+    DEFAULT_MAX_CHANNELS,
     DEFAULT_MAX_TOPICS,
-    Counter,
-    GaugeReader,
-    LocalStore,
-    TopicLabels,
-    check_max_topics,
+    BoundChildren,
+    LabelBounds,
+    check_bounds,
 )
+from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
+from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
 
 __all__ = ["OpenTelemetryMetrics", "attributes"]
 
@@ -92,30 +92,23 @@ class _HistogramChild:
             record(value, attrs)
 
 
-class _Histogram:
-    def __init__(self, spec: MetricSpec, instrument: Any, topics: TopicLabels) -> None:
-        self._spec = spec
-        self._record = instrument.record
-        self._topics = topics
-        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+class _Histogram(BoundChildren[_HistogramChild]):
+    """Past a bound, observations go to the ``"(other)"`` attribute set."""
 
-    def labels(self, *values: str) -> _HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            # a topic past the bound: its observations go to the "(other)" attribute set
-            values = self._topics.bound(self._spec, values)
-            # dict.setdefault: two threads binding at once end with one child
-            child = self._children.setdefault(
-                values, _HistogramChild(self._record, attributes(self._spec, values)))
-        return child
+    def __init__(self, spec: MetricSpec, instrument: Any, bounds: LabelBounds) -> None:
+        super().__init__(spec, bounds)
+        self._record = instrument.record
+
+    def _new(self, values: tuple[str, ...]) -> _HistogramChild:
+        return _HistogramChild(self._record, attributes(self.spec, values))
 
 
 class _Instruments:
     """A meter provider's smartnsq instruments and their figures, shared by its exporters."""
 
-    def __init__(self, meter: Meter, max_topics: int) -> None:
+    def __init__(self, meter: Meter, max_topics: int, max_channels: int) -> None:
         self.meter = meter
-        self.store = LocalStore(max_topics)
+        self.store = LocalStore(max_topics, max_channels)
         self.histograms: dict[str, _Histogram] = {}
         # instruments are made once per metric even when clients on two threads bind at once
         self.lock = threading.Lock()
@@ -129,16 +122,18 @@ _GLOBAL: list[_Instruments] = []
 _SHARED_LOCK = threading.Lock()
 
 
-def _instruments(provider: MeterProvider | None, max_topics: int | None) -> _Instruments:
+def _instruments(provider: MeterProvider | None, max_topics: int | None,
+                 max_channels: int | None) -> _Instruments:
     with _SHARED_LOCK:
         shared = _GLOBAL[0] if provider is None and _GLOBAL else (
             _SHARED.get(provider) if provider is not None else None)
         if shared is not None:
-            check_max_topics(max_topics, shared.store, "OpenTelemetryMetrics")
+            check_bounds(max_topics, max_channels, shared.store.bounds, "OpenTelemetryMetrics")
         if shared is None:
             meter = otel_metrics.get_meter("smartnsq", __version__, meter_provider=provider)
             shared = _Instruments(
-                meter, DEFAULT_MAX_TOPICS if max_topics is None else max_topics)
+                meter, DEFAULT_MAX_TOPICS if max_topics is None else max_topics,
+                DEFAULT_MAX_CHANNELS if max_channels is None else max_channels)
             if provider is None:
                 _GLOBAL.append(shared)
             else:
@@ -154,18 +149,20 @@ class OpenTelemetryMetrics:
     ``max_topics`` (default 1000) bounds the topic attribute
     (``messaging.destination.name``): the first that many distinct topics keep their own
     attribute sets, later ones are reported as ``"(other)"`` (a warning is logged once).
-    Exporters on one provider share its bound."""
+    ``max_channels`` (default 1000) bounds the channel attribute
+    (``messaging.consumer.group.name``) the same way, counting distinct topic and channel
+    pairs. Exporters on one provider share its bounds."""
 
     enabled = True
 
     def __init__(self, meter_provider: MeterProvider | None = None, *,
-                 max_topics: int | None = None) -> None:
+                 max_topics: int | None = None, max_channels: int | None = None) -> None:
         if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
             raise ConfigError(f"OpenTelemetryMetrics(meter_provider=...) takes an "
                               f"OpenTelemetry MeterProvider, got {type_named(meter_provider)}")
         self.meter_provider = meter_provider
-        check_max_topics(max_topics, None, "OpenTelemetryMetrics")
-        shared = _instruments(meter_provider, max_topics)
+        check_bounds(max_topics, max_channels, None, "OpenTelemetryMetrics")
+        shared = _instruments(meter_provider, max_topics, max_channels)
         self._meter: Meter = shared.meter
         self._store = shared.store
         self._histograms = shared.histograms
@@ -195,7 +192,7 @@ class OpenTelemetryMetrics:
                     spec.otel_name, spec.otel_unit, spec.description,
                     explicit_bucket_boundaries_advisory=list(spec.buckets))
                 fam = self._histograms[spec.name] = _Histogram(spec, instrument,
-                                                               self._store.topics)
+                                                               self._store.bounds)
         return fam
 
     def gauge(self, spec: MetricSpec, read: GaugeRead) -> GaugeReader:

@@ -38,15 +38,9 @@ from prometheus_client.utils import floatToGoString
 
 from smartnsq.errors import ConfigError
 from smartnsq.metrics.api import GaugeRead, Kind, MetricSpec
+from smartnsq.metrics.bounds import DEFAULT_MAX_CHANNELS, DEFAULT_MAX_TOPICS, check_bounds
 from smartnsq.metrics.catalog import ALL, PREFIX
-from smartnsq.metrics.local import (
-    DEFAULT_MAX_TOPICS,
-    Counter,
-    GaugeReader,
-    Histogram,
-    LocalStore,
-    check_max_topics,
-)
+from smartnsq.metrics.local import Counter, GaugeReader, Histogram, LocalStore
 
 __all__ = ["PrometheusMetrics"]
 
@@ -116,14 +110,16 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
-def _attach(registry: CollectorRegistry, prefix: str, max_topics: int | None) -> _Shared:
+def _attach(registry: CollectorRegistry, prefix: str, max_topics: int | None,
+            max_channels: int | None) -> _Shared:
     with _SHARED_LOCK:
         by_prefix = _SHARED.setdefault(registry, {})
         shared = by_prefix.get(prefix)
         if shared is not None:
-            check_max_topics(max_topics, shared.store, "PrometheusMetrics")
+            check_bounds(max_topics, max_channels, shared.store.bounds, "PrometheusMetrics")
         if shared is None:
-            store = LocalStore(DEFAULT_MAX_TOPICS if max_topics is None else max_topics)
+            store = LocalStore(DEFAULT_MAX_TOPICS if max_topics is None else max_topics,
+                               DEFAULT_MAX_CHANNELS if max_channels is None else max_channels)
             collector = _Collector(store, prefix)
             try:
                 registry.register(collector)
@@ -146,12 +142,16 @@ class PrometheusMetrics:
     ``max_topics`` (default 1000) bounds the ``topic`` label: the first that many distinct
     topics keep their own series, later ones are counted under ``topic="(other)"`` (a
     warning is logged once), so generated topic names do not grow the registry without
-    end. Exporters sharing a collector share its bound."""
+    end. ``max_channels`` (default 1000) bounds the ``channel`` label the same way, counting
+    a topic's channels as nsqd does (distinct topic and channel pairs): channels made per
+    tenant or per process (``#ephemeral``) past it are counted under ``channel="(other)"``.
+    Exporters sharing a collector share its bounds."""
 
     enabled = True
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 prefix: str = PREFIX, *, max_topics: int | None = None) -> None:
+                 prefix: str = PREFIX, *, max_topics: int | None = None,
+                 max_channels: int | None = None) -> None:
         if registry is not None and not isinstance(registry, CollectorRegistry):
             raise ConfigError(f"PrometheusMetrics(registry=...) takes a prometheus_client "
                               f"CollectorRegistry (prometheus_client.REGISTRY, or "
@@ -161,8 +161,8 @@ class PrometheusMetrics:
                               f"name ([a-zA-Z_:][a-zA-Z0-9_:]*), got {prefix!r}")
         self.registry = REGISTRY if registry is None else registry
         self._prefix = prefix
-        check_max_topics(max_topics, None, "PrometheusMetrics")
-        self._shared: _Shared | None = _attach(self.registry, prefix, max_topics)
+        check_bounds(max_topics, max_channels, None, "PrometheusMetrics")
+        self._shared: _Shared | None = _attach(self.registry, prefix, max_topics, max_channels)
         self._store = self._shared.store
         self._collector = self._shared.collector
 
