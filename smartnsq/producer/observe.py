@@ -20,14 +20,29 @@ The ``nsqd`` label is ``host:port`` (an HTTP target's address without its scheme
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from smartnsq.metrics import CounterChild, HistogramChild, Metrics
 from smartnsq.metrics import catalog as c
 
 __all__ = ["PublishMetrics"]
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 #: commands whose messages are a batch (the batch size histogram)
 _BATCHES = frozenset({"MPUB", "MPUB_TRACE", "MPUB_EXT", "HTTP_MPUB"})
+#: entries each per-topic cache below keeps; a full one is emptied and fills again with the
+#: topics in use, so a producer publishing to generated names (per tenant, per day) holds no
+#: entry per topic for good and the topics of today, not the first ones, stay cached
+CACHED = 1024
+
+
+def _keep(cache: dict[K, V], key: K, value: V) -> V:
+    if len(cache) >= CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 class _Ok:
@@ -70,11 +85,11 @@ class PublishMetrics:
         key = (topic, command)
         ok = self._ok.get(key)
         if ok is None:
-            ok = self._ok[key] = _Ok(
-                self._publishes.labels(topic, command, "ok"),
-                self._sent.labels(topic, command, "ok"),
-                self._duration.labels(topic, command),
-                self._batch.labels(topic) if command in _BATCHES else None)
+            ok = _Ok(self._publishes.labels(topic, command, "ok"),
+                     self._sent.labels(topic, command, "ok"),
+                     self._duration.labels(topic, command),
+                     self._batch.labels(topic) if command in _BATCHES else None)
+            _keep(self._ok, key, ok)
         return ok
 
     def published(self, topic: str, command: str, count: int, start: float) -> None:
@@ -97,9 +112,9 @@ class PublishMetrics:
         ok = self._at_once.get(key)
         if ok is None:
             base = self._ok_children(topic, command)
-            ok = self._at_once[key] = _Ok(
-                base.publishes, base.sent, base.duration, base.batch,
-                self._attempts.labels(topic, c.address_label(address), "ok"))
+            ok = _Ok(base.publishes, base.sent, base.duration, base.batch,
+                     self._attempts.labels(topic, c.address_label(address), "ok"))
+            _keep(self._at_once, key, ok)
         assert ok.attempt is not None
         ok.attempt.inc()
         self._count(ok, count, start)
@@ -120,8 +135,8 @@ class PublishMetrics:
             key = (topic, address)
             child = self._ok_attempts.get(key)
             if child is None:
-                child = self._ok_attempts[key] = self._attempts.labels(
-                    topic, c.address_label(address), "ok")
+                child = self._attempts.labels(topic, c.address_label(address), "ok")
+                _keep(self._ok_attempts, key, child)
             child.inc()
             return
         self._attempts.labels(topic, c.address_label(address), type(exc).__name__).inc()
