@@ -50,7 +50,7 @@ def test_each_summary_is_its_commands_own() -> None:
 @pytest.mark.parametrize("width", [60, 80, 100, 200])
 def test_listing_is_the_one_click_prints_for_the_commands(width: int) -> None:
     """The lazy listing, at any terminal width, is what click prints from the commands."""
-    lazy = click.Context(cli, info_name="smartnsq", terminal_width=width)
+    lazy = cli.make_context("smartnsq", [], resilient_parsing=True, terminal_width=width)
     before = cli.get_help(lazy)
     eager = click.Group("smartnsq", params=cli.params, help=cli.help, epilog=cli.epilog,
                         context_settings=cli.context_settings)
@@ -58,8 +58,8 @@ def test_listing_is_the_one_click_prints_for_the_commands(width: int) -> None:
         command = cli.get_command(lazy, name)
         assert command is not None
         eager.add_command(command, name)
-    expected = eager.get_help(click.Context(eager, info_name="smartnsq",
-                                            terminal_width=width))
+    expected = eager.get_help(eager.make_context("smartnsq", [], resilient_parsing=True,
+                                                 terminal_width=width))
     assert before == expected
     listed = before.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     names = [line.split()[0] for line in listed if line.startswith("  ") and

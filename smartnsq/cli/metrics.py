@@ -59,6 +59,7 @@ def serving_metrics(port: int | None, addr: str = "127.0.0.1") -> Iterator[None]
             CollectorRegistry,
         )
 
+        from smartnsq.metrics import set_metrics
         from smartnsq.metrics.prometheus import PrometheusMetrics
     except ImportError:
         raise CliError(f"--metrics-port needs prometheus_client: {INSTALL_HINT}") from None
@@ -76,8 +77,6 @@ def serving_metrics(port: int | None, addr: str = "127.0.0.1") -> Iterator[None]
         raise CliError(f"--metrics-port {port}: cannot listen on {_join(addr, port)}: "
                        f"{why}") from None
     err_print(f"smartnsq: metrics on http://{_join(addr, server.server_port)}/metrics")
-    from smartnsq.metrics import set_metrics
-
     previous = set_metrics(metrics)
     try:
         yield

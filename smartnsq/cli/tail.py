@@ -241,14 +241,15 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
     """Print the messages of TOPIC as they arrive. Ctrl-C stops cleanly: messages already
     printed are finished, nothing is left in flight, and a message is never consumed
     without being printed."""
-    from smartnsq.consumer import Consumer
-    from smartnsq.ordered import OrderedConsumer
-
     cluster = pick_cluster(lookupd, nsqd)
     if cluster.nsqd and (partitions or ordered or start is not None):
         raise click.UsageError("--partition, --ordered and --from need --lookupd (they use "
                                "youzan partitions, which the lookupds publish)")
     stop = stop_event()
+    # imported once Ctrl-C sets ``stop``: one during the import ends tail as one later does
+    from smartnsq.consumer import Consumer
+    from smartnsq.ordered import OrderedConsumer
+
     printer = Printer(fmt, count, require_stdout("the messages").buffer, stop)
     chan = channel or ephemeral_channel()
     consumer: Consumer
