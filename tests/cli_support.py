@@ -6,6 +6,7 @@ one-line errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -101,6 +102,16 @@ def spawn_cli(args: Sequence[str], stdin: int | None = None) -> subprocess.Popen
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def send_signal(proc: asyncio.subprocess.Process | subprocess.Popen[bytes], sig: int) -> None:
+    """Signal a command's process as a user's kill or Ctrl-C does: with ``os.kill``, not
+    ``send_signal``. ``Popen.send_signal`` polls first, and a poll that reaps the child
+    under asyncio's child watcher makes the watcher report returncode 255 ("Unknown child
+    process pid"). A process already seen to end is left alone."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # ended since, not reaped yet
+            os.kill(proc.pid, sig)
+
+
 async def smartnsq(*args: str, bound: float = WAIT) -> tuple[int, bytes, bytes]:
     """``python -m smartnsq ARGS`` as a user runs it, from an async test: (exit code, stdout,
     stderr); interrupted (SIGINT) when it outlives ``bound`` seconds, so a hang shows as a
@@ -111,7 +122,7 @@ async def smartnsq(*args: str, bound: float = WAIT) -> tuple[int, bytes, bytes]:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), bound)
     except TimeoutError:
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         out, err = await asyncio.wait_for(proc.communicate(), WAIT)
         err += f"\n[test: still running after {bound} s, interrupted]".encode()
     assert proc.returncode is not None

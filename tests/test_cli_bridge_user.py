@@ -20,6 +20,7 @@ from tests.cli_support import (
     cluster_fixture,
     finish_process,
     lines,
+    send_signal,
     smartnsq,
 )
 from tests.test_cli_bridge_failures import (
@@ -121,7 +122,7 @@ async def test_a_signal_while_messages_are_held_ends_at_once_and_keeps_them(
         assert warning.startswith(b"smartnsq: warning: destination: "), warning
         await eventually("three held", lambda: channel_stats(
             stock, topic, SRC_CHANNEL)["in_flight_count"] == 3)
-        proc.send_signal(sig)
+        send_signal(proc, sig)
         signalled = time.monotonic()
     finally:
         code, rest = await finish_process(proc)
@@ -164,7 +165,7 @@ async def test_ctrl_c_while_the_destination_is_silent_ends_within_the_grace(
         await publish(stock, topic, ["two"])
         await eventually("two taken", lambda: channel_stats(
             stock, topic, SRC_CHANNEL)["in_flight_count"] == 1)
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         signalled = time.monotonic()
     finally:
         code, rest = await finish_process(proc)

@@ -20,7 +20,7 @@ import pytest
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
-from tests.cli_support import WAIT, closed_port, finish_process, smartnsq
+from tests.cli_support import WAIT, closed_port, finish_process, send_signal, smartnsq
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -163,7 +163,7 @@ async def test_a_lost_connection_is_retried_with_a_warning(command: str,
             if command == "to-file":
                 await eventually("message two archived",
                                  lambda: (archived(tmp_path) == ["one", "two"]))
-                proc.send_signal(signal.SIGINT)
+                send_signal(proc, signal.SIGINT)
             out, err = await asyncio.wait_for(proc.communicate(), WAIT)
         finally:
             if proc.returncode is None:
@@ -239,7 +239,7 @@ async def test_to_file_ordered_archives_each_partition_in_order(
     try:
         await eventually("30 messages archived",
                          lambda: (len(archived(tmp_path)) >= 30), youzan.settle_seconds)
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), WAIT)
     finally:
         if proc.returncode is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import assert_one_line_error, invoke
+from tests.cli_support import assert_one_line_error, invoke, send_signal
 
 #: bound on the cluster printing "ready", and on its stop after SIGINT
 BOUND = 20.0
@@ -50,7 +50,7 @@ async def run_until_ready(*argv: str) -> tuple[asyncio.subprocess.Process, list[
 
 async def stop_with_sigint(proc: asyncio.subprocess.Process) -> None:
     began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    send_signal(proc, signal.SIGINT)
     try:
         assert await asyncio.wait_for(proc.wait(), BOUND) == 0
     finally:

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import WAIT, ClusterThread, channel_stats, cluster_fixture, spawn_cli
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    channel_stats,
+    cluster_fixture,
+    send_signal,
+    spawn_cli,
+)
 
 TOPIC = "codes"
 CHANNEL = "c"
@@ -101,7 +108,7 @@ def test_a_signal_ends_every_command_with_the_conventions_code(
             time.sleep(0.05)
         time.sleep(0.2)  # its signal handlers are in place once it is under way
         began = time.monotonic()
-        proc.send_signal(sig)
+        send_signal(proc, sig)
         _, err = proc.communicate(timeout=WAIT)
         elapsed = time.monotonic() - began
     finally:

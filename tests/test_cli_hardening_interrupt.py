@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from tests.cli_support import send_signal
 from tests.silent_server import Silent, silent_servers
 
 ENTRY_POINTS = {
@@ -57,10 +57,7 @@ async def test_ctrl_c_while_importing_ends_quietly_with_130(
             for _ in range(500):
                 if proc.returncode is not None:
                     break
-                # os.kill, not proc.send_signal: Popen.send_signal polls first, which can
-                # reap the child under asyncio's watcher (it then reports returncode 255)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGINT)
+                send_signal(proc, signal.SIGINT)
                 sent += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 0.01)

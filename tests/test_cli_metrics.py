@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smartnsq.config import ProducerConfig
 from smartnsq.metrics import catalog
-from tests.cli_support import WAIT, smartnsq
+from tests.cli_support import WAIT, send_signal, smartnsq
 from tests.real_servers import StockServer, stock, unique  # noqa: F401  (the fixture)
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -60,7 +60,7 @@ class Running:
     async def stop(self) -> tuple[int, bytes]:
         """SIGINT, as Ctrl-C: its exit code and what it still wrote on stderr."""
         if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGINT)
+            send_signal(self.proc, signal.SIGINT)
         _, err = await asyncio.wait_for(self.proc.communicate(), WAIT)
         assert self.proc.returncode is not None
         return self.proc.returncode, err

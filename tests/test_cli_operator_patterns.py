@@ -40,6 +40,7 @@ from tests.cli_support import (
     cluster_fixture,
     invoke,
     run_cli,
+    send_signal,
     spawn_cli,
 )
 from tests.test_cli_dev import run_until_ready, stop_with_sigint
@@ -217,7 +218,7 @@ def test_a_topic_deleted_while_stat_streams(stock: ClusterThread) -> None:
                 break
         else:
             raise AssertionError("stat still showed the deleted topic")
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
     finally:
         if proc.poll() is None:

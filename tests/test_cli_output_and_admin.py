@@ -33,6 +33,7 @@ from tests.cli_support import (
     http_json,
     invoke,
     lines,
+    send_signal,
 )
 
 CHANNEL = "c"
@@ -227,7 +228,7 @@ async def test_live_stat_on_a_pipe_prints_a_table_per_refresh(yz: ClusterThread)
             titles += b"smartnsq stat " in line
             assert b"\x1b[" not in line  # plain: no terminal escapes
     finally:
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), WAIT)
     assert (proc.returncode, err.decode()) == (0, "")
 

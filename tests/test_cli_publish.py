@@ -30,6 +30,7 @@ from tests.cli_support import (
     cluster_fixture,
     http_json,
     run_cli,
+    send_signal,
     spawn_cli,
 )
 
@@ -165,7 +166,7 @@ def test_publish_from_an_open_pipe_stops_on_a_signal(stock: ClusterThread, sig: 
         # published as they come, though the pipe stays open
         wait_depth(stock, topic, 3, proc)
         began = time.monotonic()
-        proc.send_signal(sig)
+        send_signal(proc, sig)
         _, err = proc.communicate(timeout=WAIT)
         elapsed = time.monotonic() - began
     finally:
@@ -236,7 +237,7 @@ def test_a_signal_publishes_the_partial_batch_it_holds(stock: ClusterThread, sig
     sent = [b"line%d" % i for i in range(7)]
     feed_slowly(proc, sent)
     assert depth(stock, topic) == 0  # held: the batch is not full
-    proc.send_signal(sig)
+    send_signal(proc, sig)
     rc, err, elapsed = finish(proc)
     assert rc == code, err
     assert elapsed < 5.0, f"{elapsed:.1f} s after the signal"
@@ -262,10 +263,10 @@ def test_a_signal_reports_what_a_silent_nsqd_never_confirmed(stock: ClusterThrea
             wait_depth(stock, topic, 3, proc)
             stock.call(lambda: node.set_response_delay(60))
             feed_slowly(proc, [b"b1", b"b2", b"b3", b"b4"])  # one MPUB out, b4 held
-            proc.send_signal(signal.SIGINT)
+            send_signal(proc, signal.SIGINT)
             if second:
                 time.sleep(0.5)
-                proc.send_signal(signal.SIGINT)
+                send_signal(proc, signal.SIGINT)
             rc, err, elapsed = finish(proc)
         finally:
             stock.call(lambda: node.set_response_delay(0))
@@ -308,7 +309,7 @@ def test_ctrl_c_under_a_slow_rate_does_not_wait_for_the_rate(stock: ClusterThrea
                       "--rate", "1/m"], stdin=subprocess.PIPE)
     feed_slowly(proc, [b"r1", b"r2", b"r3"])
     wait_depth(stock, "slowrate", 1, proc)
-    proc.send_signal(signal.SIGINT)
+    send_signal(proc, signal.SIGINT)
     rc, err, elapsed = finish(proc)
     assert rc == 130, err
     assert elapsed < 2.0, f"{elapsed:.1f} s after the signal"

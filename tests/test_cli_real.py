@@ -14,7 +14,15 @@ from pathlib import Path
 import mmh3
 import pytest
 
-from tests.cli_support import WAIT, assert_one_line_error, http_json, invoke, lines, spawn_cli
+from tests.cli_support import (
+    WAIT,
+    assert_one_line_error,
+    http_json,
+    invoke,
+    lines,
+    send_signal,
+    spawn_cli,
+)
 
 YOUZAN_LOOKUPD = os.environ.get("SMARTNSQ_REAL_YOUZAN_LOOKUPD", "")
 NSQD = os.environ.get("SMARTNSQ_REAL_NSQD", "")
@@ -102,7 +110,7 @@ def test_real_stock_to_file_graceful_stop(tmp_path: Path) -> None:
             while len(list(tmp_path.iterdir())) < 2:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            send_signal(proc, signal.SIGINT)
             assert proc.wait(WAIT) == 0
         finally:
             if proc.poll() is None:

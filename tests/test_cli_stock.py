@@ -22,6 +22,7 @@ from tests.cli_support import (
     http_json,
     invoke,
     lines,
+    send_signal,
     spawn_cli,
 )
 
@@ -171,7 +172,7 @@ def test_to_file_rotates_and_stops_gracefully_mid_stream(stock: ClusterThread,
                       "1000", "--max-in-flight", "20", "--sync-interval", "0.05"])
     try:
         wait_for_lines(tmp_path, 300, proc)
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
     finally:
         if proc.poll() is None:
@@ -204,7 +205,7 @@ def test_to_file_killed_mid_stream_finished_only_what_it_wrote(stock: ClusterThr
                       "--sync-interval", "0.05"])
     try:
         wait_for_lines(tmp_path, 500, proc)
-        proc.send_signal(signal.SIGKILL)
+        send_signal(proc, signal.SIGKILL)
         proc.wait(WAIT)
     finally:
         if proc.poll() is None:
@@ -232,7 +233,7 @@ def test_to_file_rotates_by_time(stock: ClusterThread, tmp_path: Path) -> None:
         while len(archived(tmp_path)[1]) < 2:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
     finally:
         if proc.poll() is None:

@@ -19,7 +19,14 @@ import termios
 import time
 from typing import IO, Any
 
-from tests.cli_support import WAIT, ClusterThread, channel_stats, cluster_fixture, lines
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    channel_stats,
+    cluster_fixture,
+    lines,
+    send_signal,
+)
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 PYTHON = shlex.quote(sys.executable)
@@ -170,7 +177,7 @@ def test_ctrl_c_stops_tail_while_its_reader_reads_nothing(stock: ClusterThread) 
             assert time.monotonic() < deadline, "the pipe never filled"
             assert tail.poll() is None, tail.stderr.read()
             time.sleep(0.05)
-        tail.send_signal(signal.SIGINT)
+        send_signal(tail, signal.SIGINT)
         assert tail.wait(timeout=WAIT) == 0  # a stop is how tail's run ends
     finally:
         if tail.poll() is None:

@@ -20,6 +20,7 @@ from tests.cli_support import (
     http_json,
     invoke,
     lines,
+    send_signal,
     spawn_cli,
 )
 
@@ -287,7 +288,7 @@ def test_tail_stops_cleanly_on_sigint(yz: ClusterThread, tmp_path: Path) -> None
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"x\n"  # bounded by the 120 s test timeout
         assert proc.stdout.readline() == b"y\n"
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
     finally:
         if proc.poll() is None:
@@ -397,7 +398,7 @@ def test_stat_lists_replicas_and_live_rates(yz: ClusterThread) -> None:
         second = json.loads(proc.stdout.readline())
         assert second["topics"][0]["rate"] is not None
         assert second["topics"][0]["channels"][0]["rate"] is not None
-        proc.send_signal(signal.SIGINT)
+        send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
     finally:
         if proc.poll() is None:
