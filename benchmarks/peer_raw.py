@@ -12,12 +12,13 @@ Usage: peer_raw.py SCENARIO --nsqd HOST:PORT --topic T --count N [--loop uvloop|
   pub_autobatch (the auto-batching row's callers: 5000 tasks, each awaiting a future per
   message; MPUB of up to 500 bodies, or after 1 ms), consume_fin (SUB T/bench, RDY 2500, FIN
   each message; N messages must already wait), pub_sequential_awaited and
-  pub_inflight_awaited (1 and 1000 callers, each awaiting a future per PUB that the OK
-  resolves: the floor of an API whose publish is awaited; in pub_sequential and pub_inflight
-  the next PUB is written from the read that brought an OK, with no future and no task
-  switch, which no awaitable publish can do), consume_fin_awaited (consume_fin through an
-  ``async def`` handler awaited per message, one task handing the queued messages over: the
-  floor of a consumer with such handlers)
+  pub_inflight_awaited (1 and 1000 callers, each awaiting an ``async def`` publish per PUB
+  around a future that the OK resolves: the floor of an asyncio API whose publish is a
+  coroutine; in pub_sequential and pub_inflight the next PUB is written from the read that
+  brought an OK, with no future and no task switch, which no awaitable publish can do),
+  pub_autobatch_awaited (pub_autobatch's callers through such an ``async def`` publish),
+  consume_fin_awaited (consume_fin through an ``async def`` handler awaited per message, one
+  task handing the queued messages over: the floor of a consumer with such handlers)
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import os
 import struct
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import BODY, Meter, Result, peer_main
@@ -149,8 +151,18 @@ class _Awaited(_Raw):
             fut.set_exception(RuntimeError(bytes(buf[start:stop]).decode()))
 
 
+def _coroutine_api(submit: Callable[[bytes], asyncio.Future[None]]
+                   ) -> Callable[[bytes], Coroutine[Any, Any, None]]:
+    """``submit`` as an asyncio client's publish is called: an ``async def`` the caller
+    awaits (one coroutine per call around the future, nothing else)."""
+    async def publish(data: bytes) -> None:
+        await submit(data)
+    return publish
+
+
 async def _awaited(addr: str, topic: str, count: int, callers: int) -> Result:
     proto = _Awaited()
+    send = _coroutine_api(proto.publish)
     await _connect(addr, proto)
     pub = b"PUB %s\n%s%s" % (topic.encode(), struct.pack(">i", len(BODY)), BODY)
     await asyncio.wait_for(proto.publish(pub), _TIMEOUT)  # the topic exists
@@ -159,7 +171,7 @@ async def _awaited(addr: str, topic: str, count: int, callers: int) -> Result:
 
     async def caller(n: int) -> None:
         for _ in range(n):
-            await proto.publish(pub)
+            await send(pub)
 
     per, extra = divmod(count, callers)
     await asyncio.wait_for(asyncio.gather(*(caller(per + (i < extra))
@@ -315,15 +327,16 @@ async def _connect(addr: str, proto: _Raw) -> None:
     proto.transport.write(b"  V2")
 
 
-async def _autobatch(addr: str, topic: str, count: int) -> Result:
+async def _autobatch(addr: str, topic: str, count: int, awaited: bool) -> Result:
     proto = _AutoBatcher(topic, linger=0.001, max_batch=500)
     await _connect(addr, proto)
     callers = 5000
     per, extra = divmod(count, callers)
+    send = _coroutine_api(proto.publish) if awaited else proto.publish
 
     async def caller(n: int) -> None:
         for _ in range(n):
-            await proto.publish(BODY)
+            await send(BODY)
 
     await asyncio.wait_for(caller(1), _TIMEOUT)  # the topic exists, the connection is warm
     meter = Meter()
@@ -333,12 +346,13 @@ async def _autobatch(addr: str, topic: str, count: int) -> Result:
     meter.stop()
     assert proto.transport is not None
     proto.transport.close()
-    return Result("raw", "pub_autobatch", count, meter.wall, meter.cpu, meter.sys)
+    return Result("raw awaited" if awaited else "raw", "pub_autobatch", count, meter.wall,
+                  meter.cpu, meter.sys)
 
 
 async def _publish(addr: str, topic: str, count: int, scenario: str) -> Result:
-    if scenario == "pub_autobatch":
-        return await _autobatch(addr, topic, count)
+    if scenario in ("pub_autobatch", "pub_autobatch_awaited"):
+        return await _autobatch(addr, topic, count, scenario == "pub_autobatch_awaited")
     if scenario == "pub_sequential_awaited":
         return await _awaited(addr, topic, count, 1)
     if scenario == "pub_inflight_awaited":

@@ -83,10 +83,10 @@ STOCK = [
 ]
 
 #: scenarios whose raw loop also runs as "raw awaited" (peer_raw.py's scenario of that name):
-#: the raw row writes each next PUB from the read that brought the OK, which an API whose
-#: publish is awaited cannot do
+#: the raw row writes each next PUB from the read that brought the OK (or, auto-batched,
+#: callers await a bare future), which an API whose publish is an ``async def`` cannot do
 AWAITED = {"pub_sequential": "pub_sequential_awaited", "pub_inflight": "pub_inflight_awaited",
-           "consume_fin": "consume_fin_awaited"}
+           "pub_autobatch": "pub_autobatch_awaited", "consume_fin": "consume_fin_awaited"}
 
 #: issue 20's targets: smartnsq's client CPU per message ÷ the raw loop's, same run
 RAW_RATIO_TARGETS = {"consume_fin": 1.4, "pub_inflight": 1.0, "mpub": 2.5,
@@ -271,10 +271,10 @@ def print_stock_table(results: dict[str, list[Result]], scenarios: list[Scenario
     print("raw = a raw asyncio loop on the same wire and event loop (benchmarks/peer_raw.py: "
           "struct parsing, one write per read, no client library): the ceiling; the distance "
           "to it is the client's own cost.")
-    print("raw awaited = the raw loop with callers awaiting a future per PUB (the raw row "
-          "writes the next PUB from the read that brought an OK), or, for consume, handing "
-          "each message to an async handler it awaits: the floor of an awaited publish or "
-          "handler.")
+    print("raw awaited = the raw loop with callers awaiting an async def publish around a "
+          "future per PUB (the raw row writes the next PUB from the read that brought an OK; "
+          "auto-batched, its callers await the bare future), or, for consume, handing each "
+          "message to an async handler it awaits: the floor of an asyncio publish or handler.")
     print("sys = the kernel's share of µs/msg (socket reads and writes; on loopback a write "
           "also delivers to nsqd).")
     print("msg/s ×pynsq = rate ÷ pynsq's rate; CPU ×pynsq = pynsq's µs/msg ÷ this client's "
