@@ -99,7 +99,7 @@ class SharedLoop(BackgroundLoop):
         """:meth:`BackgroundLoop.run`, whose wait also ends with the thread; once the
         thread has ended without ``stop()``, the error says why."""
         if not self.in_this_process or threading.current_thread() is self.thread:
-            return super().run(coro, timeout)  # refused there, with the reason
+            return super().run(coro, timeout, from_running_loop=from_running_loop)  # refused
         if self._end.done() or self.ended_by is not None:
             coro.close()
             raise self._ended_error()
