@@ -4,7 +4,10 @@ commands themselves give, without loading the clients (aiohttp, pydantic)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
+import signal
 import subprocess
 import sys
 
@@ -12,6 +15,7 @@ import click
 import pytest
 
 from smartnsq.cli.app import COMMANDS, cli
+from tests.cli_support import WAIT, closed_port, send_signal
 
 #: what a user's ``smartnsq --help`` must not wait for
 HEAVY = ("aiohttp", "pydantic", "smartnsq.consumer", "smartnsq.producer", "smartnsq.lookup",
@@ -79,3 +83,36 @@ def test_dev_names_stay_importable() -> None:
 
     assert callable(build_parser) and callable(run_dev)
     assert DevOptions.__name__ == "DevOptions" and TopicSpec.__name__ == "TopicSpec"
+
+
+async def test_ctrl_c_while_a_command_imports_ends_quietly_with_130() -> None:
+    """An impatient user's Ctrl-C, again and again, while ``tail``'s module is still being
+    imported (after the group's): "interrupted" and 130, as at start-up, never a
+    traceback."""
+    for _ in range(3):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-X", "importtime", "-m", "smartnsq", "tail", "orders", "--nsqd",
+            closed_port(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        assert proc.stderr is not None
+        try:
+            async with asyncio.timeout(WAIT):
+                # -X importtime writes a line as each import ends: the group's is done
+                line = b""
+                while not line.rstrip().endswith(b"| smartnsq.cli.app"):
+                    line = await proc.stderr.readline()
+                    assert line, "smartnsq ended before importing its group"
+                for _ in range(500):  # every 5 ms, at most 2.5 s of them
+                    if proc.returncode is not None:
+                        break
+                    send_signal(proc, signal.SIGINT)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(proc.wait(), 0.005)
+                _, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        said = [ln for ln in err.decode().splitlines() if not ln.startswith("import time:")]
+        assert proc.returncode == 130, said
+        assert said[-1:] == ["smartnsq: interrupted"], said
+        assert "Traceback" not in err.decode(), said

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
-from types import FrameType
+
+from smartnsq.cli.interrupts import guard_imports
 
 __all__ = ["main"]
 
@@ -23,10 +23,10 @@ _EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smartnsq`` console script (and ``python -m smartnsq``)."""
-    # Ctrl-C while the commands are still importing (most of the start-up's ~0.6 s) ends
+    # Ctrl-C while the commands are still importing (most of the start-up) ends
     # quietly with 130, as it does once a command runs, instead of a traceback out of
     # whichever import it hit; repeated Ctrl-C while ending says nothing more either
-    guard = _guard_imports()
+    guard = guard_imports()
     try:
         run = _load()
     except KeyboardInterrupt:
@@ -55,26 +55,3 @@ def _load() -> Callable[[Sequence[str] | None], int] | None:
     from smartnsq.cli.app import main as run
 
     return run
-
-
-def _first_interrupt(signum: int, frame: FrameType | None) -> None:
-    # the first Ctrl-C stops the imports; a second one must not break into the quiet exit
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-def _guard_imports() -> Callable[[], None]:
-    """Route Ctrl-C to :func:`_first_interrupt` until the returned undo is called; nothing
-    when not on the main thread, or when SIGINT is not Python's default handler (ignored in
-    a background job, or an embedding program's own): that choice stays as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return lambda: None
-    signal.signal(signal.SIGINT, _first_interrupt)
-
-    def undo() -> None:
-        # the commands (asyncio.run) take Ctrl-C over from Python's default handler only
-        if signal.getsignal(signal.SIGINT) is _first_interrupt:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    return undo

@@ -14,8 +14,10 @@ the command groups here map onto it directly.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -30,6 +32,7 @@ from smartnsq.cli.common import (
     one_line,
     stdout_closed,
 )
+from smartnsq.cli.interrupts import guard_imports
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
@@ -118,7 +121,13 @@ class SmartnsqGroup(click.Group):
         command = self.commands.get(cmd_name)
         if command is None and cmd_name in COMMANDS:
             where = COMMANDS[cmd_name]
-            command = getattr(importlib.import_module(where.module), where.attribute)
+            # Ctrl-C during the import: "interrupted" and 130 as at start-up (run_main)
+            undo = guard_imports()
+            try:
+                module = importlib.import_module(where.module)
+            finally:
+                undo()
+            command = getattr(module, where.attribute)
             if not isinstance(command, click.Command):
                 raise TypeError(f"{where.module}.{where.attribute} is not a click command")
             self.add_command(command, cmd_name)
@@ -163,10 +172,8 @@ class SmartnsqGroup(click.Group):
             rv = super().main(args, prog_name or "smartnsq", complete_var,
                               standalone_mode=False,
                               windows_expand_args=windows_expand_args, **extra)
-        except click.exceptions.Abort:
-            print("smartnsq: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        except KeyboardInterrupt:
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            _ending_after_ctrl_c()
             print("smartnsq: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
         except click.exceptions.Exit as exc:
@@ -186,6 +193,20 @@ class SmartnsqGroup(click.Group):
                   file=sys.stderr)
             return 1
         return rv if isinstance(rv, int) else 0
+
+
+#: set while :func:`main` runs the group as the ``smartnsq`` process (not inside a test's
+#: or another program's process, whose Ctrl-C stays theirs)
+_OWN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("own_process",
+                                                                   default=False)
+
+
+def _ending_after_ctrl_c() -> None:
+    # a further Ctrl-C while the process ends says nothing more: without this it killed the
+    # interpreter on its way out (exit status -SIGINT instead of 130)
+    if _OWN_PROCESS.get():
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -213,5 +234,10 @@ def cli(ctx: click.Context, verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smartnsq`` console script."""
-    result: int = cli.main(list(argv) if argv is not None else None, standalone_mode=False)
+    token = _OWN_PROCESS.set(True)
+    try:
+        result: int = cli.main(list(argv) if argv is not None else None,
+                               standalone_mode=False)
+    finally:
+        _OWN_PROCESS.reset(token)
     return result

@@ -1,0 +1,36 @@
+"""Ctrl-C while ``smartnsq`` imports (at start-up, and a command's module when it is asked
+for): it ends the imports quietly, and a second one does not break into that quiet exit.
+Only the standard library here: :mod:`smartnsq.cli` uses it before checking that the
+``cli`` extra is installed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+__all__ = ["guard_imports"]
+
+
+def _first_interrupt(signum: int, frame: FrameType | None) -> None:
+    # the first Ctrl-C stops the imports; a second one must not break into the quiet exit
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def guard_imports() -> Callable[[], None]:
+    """Route Ctrl-C to :func:`_first_interrupt` until the returned undo is called; nothing
+    when not on the main thread, or when SIGINT is not Python's default handler (ignored in
+    a background job, or an embedding program's own): that choice stays as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+    signal.signal(signal.SIGINT, _first_interrupt)
+
+    def undo() -> None:
+        # the commands (asyncio.run) take Ctrl-C over from Python's default handler only
+        if signal.getsignal(signal.SIGINT) is _first_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return undo
