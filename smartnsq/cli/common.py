@@ -362,13 +362,15 @@ def cli_logging(verbose: int) -> Iterator[None]:
     """``-v`` shows the library's warnings, ``-vv`` info, ``-vvv`` debug; by default only our
     own one-line messages reach stderr. The previous logging setup is restored afterwards
     (commands also run inside other programs and tests)."""
-    from rich.logging import RichHandler
-
     level = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}.get(
         verbose, logging.DEBUG)
     root = logging.getLogger("smartnsq")
     saved = (root.level, root.propagate)
-    handler = RichHandler(console=stderr_console(), show_path=False)
+    handler: logging.Handler = logging.NullHandler()
+    if verbose:  # without -v nothing passes the level: no need to load rich for it
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=stderr_console(), show_path=False)
     # the level on the handler too: commands lower single loggers to watch them (connections)
     handler.setLevel(level)
     root.addHandler(handler)

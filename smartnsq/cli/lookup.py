@@ -5,11 +5,9 @@ lookupds answered, demoted lookupds), plus each partition's replicas from the ns
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from smartnsq.cli.common import (
     CliError,
@@ -20,10 +18,13 @@ from smartnsq.cli.common import (
     writing_stdout,
 )
 from smartnsq.cli.common import topic_argument as _topic
-from smartnsq.cli.stat import build_doc, take_sample
 from smartnsq.cli.stopping import command_runner
-from smartnsq.lookup import Lookup, LookupdStatus, Node, TopicView
-from smartnsq.nsqd_http import NsqdHttpClient
+
+# rich, the lookup client and stat's sampling load when the command runs, not for --help
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from smartnsq.lookup import Lookup, LookupdStatus, Node, TopicView
 
 EPILOG = """\b
 Examples:
@@ -66,6 +67,8 @@ def view_json(view: TopicView, lookupds: tuple[LookupdStatus, ...],
 
 
 def print_view(console: Console, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
     meta = doc["meta"]
     head = f"[bold]{doc['topic']}[/] ({doc['flavour']}, access={doc['access']})"
     if meta is not None:
@@ -136,6 +139,9 @@ async def lookup_doc(lk: Lookup, topic: str, access: str) -> dict[str, Any]:
 async def replicas(lk: Lookup, topic: str) -> dict[str, list[str]]:
     """Partition → nsqds (HTTP addresses) holding a replica that is not the leader. lookupd
     only names leaders; each nsqd's ``/stats`` says which partitions it holds."""
+    from smartnsq.cli.stat import build_doc, take_sample
+    from smartnsq.nsqd_http import NsqdHttpClient
+
     nodes = sorted({n.http_address for n in await lk.admin.nodes() if n.http_port})
     async with NsqdHttpClient() as nsqd:
         sample = await take_sample(nsqd, nodes, topic)
