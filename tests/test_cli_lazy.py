@@ -39,8 +39,9 @@ def test_top_help_loads_no_client() -> None:
     assert _loaded_after("--help") == set()
 
 
-def test_tail_help_loads_no_client() -> None:
-    assert _loaded_after("tail", "--help") == set()
+@pytest.mark.parametrize("command", ["tail", "lookup", "topic", "channel", "dev"])
+def test_a_commands_help_loads_no_client(command: str) -> None:
+    assert _loaded_after(command, "--help") == set()
 
 
 def test_each_summary_is_its_commands_own() -> None:

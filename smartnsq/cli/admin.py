@@ -39,13 +39,14 @@ from smartnsq.errors import (
     ServerNotLeaderError,
     WrongPortError,
 )
-from smartnsq.lookup import Lookup, TopicView
-from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
-from smartnsq.protocol.commands import OffsetSpec
-from smartnsq.protocol.validation import check_channel
 
+# the HTTP client (aiohttp), the lookup client and the protocol (pydantic) load when a
+# command runs, not for --help
 if TYPE_CHECKING:
     from smartnsq.cli.common import StartAt
+    from smartnsq.lookup import Lookup, TopicView
+    from smartnsq.nsqd_http import NsqdHttpClient
+    from smartnsq.protocol.commands import OffsetSpec
 
 TOPIC_EPILOG = """\b
 Examples:
@@ -65,6 +66,8 @@ Examples:
 
 
 def _channel_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from smartnsq.protocol.validation import check_channel
+
     try:
         return check_channel(value)
     except NSQError as exc:
@@ -101,7 +104,7 @@ async def _flavour(lk: Lookup, view: TopicView | None = None) -> Flavour:
 NEW_TOPIC_WAIT = 90.0
 
 
-Call = Callable[[NsqdHttpClient, Target], Awaitable[str]]
+Call = Callable[["NsqdHttpClient", Target], Awaitable[str]]
 
 
 def failure(exc: NsqdHttpError | ServerError) -> str:
@@ -134,6 +137,8 @@ async def _call_all(targets: list[Target], call: Call, what: str, *,
                     return t, failure(exc), False
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    from smartnsq.nsqd_http import NsqdHttpClient
 
     async with NsqdHttpClient() as nsqd:
         results = await asyncio.gather(*(one(nsqd, t) for t in targets))
@@ -348,6 +353,8 @@ async def _refuse_past_end(targets: list[Target], topic: str,
               if t.partition is not None and spec(t).kind in ("virtual_queue", "msgcount")]
     if not checks:
         return targets
+    from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
+
     async with NsqdHttpClient() as http:
         found = await asyncio.gather(
             *(http.partition_stats(t.http_address, topic, t.partition or 0)
@@ -382,6 +389,8 @@ async def _partition_targets(addresses: tuple[str, ...], partition: int) -> list
     since stock nsqd ignores the partition parameter and would act on the whole channel (a
     youzan version carries ``HA``). An nsqd whose /info tells nothing gets the call as asked:
     its own answer says whether it took it."""
+    from smartnsq.nsqd_http import NsqdHttpClient
+
     async with NsqdHttpClient() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
     targets = []
@@ -403,6 +412,8 @@ async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
     none, one the nsqd holds picked by Go's map order (0.3.7-HA: partition 2 eleven times and
     5 once in 12 pauses on an nsqd leading both), where a user means them all."""
     targets: list[Target] = []
+    from smartnsq.nsqd_http import NsqdHttpClient
+
     async with NsqdHttpClient() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
         for address, version in zip(addresses, versions, strict=True):

@@ -35,7 +35,6 @@ import click
 from smartnsq.cli.common import CliError, describe, err_print, one_line, stdout_closed
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
 from smartnsq.errors import NSQError
-from smartnsq.protocol.validation import check_channel, check_topic
 
 EPILOG = """\b
 Examples:
@@ -82,6 +81,8 @@ def parse_topic_spec(text: str) -> TopicSpec:
                          f"({TOPIC_SYNTAX})") from None
     if any(n < 1 for n in numbers):
         raise ValueError(f"partitions and replica must be >= 1 in {text!r} ({TOPIC_SYNTAX})")
+    from smartnsq.protocol.validation import check_topic
+
     try:
         check_topic(parts[0])
     except NSQError as exc:
@@ -104,6 +105,8 @@ class TopicParam(click.ParamType[TopicSpec]):
 
 def _channel(ctx: click.Context, param: click.Parameter,
              value: tuple[str, ...]) -> tuple[str, ...]:
+    from smartnsq.protocol.validation import check_channel
+
     for v in value:
         try:
             check_channel(v)
