@@ -5,12 +5,20 @@ loop) and the pytest plugin's embedded clusters (:mod:`smartnsq.testing`, one pe
 A loop belongs to the process that started it: after ``fork`` (gunicorn --preload, Celery
 prefork, multiprocessing) the child has no loop thread, and :meth:`BackgroundLoop.run` raises
 :class:`EventLoopError` there at once instead of waiting forever.
+
+The thread can also end without :meth:`~BackgroundLoop.stop`: code on the loop calls
+``loop.stop()``, or a task lets ``SystemExit`` / ``KeyboardInterrupt`` through (asyncio
+re-raises both out of ``run_forever``). The loop records why (:attr:`~BackgroundLoop.ended_by`,
+logged once), every call waits with the thread's end in view (one submitted as the thread
+ends is dropped with the loop, and would be waited for ever), and each call made or cut
+short afterwards names that cause in its :class:`EventLoopError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 from collections.abc import Coroutine
@@ -21,6 +29,11 @@ from smartnsq.errors import ClientClosedError, EventLoopError
 __all__ = ["BackgroundLoop", "check_blocking_allowed"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("smartnsq.loop_thread")
+
+#: seconds a call cut short by the thread's own end waits for the loop's clean-up
+_CLEANUP_WAIT = 2.0
 
 
 def check_blocking_allowed(what: str) -> None:
@@ -36,14 +49,23 @@ def check_blocking_allowed(what: str) -> None:
 
 
 class BackgroundLoop:
-    """Runs its own event loop in a daemon thread named ``name`` until :meth:`stop`."""
+    """Runs its own event loop in a daemon thread named ``name`` until :meth:`stop`.
+    ``label`` names the thread in errors and the log, ``remedy`` ends the error of a call
+    made after the thread ended by itself (what its user can do then)."""
 
-    def __init__(self, name: str = "smartnsq-loop") -> None:
+    def __init__(self, name: str = "smartnsq-loop", *,
+                 label: str = "this smartnsq event loop thread", remedy: str = "") -> None:
         #: the process whose thread runs the loop (a forked child has no such thread)
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self._label = label
+        self._remedy = remedy
         #: stop() was called: what the loop cancels from then on was cut short by it
         self._stopping = False
+        #: why the thread ended without stop() (set as it ends), else None
+        self.ended_by: str | None = None
+        #: done once the thread has ended, for whatever reason
+        self._end: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -51,7 +73,13 @@ class BackgroundLoop:
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
-        finally:
+        except BaseException as exc:  # the thread ends here either way: keep why
+            self._ended(f"{exc!r} was raised on it (by a task or callback on the loop that "
+                        "let it through)", exc)
+        else:
+            if not self._stopping:
+                self._ended("loop.stop() was called by code running on it", None)
+        try:
             # what is still running is cancelled and awaited, so closing the loop warns
             # about no pending task
             pending = asyncio.all_tasks(self.loop)
@@ -61,6 +89,13 @@ class BackgroundLoop:
                 self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
+        finally:
+            self._end.set_result(None)
+
+    def _ended(self, why: str, exc: BaseException | None) -> None:
+        self.ended_by = why
+        log.error("%s ended: %s; the clients on it stop working", self._label, why,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
 
     @property
     def thread(self) -> threading.Thread:
@@ -68,14 +103,31 @@ class BackgroundLoop:
 
     @property
     def alive(self) -> bool:
-        """True until :meth:`stop` has ended the loop's thread."""
+        """True until the loop's thread has ended (:meth:`stop`, or by itself)."""
         return self._thread.is_alive()
+
+    @property
+    def ended(self) -> bool:
+        """True once the thread has ended without :meth:`stop` (a client on it then has
+        nothing left to stop)."""
+        return self.ended_by is not None
 
     @property
     def in_this_process(self) -> bool:
         """False in a child forked after the loop started: nothing may touch it there (its
         selector and sockets are shared with the parent, which still uses them)."""
         return self.pid == os.getpid()
+
+    def _gone(self, cut_short: bool) -> BaseException:
+        """The error of a call made (or, ``cut_short``, running) when the thread ended."""
+        if self.ended_by is not None:
+            remedy = f". {self._remedy}" if self._remedy else ""
+            return EventLoopError(f"{self._label} has stopped: {self.ended_by}{remedy}")
+        if cut_short and self._stopping:
+            # the loop ended under the call (its last user stopped its client meanwhile)
+            return ClientClosedError("the call was cut short: its client was stopped (from "
+                                     "another thread) while it ran")
+        return EventLoopError(f"{self._label} has stopped")
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *,
             from_running_loop: bool = False) -> T:
@@ -94,28 +146,43 @@ class BackgroundLoop:
             coro.close()
             raise EventLoopError("a blocking smartnsq call was made from its own event loop "
                                  "thread (use the asyncio API there)")
-        if not self.alive:
+        if self._end.done() or self.ended_by is not None or not self.alive:
             coro.close()
-            raise EventLoopError("this smartnsq event loop thread has stopped")
+            raise self._gone(cut_short=False)
         if not from_running_loop:
             try:
                 check_blocking_allowed("a smartnsq.sync call")
             except EventLoopError:
                 coro.close()
                 raise
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            return fut.result(timeout)
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop closed meanwhile: its thread ends (why is recorded)
+            coro.close()
+            raise self._gone(cut_short=False) from None
+        try:
+            either: tuple[concurrent.futures.Future[Any], ...] = (fut, self._end)
+            concurrent.futures.wait(either, timeout,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            if fut.done():
+                return fut.result()
         except concurrent.futures.CancelledError:
-            if self._stopping:
-                # the loop ended under the call (its last user stopped its client meanwhile)
-                # and cancelled it: say so, not a bare cancellation from another module
-                raise ClientClosedError("the call was cut short: its client was stopped "
-                                        "(from another thread) while it ran") from None
+            # the thread's end cancels what still runs on the loop, after recording why
+            if self.ended_by is not None:
+                # its clean-up first: what the cancelled tasks record on their way out (a
+                # consumer's error) is there when the caller looks
+                concurrent.futures.wait((self._end,), _CLEANUP_WAIT)
+            if self._stopping or self.ended_by is not None:
+                raise self._gone(cut_short=True) from None
             raise
         except BaseException:
             fut.cancel()
             raise
+        fut.cancel()
+        if self._end.done():  # the thread ended with the call dropped, not answered
+            coro.close()  # never started: no "never awaited" warning
+            raise self._gone(cut_short=True)
+        raise TimeoutError(f"the call did not complete within {timeout}s")
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the loop and wait for its thread (at most ``timeout`` seconds); idempotent."""

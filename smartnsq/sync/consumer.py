@@ -42,7 +42,7 @@ from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
 from smartnsq.consumer.stats import ConsumerStats
 from smartnsq.errors import ClientClosedError, ConfigError, EventLoopError, NotStartedError
-from smartnsq.loop_thread import check_blocking_allowed
+from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
 from smartnsq.message import Message
 from smartnsq.metrics.api import Metrics
 from smartnsq.ordered.consumer import OrderedConsumer as AsyncOrderedConsumer
@@ -56,7 +56,7 @@ from smartnsq.sync._handlers import (
     guard_callback,
     returns_awaitable,
 )
-from smartnsq.sync._loop import SharedLoop, acquire, release
+from smartnsq.sync._loop import acquire, release
 from smartnsq.sync._thread_message import ThreadMessage
 from smartnsq.sync._threads import HandlerThreads
 from smartnsq.trace import TraceToggle
@@ -158,7 +158,7 @@ class Consumer:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
             raise
-        self._loop: SharedLoop | None = None
+        self._loop: BackgroundLoop | None = None
         self._entry = Entry(f"smartnsq.sync.{type(self).__name__}", "with")
         self._lock = threading.Lock()
         self._closed = False
@@ -219,7 +219,7 @@ class Consumer:
         """The asyncio consumer underneath (use it only on the facade's loop)."""
         return self._async
 
-    def _running_loop(self) -> SharedLoop:
+    def _running_loop(self) -> BackgroundLoop:
         loop = self._loop
         if self._closed:
             raise ClientClosedError("the consumer is stopped (a stopped consumer cannot be "

@@ -20,13 +20,13 @@ from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, EventLoopError, NotStartedError
-from smartnsq.loop_thread import check_blocking_allowed
+from smartnsq.loop_thread import BackgroundLoop, check_blocking_allowed
 from smartnsq.metrics import Metrics
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.trace import TraceSwitch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.sharding import ShardKey, ShardRule
-from smartnsq.sync._loop import SharedLoop, acquire, release
+from smartnsq.sync._loop import acquire, release
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -48,7 +48,7 @@ class Producer:
                                     trace_switch=trace_switch, metrics=metrics,
                                     tracer_provider=tracer_provider,
                                     trace_envelope=trace_envelope)
-        self._loop: SharedLoop | None = None
+        self._loop: BackgroundLoop | None = None
         self._stopped = False
         self._entry = Entry("smartnsq.sync.Producer", "with")
 
@@ -78,7 +78,7 @@ class Producer:
         """The asyncio producer underneath (use it only on the facade's loop)."""
         return self._async
 
-    def _run_loop(self) -> SharedLoop:
+    def _run_loop(self) -> BackgroundLoop:
         loop = self._loop
         if loop is None:
             if self._stopped:
