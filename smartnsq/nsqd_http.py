@@ -35,6 +35,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from smartnsq._entry import Entry
 from smartnsq.config import USER_AGENT
 from smartnsq.errors import (
     BodyTooLargeError,
@@ -141,13 +142,19 @@ class NsqdHttpClient:
         self._timeout = aiohttp.ClientTimeout(total=float(timeout))
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        #: one ``async with`` at a time (smartnsq._entry); its session opens on first use,
+        #: so there is no started state to refuse
+        self._entry = Entry("NsqdHttpClient")
 
     async def __aenter__(self) -> Self:
+        if self._closed:
+            raise ClientClosedError("this NsqdHttpClient is closed; make another one")
+        self._entry.claim(False)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
+        await self._entry.leave(self.close)
 
     async def close(self) -> None:
         """Close the session. Idempotent; the client takes no calls afterwards."""

@@ -20,6 +20,7 @@ from smartnsq import Consumer, OrderedConsumer, Producer
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ClientClosedError, ConfigError
 from smartnsq.message import Message
+from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.producer.http import HttpProducer
 from tests.consumer_support import WAIT, fast_config
 from tests.test_sync_consumer import ClusterThread
@@ -236,3 +237,19 @@ def test_sync_consumer_nested_with_is_refused(stock: ClusterThread) -> None:
         assert o.is_running
     finally:
         o.stop()
+
+
+async def test_nsqd_http_client_keeps_its_session_through_a_helpers_block(
+        cluster: DevCluster) -> None:
+    """The nsqd HTTP client's block closes its session: a helper's own block used to close it
+    under the outer one, whose next call then failed with "closed"."""
+    http = cluster.nsqd_http_addresses[0]
+    async with NsqdHttpClient(timeout=WAIT) as nsqd:
+        with pytest.raises(ConfigError, match="this NsqdHttpClient is already inside"):
+            await make_sure_open(nsqd)
+        async with asyncio.timeout(WAIT):
+            info = await nsqd.info(http)  # still open
+        assert info
+    with pytest.raises(ClientClosedError, match="this NsqdHttpClient is closed"):
+        async with nsqd:
+            pass

@@ -24,6 +24,7 @@ from typing import Any, Self
 import aiohttp
 
 from smartnsq._checks import check_optional_duration
+from smartnsq._entry import Entry
 from smartnsq.config import LookupConfig
 from smartnsq.errors import (
     ClientClosedError,
@@ -50,9 +51,6 @@ log = logging.getLogger("smartnsq.lookup")
 
 STOPPED = ("this Lookup was stopped (Lookup.stop() or the end of its 'async with') and cannot "
            "be started again; stop the clients that share it first, or give them a new Lookup")
-NESTED = ("this Lookup is already inside an 'async with' block: entering it again would stop it "
-          "at the end of the inner block, under the outer one; use it as it is inside the "
-          "block (clients given lookupd= never stop it), or make another Lookup")
 
 
 def check_access(access: str) -> Access:
@@ -119,23 +117,20 @@ class Lookup:
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closed = False
-        #: inside an ``async with`` (entered, not yet exited): a second entry is refused
-        self._entered = False
+        #: one ``async with`` at a time, none around a started Lookup (smartnsq._entry)
+        self._entry = Entry("Lookup")
         self._admin: LookupAdmin | None = None
         #: its metrics (``meters.use(m)`` before start: a client's that made it)
         self.meters = LookupMeters(metrics)
 
     async def __aenter__(self) -> Self:
-        if self._entered:  # like httpx's "Cannot open a client instance more than once"
-            raise ConfigError(NESTED)
-        await self.start()
-        self._entered = True
+        # a first lookup() starts a Lookup by itself: a started one may still be entered
+        await self._entry.enter(False, self.start)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._entered = False
-        await self.stop()
+        await self._entry.leave(self.stop)
 
     async def start(self) -> None:
         """Open the HTTP session and start the periodic ``/listlookup`` pass."""
