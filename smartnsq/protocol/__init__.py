@@ -3,6 +3,11 @@
 Nothing here touches a socket or a clock (see docs/architecture.md).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.frames import (
@@ -25,15 +30,36 @@ from smartnsq.protocol.messages import (
     encode_message,
     youzan_id,
 )
-from smartnsq.protocol.responses import (
-    AuthResponse,
-    IdentifyResponse,
-    TraceResponse,
-    decode_trace_response,
-    encode_trace_response,
-    parse_auth_response,
-    parse_identify_response,
-)
+
+if TYPE_CHECKING:
+    from smartnsq.protocol.responses import (
+        AuthResponse,
+        IdentifyResponse,
+        TraceResponse,
+        decode_trace_response,
+        encode_trace_response,
+        parse_auth_response,
+        parse_identify_response,
+    )
+
+#: the response models load pydantic (~0.1 s): imported on first use, so that what needs
+#: only the codec or the validation rules (the command line's start-up) does not pay for it
+_RESPONSES = frozenset({
+    "AuthResponse", "IdentifyResponse", "TraceResponse", "decode_trace_response",
+    "encode_trace_response", "parse_auth_response", "parse_identify_response"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RESPONSES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("smartnsq.protocol.responses"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _RESPONSES)
+
 
 __all__ = [
     "CLOSE_WAIT", "FRAME_ERROR", "FRAME_MESSAGE", "FRAME_RESPONSE", "HEARTBEAT", "MAGIC_V2",
