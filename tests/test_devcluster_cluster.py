@@ -19,6 +19,7 @@ import pytest
 from smartnsq.cli.app import build_parser, run_dev
 from smartnsq.devcluster import AdminError, DevCluster, MetaEvent
 from smartnsq.devcluster.meta import YOUZAN_VERSION
+from tests.cli_support import send_signal
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -447,7 +448,7 @@ async def test_cli_process_runs_until_signalled(sig: signal.Signals) -> None:
             lines.append(line.decode().strip())
         lookupd = next(line.split()[1] for line in lines if line.startswith("lookupd_http"))
         assert await http("GET", lookupd, "/ping") == (200, b"OK")
-        proc.send_signal(sig)
+        send_signal(proc, sig)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
         if proc.returncode is None:
