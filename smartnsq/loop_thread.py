@@ -80,17 +80,27 @@ class BackgroundLoop:
             if not self._stopping:
                 self._ended("loop.stop() was called by code running on it", None)
         try:
-            # what is still running is cancelled and awaited, so closing the loop warns
-            # about no pending task
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self._finish_tasks()
             self.loop.close()
         finally:
             self._end.set_result(None)
+
+    def _finish_tasks(self) -> None:
+        """Cancel and await what still runs, so that closing the loop warns about no pending
+        task. A ``loop.stop()`` still queued (code on the loop that called it twice, or a
+        task that ended the loop meanwhile) ends a wait early: one more try then."""
+        for _ in range(2):
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            try:
+                if pending:
+                    self.loop.run_until_complete(
+                        asyncio.gather(*pending, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                return
+            except RuntimeError as exc:  # "Event loop stopped before Future completed."
+                log.debug("%s: clean-up cut short (%s), once more", self._label, exc)
 
     def _ended(self, why: str, exc: BaseException | None) -> None:
         self.ended_by = why
@@ -121,6 +131,9 @@ class BackgroundLoop:
     def _gone(self, cut_short: bool) -> BaseException:
         """The error of a call made (or, ``cut_short``, running) when the thread ended."""
         if self.ended_by is not None:
+            # the loop's clean-up first: what its cancelled tasks record on their way out (a
+            # consumer's error) is there when the caller looks
+            concurrent.futures.wait((self._end,), _CLEANUP_WAIT)
             remedy = f". {self._remedy}" if self._remedy else ""
             return EventLoopError(f"{self._label} has stopped: {self.ended_by}{remedy}")
         if cut_short and self._stopping:
@@ -168,10 +181,6 @@ class BackgroundLoop:
                 return fut.result()
         except concurrent.futures.CancelledError:
             # the thread's end cancels what still runs on the loop, after recording why
-            if self.ended_by is not None:
-                # its clean-up first: what the cancelled tasks record on their way out (a
-                # consumer's error) is there when the caller looks
-                concurrent.futures.wait((self._end,), _CLEANUP_WAIT)
             if self._stopping or self.ended_by is not None:
                 raise self._gone(cut_short=True) from None
             raise
