@@ -13,7 +13,7 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,14 +26,6 @@ from tests.test_sync_consumer import ClusterThread
 
 #: seconds any one call below may take
 BOUND = 5.0
-
-
-@pytest.fixture
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, flavour="stock")
-    ct.cluster.create_topic("t", channels=["c"])
-    yield ct
-    ct.close()
 
 
 def within(bound: float, call: Callable[[], Any]) -> Any:
@@ -66,8 +58,8 @@ def unanswered(ct: ClusterThread) -> int:
 
 
 def test_sys_exit_in_a_handler_task_names_itself_to_the_other_clients(
-        stock: ClusterThread) -> None:
-    addr = stock.cluster.nsqd_tcp_addresses[0]
+        stock_one: ClusterThread) -> None:
+    addr = stock_one.cluster.nsqd_tcp_addresses[0]
     producer = smartnsq.sync.Producer(nsqd=addr)
     producer.start()
 
@@ -103,13 +95,13 @@ def test_sys_exit_in_a_handler_task_names_itself_to_the_other_clients(
     # nothing was lost: "first" was requeued or is still in flight, "second" was refused
     # before it was sent, "third" is queued
     deadline = time.monotonic() + BOUND
-    while unanswered(stock) != 2 and time.monotonic() < deadline:
+    while unanswered(stock_one) != 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert unanswered(stock) == 2
+    assert unanswered(stock_one) == 2
 
 
-def test_loop_stop_called_on_the_loop_names_itself(stock: ClusterThread) -> None:
-    addr = stock.cluster.nsqd_tcp_addresses[0]
+def test_loop_stop_called_on_the_loop_names_itself(stock_one: ClusterThread) -> None:
+    addr = stock_one.cluster.nsqd_tcp_addresses[0]
     producer = smartnsq.sync.Producer(nsqd=addr)
     producer.start()
     stopped = threading.Event()
@@ -127,4 +119,4 @@ def test_loop_stop_called_on_the_loop_names_itself(stock: ClusterThread) -> None
     producer.stop()
     with smartnsq.sync.Producer(nsqd=addr) as fresh:
         within(BOUND, lambda: fresh.publish("t", b"y"))
-    assert unanswered(stock) == 1
+    assert unanswered(stock_one) == 1

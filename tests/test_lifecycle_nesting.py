@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -174,28 +174,20 @@ async def test_a_failed_start_leaves_no_block_behind(cluster: DevCluster) -> Non
 # ------------------------------------------------------------------ the sync facades
 
 
-@pytest.fixture
-def stock() -> Iterator[ClusterThread]:
-    ct = ClusterThread(nodes=1, flavour="stock")
-    ct.cluster.create_topic("t", channels=["c"])
-    yield ct
-    ct.close()
-
-
 def make_sure_open_sync(client: Any) -> None:
     with client:
         pass
 
 
-def test_sync_producer_nested_with_is_refused(stock: ClusterThread) -> None:
-    p = smartnsq.sync.Producer(nsqd=stock.cluster.nsqd_tcp_addresses[0])
+def test_sync_producer_nested_with_is_refused(stock_one: ClusterThread) -> None:
+    p = smartnsq.sync.Producer(nsqd=stock_one.cluster.nsqd_tcp_addresses[0])
     with p:
         with pytest.raises(ConfigError, match=re.escape(
                 "this smartnsq.sync.Producer is already inside a 'with' block")):
             make_sure_open_sync(p)
         p.publish("t", b"after")  # before: ClientClosedError
     assert p.is_closed
-    started = smartnsq.sync.Producer(nsqd=stock.cluster.nsqd_tcp_addresses[0])
+    started = smartnsq.sync.Producer(nsqd=stock_one.cluster.nsqd_tcp_addresses[0])
     started.start()
     started.start()
     try:
@@ -204,18 +196,18 @@ def test_sync_producer_nested_with_is_refused(stock: ClusterThread) -> None:
         started.publish("t", b"started")
     finally:
         started.stop()
-    assert depth(stock.cluster) == 2
+    assert depth(stock_one.cluster) == 2
 
 
-def test_sync_consumer_nested_with_is_refused(stock: ClusterThread) -> None:
+def test_sync_consumer_nested_with_is_refused(stock_one: ClusterThread) -> None:
     got: list[bytes] = []
 
     def handle(msg: Any) -> None:
         got.append(msg.body)
 
-    c = smartnsq.sync.Consumer("t", "c", handle, nsqd=stock.cluster.nsqd_tcp_addresses[0],
+    c = smartnsq.sync.Consumer("t", "c", handle, nsqd=stock_one.cluster.nsqd_tcp_addresses[0],
                                config=fast_config())
-    with smartnsq.sync.Producer(nsqd=stock.cluster.nsqd_tcp_addresses[0]) as p, c:
+    with smartnsq.sync.Producer(nsqd=stock_one.cluster.nsqd_tcp_addresses[0]) as p, c:
         with pytest.raises(ConfigError, match=re.escape(
                 "this smartnsq.sync.Consumer is already inside a 'with' block")):
             make_sure_open_sync(c)
@@ -228,7 +220,7 @@ def test_sync_consumer_nested_with_is_refused(stock: ClusterThread) -> None:
             c.wait(0.02)
     assert got == [b"after"]
     assert c.is_closed
-    o = smartnsq.sync.Consumer("t", "c", handle, nsqd=stock.cluster.nsqd_tcp_addresses[0],
+    o = smartnsq.sync.Consumer("t", "c", handle, nsqd=stock_one.cluster.nsqd_tcp_addresses[0],
                                config=fast_config())
     o.start()
     try:
