@@ -303,8 +303,10 @@ def test_bridge_with_shard_keys_keeps_each_keys_order(stock: ClusterThread,
 
 def test_bridge_bad_input(stock: ClusterThread, youzan: ClusterThread) -> None:
     make_topic(stock, "src3", "nsq_to_nsq")
+    # its own destination: the test must not need another test to have made one
+    youzan.call(lambda: youzan.cluster.create_topic("dst3", 2, 1, channels=[CHANNEL]))
     publish(stock, "src3", ["not json"])
-    r = invoke(["bridge", "src3", "dst", "--from-nsqd", nsqd_tcp(stock), "--to-lookupd",
+    r = invoke(["bridge", "src3", "dst3", "--from-nsqd", nsqd_tcp(stock), "--to-lookupd",
                 youzan.lookupd, "--shard-key-field", "k"])
     assert_one_line_error(r, "not JSON")
     # the message was not lost: it went back to the source channel
