@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -57,6 +57,8 @@ class AdminSource:
     #: the lookupd leader's base URL, or None
     leader: Callable[[], str | None]
     health: HealthBook
+    #: lookupd → (loop time, error) of its latest ``/listlookup`` when that timed out
+    timed_out: Callable[[], Mapping[str, tuple[float, LookupdError]]]
 
 
 class LookupAdmin:
@@ -71,9 +73,6 @@ class LookupAdmin:
                         model: type[M]) -> list[tuple[str, M]]:
         lk = self._source
         client = await lk.ready()
-        await lk.ensure_discovered()
-        healthy, probes = lk.health.plan()
-        targets = healthy + probes
 
         async def one(addr: str) -> M | LookupdError:
             try:
@@ -85,11 +84,24 @@ class LookupAdmin:
             lk.health.success(addr)
             return result
 
-        results = await asyncio.gather(*(one(a) for a in targets))
-        good = [(a, r) for a, r in zip(targets, results, strict=True)
-                if not isinstance(r, LookupdError)]
+        # the lookupds known now are asked while the first /listlookup pass runs (a silent
+        # seed then costs one request timeout, not two in a row); lookupds it discovers next
+        tasks: dict[str, asyncio.Task[M | LookupdError]] = {}
+        try:
+            for _ in range(2):
+                healthy, probes = lk.health.plan()
+                tasks.update({a: asyncio.create_task(one(a))
+                              for a in healthy + probes if a not in tasks})
+                await lk.ensure_discovered()
+            await asyncio.wait(tasks.values())
+        except asyncio.CancelledError:
+            for t in tasks.values():
+                t.cancel()
+            raise
+        results = {a: t.result() for a, t in tasks.items()}
+        good = [(a, r) for a, r in results.items() if not isinstance(r, LookupdError)]
         if not good:
-            detail = "; ".join(str(r) for r in results) or "no lookupd known"
+            detail = "; ".join(str(r) for r in results.values()) or "no lookupd known"
             raise LookupFailedError(f"no lookupd answered {path}: {detail}")
         return good
 
@@ -177,12 +189,13 @@ class LookupAdmin:
     async def _write(self, path: str, params: dict[str, str]) -> tuple[str, ...]:
         lk = self._source
         client = await lk.ready()
+        since = asyncio.get_running_loop().time()
         await lk.ensure_discovered()
         attempt = 1
         while True:
             leader = lk.leader()
             if leader is None:
-                return await self._write_everywhere(path, params)
+                return await self._write_everywhere(path, params, since)
             try:
                 await client.post(leader, path, params)
                 return (leader,)
@@ -202,10 +215,18 @@ class LookupAdmin:
             if unreachable and lk.leader() == leader:
                 raise failed
 
-    async def _write_everywhere(self, path: str, params: dict[str, str]) -> tuple[str, ...]:
+    async def _write_everywhere(self, path: str, params: dict[str, str],
+                                since: float) -> tuple[str, ...]:
         lk = self._source
         client = await lk.ready()
         targets = lk.health.ordered()
+        # a lookupd whose /listlookup timed out during this call is not waited for again:
+        # the write fails within one request timeout, naming it
+        skipped = {a: LookupdError(
+            f"{exc.reason} to /listlookup just before; {path} not sent to it",
+            lookupd=a, path=path)
+            for a, (at, exc) in lk.timed_out().items() if at >= since and a in targets}
+        targets = [a for a in targets if a not in skipped]
 
         async def one(addr: str) -> LookupdError | None:
             try:
@@ -216,7 +237,7 @@ class LookupAdmin:
 
         results = await asyncio.gather(*(one(a) for a in targets))
         ok = tuple(a for a, r in zip(targets, results, strict=True) if r is None)
-        errors = [r for r in results if r is not None]
+        errors = [r for r in results if r is not None] + list(skipped.values())
         if not ok:
             if len(errors) == 1:
                 raise errors[0]

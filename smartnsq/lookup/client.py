@@ -25,6 +25,8 @@ HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 #: paths every nsqlookupd (stock and youzan) serves and nsqd does not: a 404 ``NOT_FOUND``
 #: there means the address is no nsqlookupd (stock nsqlookupd has no ``/listlookup``)
 LOOKUPD_ONLY_PATHS = ("/lookup", "/nodes", "/topics", "/channels")
+#: how the reason of a request that timed out begins
+NO_ANSWER = "no answer within"
 
 
 class LookupdClient:
@@ -84,7 +86,7 @@ class LookupdClient:
                 raise LookupdWrongPortError(lookupd, path, NSQD_HTTP, 404) from None
             raise
         except TimeoutError:
-            raise LookupdError(f"no answer within {self._timeout:g}s", lookupd=lookupd,
+            raise LookupdError(f"{NO_ANSWER} {self._timeout:g}s", lookupd=lookupd,
                                path=path) from None
         except aiohttp.ClientConnectorError as exc:
             raise LookupdError(f"cannot connect: {exc.os_error.strerror or exc.os_error}",

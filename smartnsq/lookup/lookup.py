@@ -228,7 +228,8 @@ class Lookup:
         if self._admin is None:
             self._admin = LookupAdmin(AdminSource(
                 self._ready, self._ensure_discovered, self.discover, lambda: self.leader,
-                self._health))
+                self._health,
+                lambda: self._roster.timed_out if self._roster is not None else {}))
         return self._admin
 
     # -- discovery -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from smartnsq.errors import LookupdError
-from smartnsq.lookup.client import LookupdClient
+from smartnsq.lookup.client import NO_ANSWER, LookupdClient
 from smartnsq.lookup.health import HealthBook
 from smartnsq.lookup.parse import ClusterLookupds, parse_listlookup
 
@@ -48,6 +48,9 @@ class LookupdRoster:
         #: answers applied to the known set (once a pass; twice when a list unlike the
         #: first ones came after the first answer released the round)
         self.applied = 0
+        #: lookupd → (loop time, error) of its latest /listlookup when that timed out; an
+        #: admin write just after the pass does not wait for such a lookupd a second time
+        self.timed_out: dict[str, tuple[float, LookupdError]] = {}
 
     async def run(self, answered: Callable[[], None] | None = None) -> tuple[str, ...]:
         """One discovery pass; never raises for lookupd failures. Returns the known set.
@@ -110,11 +113,16 @@ class LookupdRoster:
             payload = await self._client.get(lookupd, "/listlookup")
             result = parse_listlookup(payload, lookupd=lookupd)
         except LookupdError as exc:
+            if exc.status is None and exc.reason.startswith(NO_ANSWER):
+                self.timed_out[lookupd] = (asyncio.get_running_loop().time(), exc)
+            else:
+                self.timed_out.pop(lookupd, None)
             if exc.status == 404:
                 self._health.success(lookupd)
                 return _UNSUPPORTED
             self._health.failure(lookupd, f"/listlookup: {exc.detail}")
             return None
+        self.timed_out.pop(lookupd, None)
         self._health.success(lookupd)
         return _UNSUPPORTED if result is None else result
 
