@@ -47,13 +47,13 @@ from smartnsq.cli.connections import connect_timeout_option, consume_watched, re
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
-from smartnsq.config import ConsumerConfig
-from smartnsq.consumer import Consumer
 from smartnsq.message import Message
-from smartnsq.ordered import OrderedConsumer
 
+# the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
 if TYPE_CHECKING:
     from smartnsq.cli.common import StartAt
+    from smartnsq.config import ConsumerConfig
+    from smartnsq.consumer import Consumer
 
 EPILOG = """\b
 Examples:
@@ -293,6 +293,10 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
                         sync_count=1 if ordered else max(1, max_in_flight // 2),
                         host=socket.gethostname().split(".")[0] or "host")
     stop = stop_event()
+    # imported once Ctrl-C sets ``stop``: one during the import stops to-file as later ones do
+    from smartnsq.consumer import Consumer
+    from smartnsq.ordered import OrderedConsumer
+
     consumer: Consumer
     if cluster.nsqd:
         consumer = Consumer(topic, channel, archiver, nsqd=list(cluster.nsqd),
@@ -323,6 +327,8 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
 
 
 def _config(max_in_flight: int) -> ConsumerConfig:
+    from smartnsq.config import ConsumerConfig
+
     # max_attempts=0: a message is never given up (FIN without writing it)
     return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
                           lookupd_poll_interval=15.0, max_attempts=0)

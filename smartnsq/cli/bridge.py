@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -49,11 +50,11 @@ from smartnsq.cli.publish import _check_topic
 from smartnsq.cli.records import shard_rule
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import topic_view
-from smartnsq.config import ConsumerConfig, ProducerConfig
-from smartnsq.consumer import Consumer
-from smartnsq.ordered import OrderedConsumer
-from smartnsq.producer import Producer
 from smartnsq.protocol.validation import parse_tcp_address
+
+# the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
+if TYPE_CHECKING:
+    from smartnsq.config import ConsumerConfig
 
 EPILOG = """\b
 Examples:
@@ -113,10 +114,16 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
     if rule is not None and dest.nsqd:
         raise click.UsageError("--shard-key-field needs --to-lookupd (the partition count "
                                "comes from the destination topic's lookup)")
+    stop = stop_event()
+    # imported once Ctrl-C sets ``stop``: one during the import stops bridge as later ones do
+    from smartnsq.config import ProducerConfig
+    from smartnsq.consumer import Consumer
+    from smartnsq.ordered import OrderedConsumer
+    from smartnsq.producer import Producer
+
     pconfig = ProducerConfig(publish_timeout=30.0, lookupd_poll_interval=15.0)
     producer = (Producer(nsqd=dest.nsqd, config=pconfig) if dest.nsqd
                 else Producer(lookupd=dest.lookupd, config=pconfig))
-    stop = stop_event()
     # sharded publishing keeps one key's order only for messages handed over in order
     in_flight = max_in_flight if rule is None else 1
     async with producer:
@@ -201,6 +208,8 @@ def _named(nsqd: Sequence[str], lookupd: Sequence[str]) -> str:
 def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConfig:
     """With ``-n`` no more is taken than forwarded, except that every subscription (nsqd
     or partition) gets one RDY, as ``tail -n`` does; the Forwarder sends the rest back once."""
+    from smartnsq.config import ConsumerConfig
+
     if count is not None:
         max_in_flight = min(max_in_flight, max(count, sources))
     return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=30.0,

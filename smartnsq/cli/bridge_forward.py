@@ -12,13 +12,16 @@ consumer's RDY 0 (see :meth:`Forwarder.end`), so nsqd does not hand it straight 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from smartnsq.cli.common import CliError, describe, err_print
 from smartnsq.cli.connections import POLL_SECONDS, REMIND_SECONDS
 from smartnsq.cli.records import ShardKeyRule
 from smartnsq.errors import ConfigError, ServerError, TLSError, UnsupportedFeatureError
 from smartnsq.message import Message
-from smartnsq.producer import Producer
+
+if TYPE_CHECKING:  # the producer (aiohttp, pydantic) loads when bridge runs
+    from smartnsq.producer import Producer
 
 #: a held message is touched this often: well within the shortest in-flight timeout nsqd
 #: lets a client ask for (1 s); the negotiated one is not known to a handler

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from smartnsq.cli.bridge_forward import retrying
 from smartnsq.cli.common import CliError, describe, err_print
 from smartnsq.cli.connections import REMIND_SECONDS
-from smartnsq.producer import Producer
+
+if TYPE_CHECKING:  # the producer (aiohttp, pydantic) loads when bridge runs
+    from smartnsq.producer import Producer
 
 #: seconds between two rounds of dials to an unreachable destination
 REDIAL_SECONDS = 0.5

@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from smartnsq.cli.common import describe
 from smartnsq.metrics.catalog import (
     CONSUMER_FINISHED,
@@ -117,6 +115,8 @@ SCRAPE_TIMEOUT = 5.0
 async def scrape(urls: Iterable[str]) -> tuple[dict[Key, ClientCounts], dict[str, str]]:
     """Every endpoint at once: the counts summed over those that answered, and the errors of
     the others by URL."""
+    import aiohttp  # here, not for stat's --help
+
     totals: dict[Key, ClientCounts] = {}
     errors: dict[str, str] = {}
 

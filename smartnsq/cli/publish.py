@@ -11,19 +11,9 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from smartnsq.cli.common import (
     CliError,
@@ -50,10 +40,14 @@ from smartnsq.cli.records import (
     shard_rule,
 )
 from smartnsq.cli.stopping import EXIT_OUTPUT_CLOSED, StopEvent, command_runner, stop_event
-from smartnsq.config import ProducerConfig
 from smartnsq.errors import NSQError
-from smartnsq.lookup import Lookup, TopicView
-from smartnsq.producer import Producer, PublishReceipt
+
+# the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from smartnsq.lookup import Lookup, TopicView
+    from smartnsq.producer import Producer, PublishReceipt
 
 EPILOG = """\b
 Examples:
@@ -309,6 +303,10 @@ def _summary(topic: str, totals: Totals, state: InputState, stop: StopEvent,
 
 
 def _producer(cluster: Cluster, max_msg_size: int) -> Producer:
+    # called after stop_event(): a Ctrl-C during these imports stops publish as later ones do
+    from smartnsq.config import ProducerConfig
+    from smartnsq.producer import Producer
+
     config = ProducerConfig(publish_timeout=10.0, max_msg_size=max_msg_size,
                             max_body_size=max(MAX_BODY_SIZE, max_msg_size),
                             lookupd_poll_interval=15.0)
@@ -329,6 +327,17 @@ async def _check_topic(lookup: Lookup, topic: str) -> TopicView:
 
 
 def _progress(show: bool, total: int | None) -> Progress:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     columns = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     if total is None:

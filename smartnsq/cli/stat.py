@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import click
@@ -52,8 +52,11 @@ from smartnsq.cli.common import (
 )
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.errors import NsqdHttpError, ServerError
-from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.protocol.validation import NO_PARTITION, parse_http_address
+
+# the HTTP client (aiohttp) loads when the command runs, not for its --help
+if TYPE_CHECKING:
+    from smartnsq.nsqd_http import NsqdHttpClient
 
 EPILOG = """\b
 Examples:
@@ -369,6 +372,9 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
     """Live statistics of every topic (or TOPIC) on every nsqd: partitions, leaders and
     replicas, depths, in flight, deferred, rates, lag, clients; with --client-metrics, the
     consuming clients' own counts beside them. Ctrl-C ends it."""
+    # before the lookup, as the module's import was: a Ctrl-C here ends stat as there
+    from smartnsq.nsqd_http import NsqdHttpClient
+
     cluster = pick_cluster(lookupd, nsqd)
     if client_metrics:
         try:
