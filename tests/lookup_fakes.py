@@ -83,6 +83,8 @@ class FakeLookupd:
         self.nodes_payload: list[dict[str, Any]] = []
         #: seconds to wait before answering /lookup (to order answers in time)
         self.delay = 0.0
+        #: per path, seconds to wait before answering it (``delay`` is /lookup's)
+        self.path_delays: dict[str, float] = {}
         #: set whenever a request arrives
         self.request_seen = asyncio.Event()
         self._path_events: dict[str, asyncio.Event] = {}
@@ -163,9 +165,10 @@ class FakeLookupd:
         if path in self._path_events:
             self._path_events.pop(path).set()
         response = await self._respond(request, path, params)
-        if self.delay and path == "/lookup":
+        delay = self.delay if path == "/lookup" else self.path_delays.get(path, 0.0)
+        if delay:
             # the answer was computed on arrival; it only travels slowly
-            await asyncio.sleep(self.delay)
+            await asyncio.sleep(delay)
         return response
 
     async def _respond(self, request: web.Request, path: str,

@@ -9,6 +9,10 @@ One pass asks every known lookupd (demoted ones only when due) at the same time:
 * if none has a list but some answered that they have none (stock 404, standalone youzan
   empty body or ``"data": null``), only the seeds are used and there is no leader;
 * if every request failed, nothing changes: a network blip must not shrink the set.
+
+The first answer of a pass is applied as it comes (it releases the round waiting for it), but
+only to add lookupds and name the leader: which lookupds are dropped is decided by the pass's
+merged answers, so one that only a slower lookupd lists is not dropped meanwhile.
 """
 
 from __future__ import annotations
@@ -75,8 +79,9 @@ class LookupdRoster:
                 # in target order (healthiest first), as the leader tie-break wants
                 results = [t.result() for t in tasks if t.done()]
                 if any(r is not None for r in results):
-                    self._use(results, targets)
-                    applied = [r for r in results if isinstance(r, ClusterLookupds)]
+                    # only adds: a lookupd that a slower answer of this pass still lists
+                    # must not be dropped (and re-added, its health reset) meanwhile
+                    applied = self._use(results, targets, drop=False)
                     answered()
                     answered = None
         finally:
@@ -84,29 +89,37 @@ class LookupdRoster:
                 t.cancel()
         # Applied again only when a list unlike those applied came after the release: a
         # failure, "no /listlookup" or the same list (a healthy cluster's lookupds all list
-        # the same) changes neither the set nor the leader (see _use)
+        # the same) changes neither the set nor the leader (see _use); what the release
+        # left for the pass's merged answer to decide is dropping lookupds nobody listed
         results = [t.result() for t in tasks]
         if applied is None or any(isinstance(r, ClusterLookupds) and r not in applied
                                   for r in results):
             self._use(results, targets)
+        else:
+            self._drop(applied)
         return self._health.addresses
 
     def _use(self, results: Sequence[ClusterLookupds | _Unsupported | None],
-             targets: Sequence[str]) -> None:
+             targets: Sequence[str], *, drop: bool = True) -> list[ClusterLookupds]:
+        """Apply a pass's results; the lists applied (empty when every request failed)."""
         self.applied += 1
         lists = [r for r in results if isinstance(r, ClusterLookupds)]
         if lists:
             self.supported = True
-            self._apply(lists)
         elif any(r is _UNSUPPORTED for r in results):
             if self.supported is not False:
                 log.info("lookupds have no /listlookup (stock or standalone youzan); "
                          "using the configured seeds %s", ", ".join(self.seeds))
             self.supported = False
-            self._apply([ClusterLookupds(self.seeds, None)])
+            lists = [ClusterLookupds(self.seeds, None)]
         else:
             log.warning("/listlookup failed on every lookupd (%s); keeping %d known lookupds",
                         ", ".join(targets), len(self._health.addresses))
+            return []
+        self._apply(lists)
+        if drop:
+            self._drop(lists)
+        return lists
 
     async def _ask(self, lookupd: str) -> ClusterLookupds | _Unsupported | None:
         try:
@@ -127,18 +140,27 @@ class LookupdRoster:
         return _UNSUPPORTED if result is None else result
 
     def _apply(self, lists: Sequence[ClusterLookupds]) -> None:
-        listed: list[str] = []
-        for cl in lists:
-            listed.extend(a for a in cl.lookupds if a not in listed)
-        for addr in listed:
+        for addr in _listed(lists):
             if self._health.add(addr):
                 log.info("discovered lookupd %s", addr)
-        for addr in self._health.addresses:
-            if addr not in listed and not self._health.is_seed(addr):
-                self._health.remove(addr)
-                log.info("lookupd %s is no longer listed by /listlookup; dropped", addr)
         # max() keeps the first of equal epochs, i.e. the answer of the healthiest lookupd
         best = max(lists, key=lambda cl: cl.leader_epoch if cl.leader else -1)
         if best.leader != self.leader:
             log.info("lookupd leader is now %s (was %s)", best.leader, self.leader)
         self.leader = best.leader
+
+    def _drop(self, lists: Sequence[ClusterLookupds]) -> None:
+        if not lists:
+            return
+        listed = _listed(lists)
+        for addr in self._health.addresses:
+            if addr not in listed and not self._health.is_seed(addr):
+                self._health.remove(addr)
+                log.info("lookupd %s is no longer listed by /listlookup; dropped", addr)
+
+
+def _listed(lists: Sequence[ClusterLookupds]) -> list[str]:
+    listed: list[str] = []
+    for cl in lists:
+        listed.extend(a for a in cl.lookupds if a not in listed)
+    return listed
