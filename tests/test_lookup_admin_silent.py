@@ -13,7 +13,7 @@ import pytest
 
 from smartnsq.errors import LookupFailedError
 from smartnsq.lookup import Lookup, LookupAdmin
-from tests.lookup_fakes import FakeLookupd, TopicSpec, quick_config
+from tests.lookup_fakes import FakeLookupd, TopicSpec, quick_config, youzan_cluster
 from tests.silent_server import Silent, silent_servers
 
 pytestmark = pytest.mark.timeout(20)
@@ -89,3 +89,25 @@ async def test_a_write_later_is_sent_again_to_a_lookupd_that_was_silent_before(
         stock.mode = "ok"
         assert await lk.admin.create_channel("orders", "ch") == (stock.url,)
     assert stock.writes == [("/channel/create", {"topic": "orders", "channel": "ch"})]
+
+
+async def test_a_write_to_a_leader_gone_silent_fails_in_one_request_timeout(
+        fakes: list[FakeLookupd]) -> None:
+    # it waited out the write, then the /listlookup pass that asked the silent leader again
+    follower, leader = await youzan_cluster(2, leader=1)
+    fakes += [follower, leader]
+    async with Lookup(quick_config(follower.url, request_timeout=TIMEOUT)) as lk:
+        async with asyncio.timeout(4 * TIMEOUT):
+            await lk.discover()
+        assert lk.leader == leader.url
+        leader.mode = "hang"
+        start = time.monotonic()
+        with pytest.raises(LookupFailedError) as ei:
+            async with asyncio.timeout(4 * TIMEOUT):
+                await lk.admin.create_topic("orders", 1, 1)
+        took = time.monotonic() - start
+    text = str(ei.value)
+    assert took < 1.5 * TIMEOUT, f"the write took {took:.2f}s at a {TIMEOUT}s timeout"
+    assert leader.url in text and f"no answer within {TIMEOUT:g}s" in text, text
+    # the follower still names the same leader: the write is not sent anywhere else
+    assert leader.count("/topic/create") == 1 and follower.count("/topic/create") == 0

@@ -59,6 +59,8 @@ class AdminSource:
     health: HealthBook
     #: lookupd → (loop time, error) of its latest ``/listlookup`` when that timed out
     timed_out: Callable[[], Mapping[str, tuple[float, LookupdError]]]
+    #: run ``/listlookup`` now; return at its first answer (or the end of the pass)
+    first_answer: Callable[[], Awaitable[None]]
 
 
 class LookupAdmin:
@@ -211,7 +213,12 @@ class LookupAdmin:
             log.info("%s: lookupd leader %s %s; asking /listlookup", path, leader,
                      "moved" if moved else f"unreachable ({failed.detail})")
             attempt += 1
-            await lk.discover()
+            if moved:
+                await lk.discover()  # every answer: the highest leader epoch wins
+            else:
+                # a silent leader is not waited for a second time: any other lookupd names
+                # the leader it knows
+                await lk.first_answer()
             if unreachable and lk.leader() == leader:
                 raise failed
 

@@ -79,3 +79,21 @@ class Coalescer(Generic[T]):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def until_answered(run: Callable[[], Awaitable[object]],
+                         waiters: list[asyncio.Event]) -> None:
+    """Start (or queue) a coalesced pass with ``run`` and wait until it sets the event put
+    in ``waiters`` (its first answer) or ends; the pass itself goes on."""
+    answered = asyncio.Event()
+    waiters.append(answered)
+    task = asyncio.ensure_future(run())
+    waiter = asyncio.ensure_future(answered.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()  # only this wait: the coalescer shields the pass
+    if task.done() and not task.cancelled():
+        task.result()

@@ -34,7 +34,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.admin import AdminSource, LookupAdmin
 from smartnsq.lookup.client import LookupdClient
-from smartnsq.lookup.coalesce import Coalescer
+from smartnsq.lookup.coalesce import Coalescer, until_answered
 from smartnsq.lookup.events import TopicChange, diff_views
 from smartnsq.lookup.health import HealthBook, LookupdStatus
 from smartnsq.lookup.meters import LookupMeters
@@ -111,6 +111,8 @@ class Lookup:
         #: set after the first /listlookup pass, which the first lookup round waits for
         self._discovered = asyncio.Event()
         self._discovery_task: asyncio.Task[None] | None = None
+        #: set at the next discovery pass's first answer (or its end); see _answered_pass
+        self._pass_waiters: list[asyncio.Event] = []
         self._topics = TopicTable(self._round, delay=self._poll_delay, clock=clock,
                                   idle_after=config.idle_polls * config.poll_interval,
                                   spawn=self._spawn)
@@ -229,7 +231,8 @@ class Lookup:
             self._admin = LookupAdmin(AdminSource(
                 self._ready, self._ensure_discovered, self.discover, lambda: self.leader,
                 self._health,
-                lambda: self._roster.timed_out if self._roster is not None else {}))
+                lambda: self._roster.timed_out if self._roster is not None else {},
+                self._answered_pass))
         return self._admin
 
     # -- discovery -------------------------------------------------------------------------
@@ -239,10 +242,24 @@ class Lookup:
 
     async def _discover_round(self) -> tuple[str, ...]:
         assert self._roster is not None
-        try:
-            return await self._roster.run(answered=self._discovered.set)
-        finally:
+        waiters, self._pass_waiters = self._pass_waiters, []
+
+        def answered() -> None:
             self._discovered.set()
+            for w in waiters:
+                w.set()
+
+        try:
+            return await self._roster.run(answered=answered)
+        finally:
+            answered()
+
+    async def _answered_pass(self) -> None:
+        """Run ``/listlookup`` now and return once one lookupd answered it (or the pass
+        ended): a write whose leader went silent does not wait for its /listlookup too."""
+        await self._ready()
+        assert self._discover_once is not None
+        await until_answered(self._discover_once, self._pass_waiters)
 
     async def discover(self) -> tuple[str, ...]:
         """Run ``/listlookup`` now (coalesced with a pass in progress); the known lookupds."""
