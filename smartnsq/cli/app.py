@@ -14,10 +14,8 @@ the command groups here map onto it directly.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -32,7 +30,7 @@ from smartnsq.cli.common import (
     one_line,
     stdout_closed,
 )
-from smartnsq.cli.interrupts import guard_imports
+from smartnsq.cli.interrupts import OWN_PROCESS, guard_imports, ignore_further_ctrl_c
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
@@ -173,7 +171,8 @@ class SmartnsqGroup(click.Group):
                               standalone_mode=False,
                               windows_expand_args=windows_expand_args, **extra)
         except (click.exceptions.Abort, KeyboardInterrupt):
-            _ending_after_ctrl_c()
+            # a further Ctrl-C while the process ends says nothing more
+            ignore_further_ctrl_c()
             print("smartnsq: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
         except click.exceptions.Exit as exc:
@@ -193,20 +192,6 @@ class SmartnsqGroup(click.Group):
                   file=sys.stderr)
             return 1
         return rv if isinstance(rv, int) else 0
-
-
-#: set while :func:`main` runs the group as the ``smartnsq`` process (not inside a test's
-#: or another program's process, whose Ctrl-C stays theirs)
-_OWN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("own_process",
-                                                                   default=False)
-
-
-def _ending_after_ctrl_c() -> None:
-    # a further Ctrl-C while the process ends says nothing more: without this it killed the
-    # interpreter on its way out (exit status -SIGINT instead of 130)
-    if _OWN_PROCESS.get():
-        with contextlib.suppress(ValueError):  # not the main thread
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -234,10 +219,10 @@ def cli(ctx: click.Context, verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smartnsq`` console script."""
-    token = _OWN_PROCESS.set(True)
+    token = OWN_PROCESS.set(True)
     try:
         result: int = cli.main(list(argv) if argv is not None else None,
                                standalone_mode=False)
     finally:
-        _OWN_PROCESS.reset(token)
+        OWN_PROCESS.reset(token)
     return result

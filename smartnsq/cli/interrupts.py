@@ -5,12 +5,28 @@ Only the standard library here: :mod:`smartnsq.cli` uses it before checking that
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["guard_imports"]
+__all__ = ["OWN_PROCESS", "guard_imports", "ignore_further_ctrl_c"]
+
+#: set while :func:`smartnsq.cli.app.main` runs the group as the ``smartnsq`` process (not
+#: inside a test's or another program's process, whose Ctrl-C stays theirs)
+OWN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("own_process",
+                                                                  default=False)
+
+
+def ignore_further_ctrl_c() -> None:
+    """Once a Ctrl-C has stopped it, the ``smartnsq`` process ignores further ones while it
+    ends: Python's default handler, back once the command's loop closed, killed it on its
+    way out (exit status -SIGINT instead of its code, or a traceback)."""
+    if OWN_PROCESS.get():
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -26,6 +26,7 @@ from typing import ParamSpec, TypeVar
 import click
 
 from smartnsq.cli.common import run
+from smartnsq.cli.interrupts import ignore_further_ctrl_c
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OUTPUT_CLOSED", "EXIT_TERMINATED", "StopEvent",
            "command_runner", "exit_code_after", "stop_event"]
@@ -102,6 +103,15 @@ def stop_event(*, cuts_short: bool = False) -> StopEvent:
     return event
 
 
+def _ending_after_ctrl_c() -> None:
+    """The command is done after a Ctrl-C (its drain included): further ones are ignored
+    while the process ends. The loop's handler goes first, or closing the loop would put
+    Python's default one (KeyboardInterrupt) back."""
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+        ignore_further_ctrl_c()
+
+
 def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
     """Decorate an ``async def`` command body so click can call it. A body that returns
     after a signal cut it short (its :func:`stop_event`, made with ``cuts_short``, was set
@@ -114,7 +124,11 @@ def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
 
         async def main() -> T:
             _STOPS.set(stops)  # this task's own context: the command's stop events
-            return await fn(*args, **kwargs)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                if any(s.signum == signal.SIGINT for s in stops):
+                    _ending_after_ctrl_c()
 
         result = run(main())
         codes = [c for c in (s.exit_code() for s in stops) if c is not None]
