@@ -19,8 +19,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check smartnsq tests benchmarks examples docs/hooks
 	$(BIN)/mypy --strict smartnsq
 
+# two workers (pytest-xdist): one per core; tests/conftest.py keeps each module, and all the
+# Spark tests, on one worker
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Real stock nsqd and a 3-node youzan cluster from ../shared/realnsq (REALNSQ_DIR), started for
 # the run and always stopped; honours REALNSQ_STOCK_BASE, REALNSQ_YOUZAN_BASE, REALNSQ_STATE;
