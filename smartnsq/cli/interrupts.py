@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["OWN_PROCESS", "guard_imports", "ignore_further_ctrl_c"]
+__all__ = ["OWN_PROCESS", "guard_imports", "ignore_further_ctrl_c", "ignore_further_stops"]
 
 #: set while :func:`smartnsq.cli.app.main` runs the group as the ``smartnsq`` process (not
 #: inside a test's or another program's process, whose Ctrl-C stays theirs)
@@ -24,9 +24,16 @@ def ignore_further_ctrl_c() -> None:
     """Once a Ctrl-C has stopped it, the ``smartnsq`` process ignores further ones while it
     ends: Python's default handler, back once the command's loop closed, killed it on its
     way out (exit status -SIGINT instead of its code, or a traceback)."""
+    ignore_further_stops((signal.SIGINT,))
+
+
+def ignore_further_stops(signums: tuple[signal.Signals, ...]) -> None:
+    """:func:`ignore_further_ctrl_c` for each of ``signums`` (a command that SIGINT or
+    SIGTERM stopped: a second SIGTERM killed it with -SIGTERM as it ended, not 143)."""
     if OWN_PROCESS.get():
         with contextlib.suppress(ValueError):  # not the main thread
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in signums:
+                signal.signal(signum, signal.SIG_IGN)
 
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:

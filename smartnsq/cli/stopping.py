@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 import click
 
 from smartnsq.cli.common import run
-from smartnsq.cli.interrupts import ignore_further_ctrl_c
+from smartnsq.cli.interrupts import ignore_further_stops
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OUTPUT_CLOSED", "EXIT_TERMINATED", "StopEvent",
            "command_runner", "exit_code_after", "stop_event"]
@@ -81,6 +81,9 @@ class StopEvent(asyncio.Event):
         return signal.Signals(self.signum).name if self.signum is not None else "a stop"
 
 
+#: the signals that stop a command gracefully
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 #: the stop events of the command being run (see :func:`command_runner`)
 _STOPS: contextvars.ContextVar[list[StopEvent] | None] = contextvars.ContextVar(
     "smartnsq_cli_stops", default=None)
@@ -96,20 +99,22 @@ def stop_event(*, cuts_short: bool = False) -> StopEvent:
     if stops is not None:
         stops.append(event)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _STOP_SIGNALS:
         # not on every platform (Windows), nor outside the main thread (tests)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, event.on_signal, int(sig))
     return event
 
 
-def _ending_after_ctrl_c() -> None:
-    """The command is done after a Ctrl-C (its drain included): further ones are ignored
-    while the process ends. The loop's handler goes first, or closing the loop would put
-    Python's default one (KeyboardInterrupt) back."""
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
-        ignore_further_ctrl_c()
+def _ending_after_a_signal() -> None:
+    """The command is done after SIGINT or SIGTERM stopped it (its drain included): further
+    ones are ignored while the process ends. The loop's handlers go first, or closing the
+    loop would put Python's default ones (KeyboardInterrupt, termination) back."""
+    loop = asyncio.get_running_loop()
+    for sig in _STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)
+    ignore_further_stops(_STOP_SIGNALS)
 
 
 def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
@@ -127,8 +132,8 @@ def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
             try:
                 return await fn(*args, **kwargs)
             finally:
-                if any(s.signum == signal.SIGINT for s in stops):
-                    _ending_after_ctrl_c()
+                if any(s.signum is not None for s in stops):
+                    _ending_after_a_signal()
 
         result = run(main())
         codes = [c for c in (s.exit_code() for s in stops) if c is not None]
