@@ -72,11 +72,23 @@ def test_listing_is_the_one_click_prints_for_the_commands(width: int) -> None:
     assert names == sorted(COMMANDS)
 
 
-def test_unknown_command_is_a_usage_error() -> None:
+def test_unknown_command_is_a_usage_error_with_a_suggestion() -> None:
+    # click suggests from the commands it has loaded: none yet, with a lazy group
     done = subprocess.run([sys.executable, "-m", "smartnsq", "tial", "orders"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
-    assert "No such command 'tial'" in done.stderr
+    assert done.stderr == "smartnsq: error: No such command 'tial'. Did you mean 'tail'?\n"
+
+
+@pytest.mark.parametrize("argv", [[], ["topic"]], ids=["smartnsq", "smartnsq topic"])
+def test_a_group_alone_shows_its_help(argv: list[str]) -> None:
+    """A user's first try, ``smartnsq`` with nothing after it: the help on several lines (it
+    came as one 'error:' line holding the whole help)."""
+    done = subprocess.run([sys.executable, "-m", "smartnsq", *argv],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2  # click's code for a group called without its command
+    assert done.stderr.startswith(f"Usage: smartnsq {' '.join(argv)}".rstrip()), done.stderr
+    assert "error:" not in done.stderr and "\nCommands:\n" in done.stderr, done.stderr
 
 
 def test_dev_names_stay_importable() -> None:

@@ -131,6 +131,17 @@ class SmartnsqGroup(click.Group):
             self.add_command(command, cmd_name)
         return command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:
+            # click suggests from the commands loaded so far (none, here): from all of them
+            if exc.possibilities:
+                raise
+            raise click.exceptions.NoSuchCommand(
+                exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's listing, from the summaries of :data:`COMMANDS` for the commands not
         imported yet: a stand-in command with the summary as its help is shortened to the
@@ -179,9 +190,15 @@ class SmartnsqGroup(click.Group):
             return exc.exit_code
         except OutputClosed:
             return 0
+        except click.exceptions.NoArgsIsHelpError as exc:
+            # `smartnsq` (or `smartnsq topic`) alone: the help, as click shows it, not as an
+            # error squeezed into one line
+            exc.show()
+            return exc.exit_code
         except click.ClickException as exc:
             where = ""
-            if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            if isinstance(exc, click.UsageError) and exc.ctx is not None \
+                    and exc.ctx.parent is not None:  # the group itself: "smartnsq: error:"
                 where = f"{exc.ctx.command_path}: "
             print(f"smartnsq: error: {where}{one_line(exc.format_message())}", file=sys.stderr)
             return exc.exit_code
