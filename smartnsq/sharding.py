@@ -15,6 +15,7 @@ PUB_TRACE and the key's unsigned murmur3 hash as trace id: :func:`shard_trace_id
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Literal
 
@@ -98,7 +99,7 @@ def shard_partitions(keys: Iterable[ShardKey], partition_num: int,
             if type(k) is str or type(k) is bytes:
                 data = k  # mmh3 hashes a str as its UTF-8 bytes
             elif type(k) is int:
-                data = str(k)  # its decimal text
+                data = _int_text(k)  # its decimal text
             else:
                 data = _murmur3_bytes(k)  # other bytes-likes, and the errors of bad keys
             out.append(h(data, 0, signed=False) % partition_num)
@@ -116,12 +117,24 @@ def check_shard_key(key: ShardKey, rule: ShardRule = "murmur3") -> None:
     shard_partition(key, 1, rule)
 
 
+def _int_text(key: int) -> str:
+    try:
+        return str(key)
+    except ValueError:
+        # Python refuses the decimal text of ints past sys.get_int_max_str_digits()
+        raise ConfigError(f"int shard key too large: over {sys.get_int_max_str_digits()} "
+                          f"digits ({key.bit_length()} bits)") from None
+
+
 def _murmur3_bytes(key: ShardKey) -> bytes:
     if isinstance(key, int):
         if isinstance(key, bool):
             raise ConfigError("shard key must be str, bytes or int, got bool")
-        return str(key).encode("ascii")
-    return key_bytes(key)
+        return _int_text(key).encode("ascii")
+    if isinstance(key, bytes | bytearray | memoryview | str):
+        return key_bytes(key)
+    # key_bytes' own message leaves int out: the murmur3 rule takes ints too
+    raise ConfigError(f"shard key must be str, bytes or int, got {type(key).__name__}")
 
 
 def shard_trace_id(key: ShardKey) -> int:
