@@ -29,9 +29,18 @@ ShardKey = str | bytes | int
 _MASK32 = 0xFFFFFFFF
 
 
+def _utf8(key: str) -> bytes:
+    try:
+        return key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # a lone surrogate (surrogateescape'd bytes, a JSON "\\ud800") has no UTF-8 form
+        raise ConfigError(f"shard key is not valid text: {exc.reason} at index {exc.start} "
+                          f"({key[exc.start:exc.end]!r}); pass its bytes instead") from None
+
+
 def key_bytes(key: str | bytes) -> bytes:
     if isinstance(key, str):
-        return key.encode("utf-8")
+        return _utf8(key)
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key)
     raise ConfigError(f"shard key must be str or bytes, got {type(key).__name__}")
@@ -50,7 +59,8 @@ def _to_int32(h: int) -> int:
 def java_string_hash(s: str) -> int:
     """Java's ``String.hashCode()`` (signed 32-bit) over UTF-16 code units."""
     h = 0
-    units = s.encode("utf-16-be")
+    # a Java String may hold a lone surrogate: it is one code unit there too
+    units = s.encode("utf-16-be", "surrogatepass")
     for i in range(0, len(units), 2):
         h = (31 * h + ((units[i] << 8) | units[i + 1])) & _MASK32
     return _to_int32(h)
@@ -96,8 +106,12 @@ def shard_partitions(keys: Iterable[ShardKey], partition_num: int,
         out = []
         for k in keys:
             data: str | bytes
-            if type(k) is str or type(k) is bytes:
-                data = k  # mmh3 hashes a str as its UTF-8 bytes
+            if type(k) is bytes:
+                data = k
+            elif type(k) is str:
+                # mmh3 hashes a str as its UTF-8 bytes, but crashes the process (mmh3 5.3.1,
+                # SIGSEGV) on one without them: only ASCII (an O(1) check) goes in as it is
+                data = k if k.isascii() else _utf8(k)
             elif type(k) is int:
                 data = _int_text(k)  # its decimal text
             else:
@@ -112,7 +126,7 @@ def shard_partitions(keys: Iterable[ShardKey], partition_num: int,
 def check_shard_key(key: ShardKey, rule: ShardRule = "murmur3") -> None:
     """Raise ConfigError before any I/O if ``key`` cannot be sharded under ``rule``."""
     t = type(key)
-    if (t is str or t is bytes) and rule == "murmur3":
+    if (t is bytes or (t is str and key.isascii())) and rule == "murmur3":  # type: ignore[union-attr]
         return  # the common case, without hashing
     shard_partition(key, 1, rule)
 

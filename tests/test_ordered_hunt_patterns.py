@@ -7,6 +7,8 @@ allowed) or stays in the channel, and each call returns or fails within its stat
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -16,6 +18,7 @@ from smartnsq import Message, OrderedConsumer, Producer
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ConfigError
 from smartnsq.ordered import skip_after
+from smartnsq.sharding import java_string_hash, shard_partition
 from tests.consumer_support import Collector, eventually
 from tests.test_ordered_user_patterns import (
     CHANNEL,
@@ -210,3 +213,40 @@ async def test_unusual_but_valid_keys_keep_order(cluster: DevCluster, key: objec
     parts = [p for p in range(PARTS) if cluster.store.partition(TOPIC, p).records]
     assert len(parts) == 1
     assert [r.body for r in cluster.store.partition(TOPIC, parts[0]).records] == sent
+
+
+async def test_a_key_with_a_lone_surrogate(cluster: DevCluster) -> None:
+    """A str key holding a lone surrogate (bytes decoded with surrogateescape, a JSON
+    "\\ud800"): murmur3 has no UTF-8 bytes to hash and refuses it naming the place (mmh3 was
+    handed the str and the process died of SIGSEGV); the java rule hashes UTF-16 code units
+    as Java does, the surrogate being one of them, so it is a key like any other there."""
+    key = "file-\udcff"
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match=r"not valid text.*index 5.*pass its bytes"):
+            await p.publish_ordered(TOPIC, key, b"x")
+        assert time.monotonic() - t0 < 0.5
+        assert depth(cluster) == 0
+        sent = [f"s:{i}".encode() for i in range(3)]
+        async with asyncio.timeout(5):
+            for b in sent:
+                await p.publish_ordered(TOPIC, key, b, rule="java")
+            await p.publish_ordered(TOPIC, key.encode("utf-8", "surrogateescape"), b"raw")
+    part = shard_partition(key, PARTS, "java")
+    assert part == abs(java_string_hash(key)) % PARTS
+    assert [r.body for r in cluster.store.partition(TOPIC, part).records
+            if r.body.startswith(b"s:")] == sent
+    assert depth(cluster) == len(sent) + 1
+
+
+def test_shard_partition_of_a_lone_surrogate_does_not_kill_the_process() -> None:
+    """The Spark sink and users call shard_partition directly: a child process, as the
+    crash (SIGSEGV inside mmh3) took the whole interpreter down."""
+    code = ("from smartnsq.sharding import shard_partitions\n"
+            "from smartnsq.errors import ConfigError\n"
+            "try:\n    shard_partitions(['ok', 'k\\udcff'], 4)\n"
+            "except ConfigError as e:\n    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "refused: shard key is not valid text" in done.stdout
