@@ -11,6 +11,10 @@ child of the caller's current span (a web request's, say).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
@@ -31,6 +35,8 @@ from smartnsq.sync._loop import acquire, release
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
+log = logging.getLogger("smartnsq.sync")
+
 
 class Producer:
     """``with smartnsq.sync.Producer(nsqd="127.0.0.1:4150") as p: p.publish("t", b"x")``: the
@@ -49,6 +55,7 @@ class Producer:
                                     tracer_provider=tracer_provider,
                                     trace_envelope=trace_envelope)
         self._loop: BackgroundLoop | None = None
+        self._dropped: weakref.finalize[Any, Any] | None = None
         self._stopped = False
         self._entry = Entry("smartnsq.sync.Producer", "with")
 
@@ -67,6 +74,10 @@ class Producer:
             release(loop)
             raise
         self._loop = loop
+        # a producer dropped without stop() (a careless app makes one per request) would
+        # keep its connections for the life of the process: closed once nobody can call it
+        self._dropped = weakref.finalize(self, _stop_dropped, self._async, loop)
+        self._dropped.atexit = False  # at exit the loop's daemon thread just ends
 
     @property
     def trace(self) -> TraceSwitch:
@@ -149,6 +160,8 @@ class Producer:
         if loop is None:
             return
         self._loop = None
+        if self._dropped is not None:
+            self._dropped.detach()
         if not loop.in_this_process:
             return
         try:
@@ -174,3 +187,31 @@ class Producer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._entry.leave_blocking(self.stop)
+
+
+def _stop_dropped(producer: AsyncProducer, loop: BackgroundLoop) -> None:
+    """Stop a producer garbage-collected while started, and give its loop back. Runs in
+    whichever thread dropped it (the loop's own included, perhaps inside ``_loop``'s lock):
+    it only schedules the work on the loop, and never blocks."""
+    if not loop.in_this_process or loop.ended:
+        return  # the parent's connections, or nothing left to stop
+
+    async def stop() -> None:
+        try:
+            await producer.stop()
+        except Exception:  # nobody to tell but the log
+            log.exception("stopping a smartnsq.sync.Producer dropped without stop() failed")
+        finally:
+            release(loop)
+
+    def schedule() -> None:
+        _dropped_stops.add(task := asyncio.ensure_future(stop()))
+        task.add_done_callback(_dropped_stops.discard)
+
+    # RuntimeError: the loop closed meanwhile, and its connections went with it
+    with contextlib.suppress(RuntimeError):
+        loop.loop.call_soon_threadsafe(schedule)
+
+
+#: the tasks stopping dropped producers, referenced until done (the loop keeps weak ones)
+_dropped_stops: set[asyncio.Task[None]] = set()
