@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -56,6 +57,7 @@ class Producer:
                                     trace_envelope=trace_envelope)
         self._loop: BackgroundLoop | None = None
         self._dropped: weakref.finalize[Any, Any] | None = None
+        self._stopping = threading.Lock()
         self._stopped = False
         self._entry = Entry("smartnsq.sync.Producer", "with")
 
@@ -155,11 +157,11 @@ class Producer:
         # checked first: a bad value must not leave the producer half closed
         timeout = check_optional_duration(timeout, "timeout")
         check_blocking_allowed("smartnsq.sync.Producer.stop()")
-        self._stopped = True
-        loop = self._loop
+        with self._stopping:  # two threads stopping it: one takes the loop, one release()
+            self._stopped = True
+            loop, self._loop = self._loop, None
         if loop is None:
             return
-        self._loop = None
         if self._dropped is not None:
             self._dropped.detach()
         if not loop.in_this_process:
