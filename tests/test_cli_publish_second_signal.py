@@ -63,6 +63,8 @@ def test_a_second_signal_right_after_the_first_still_ends_with_its_code(
     text = err.decode()
     assert proc.returncode == 128 + sig, text
     assert "Traceback" not in text, text
-    (line,) = text.splitlines()
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    (line,) = lines
     assert line.startswith(f"published 3 message(s), 11 bytes, to {topic}"), line
     assert depth(stock, topic) == 3

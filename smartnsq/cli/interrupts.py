@@ -9,10 +9,11 @@ import contextlib
 import contextvars
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
-__all__ = ["OWN_PROCESS", "guard_imports", "ignore_further_ctrl_c", "ignore_further_stops"]
+__all__ = ["OWN_PROCESS", "guard_imports", "held_back", "ignore_further_ctrl_c",
+           "ignore_further_stops"]
 
 #: set while :func:`smartnsq.cli.app.main` runs the group as the ``smartnsq`` process (not
 #: inside a test's or another program's process, whose Ctrl-C stays theirs)
@@ -34,6 +35,22 @@ def ignore_further_stops(signums: tuple[signal.Signals, ...]) -> None:
         with contextlib.suppress(ValueError):  # not the main thread
             for signum in signums:
                 signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def held_back(signums: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Hold ``signums`` back in the ``smartnsq`` process's main thread while their handlers
+    change: between an event loop's handler going (which puts the default back: termination
+    for SIGTERM, KeyboardInterrupt for SIGINT) and :func:`ignore_further_stops`, one arriving
+    would act on the default. One held back meanwhile is discarded once ignored."""
+    if not OWN_PROCESS.get() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)
 
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:

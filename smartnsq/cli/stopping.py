@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 import click
 
 from smartnsq.cli.common import run
-from smartnsq.cli.interrupts import ignore_further_stops
+from smartnsq.cli.interrupts import held_back, ignore_further_stops
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OUTPUT_CLOSED", "EXIT_TERMINATED", "StopEvent",
            "command_runner", "exit_code_after", "stop_event"]
@@ -111,10 +111,19 @@ def _ending_after_a_signal() -> None:
     ones are ignored while the process ends. The loop's handlers go first, or closing the
     loop would put Python's default ones (KeyboardInterrupt, termination) back."""
     loop = asyncio.get_running_loop()
-    for sig in _STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(sig)
-    ignore_further_stops(_STOP_SIGNALS)
+    with held_back(_STOP_SIGNALS):
+        # twice at most: a Ctrl-C that reached the process just before it was held back runs
+        # its Python handler at the next bytecode, the default one (KeyboardInterrupt) once
+        # the loop's is gone, and cuts the switch short; none can follow it
+        for _ in range(2):
+            try:
+                for sig in _STOP_SIGNALS:
+                    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                        loop.remove_signal_handler(sig)
+                ignore_further_stops(_STOP_SIGNALS)
+                return
+            except KeyboardInterrupt:
+                continue
 
 
 def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
