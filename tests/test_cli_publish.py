@@ -354,3 +354,41 @@ def test_publish_at_a_terminal_says_it_reads_typed_records(stock: ClusterThread)
     r = run_cli(["publish", "typed", "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
                 input=b"two\n")
     assert r.returncode == 0 and b"terminal" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("sig", "gap"), [
+    *((signal.SIGINT, gap) for gap in (0.0, 0.002, 0.005, 0.01, 0.02, 0.05)),
+    *((signal.SIGTERM, gap) for gap in (0.0, 0.005, 0.02)),
+], ids=lambda v: v.name if isinstance(v, signal.Signals) else f"{v * 1000:g}ms")
+def test_a_second_signal_right_after_the_first_still_ends_with_its_code(
+        stock: ClusterThread, sig: signal.Signals, gap: float) -> None:
+    """A user presses Ctrl-C twice, quickly, at ``smartnsq publish`` reading from a pipe that
+    stays open (or a process manager sends SIGTERM twice): the first stops the reading, the
+    second cuts the drain short; either way the command ends with 130 (143) and its one summary
+    line, never killed by the signal (-SIGINT, -SIGTERM) nor with a traceback, and what was
+    published stays in the channel."""
+    topic = f"twice{sig.name}{int(gap * 1000)}"
+    make_topic(stock, topic)
+    proc = spawn_cli(["publish", topic, "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
+                     stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(b"one\ntwo\nthree\n")  # the pipe stays open: publish waits for more
+        proc.stdin.flush()
+        wait_depth(stock, topic, 3, proc)
+        send_signal(proc, sig)
+        time.sleep(gap)
+        send_signal(proc, sig)
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode()
+    assert proc.returncode == 128 + sig, text
+    assert "Traceback" not in text, text
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    (line,) = lines
+    assert line.startswith(f"published 3 message(s), 11 bytes, to {topic}"), line
+    assert depth(stock, topic) == 3
