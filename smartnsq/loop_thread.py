@@ -159,7 +159,7 @@ class BackgroundLoop:
             coro.close()
             raise EventLoopError("a blocking smartnsq call was made from its own event loop "
                                  "thread (use the asyncio API there)")
-        if self._end.done() or self.ended_by is not None or not self.alive:
+        if self.ended_by is not None or not self.alive:
             coro.close()
             raise self._gone(cut_short=False)
         if not from_running_loop:
