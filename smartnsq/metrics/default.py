@@ -16,6 +16,11 @@ def check_metrics(metrics: object, where: str) -> Metrics:
     """``metrics`` if it is a smartnsq metrics backend, else a :class:`ConfigError` naming
     what was passed (``where``: the call or keyword that got it). Checked where it is given,
     not when a client starts far from the mistake."""
+    if isinstance(metrics, type):
+        # the class has the attributes too (metrics=PrometheusMetrics, no parentheses): it
+        # would fail only at start(), on a call missing its self
+        raise ConfigError(f"{where} takes a smartnsq.metrics backend, got the class "
+                          f"{metrics.__qualname__} (pass an instance: {metrics.__name__}())")
     if (isinstance(getattr(metrics, "enabled", None), bool)
             and all(callable(getattr(metrics, name, None))
                     for name in ("counter", "histogram", "gauge"))):
