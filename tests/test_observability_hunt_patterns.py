@@ -11,6 +11,9 @@ import collections
 import re
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,6 +25,7 @@ from smartnsq.metrics import NoMetrics, set_metrics
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.producer import Producer
+from smartnsq.tracing.semconv import ERROR_TYPE, NSQ_GIVEN_BACK
 from tests.real_servers import (
     StockServer,
     stock,  # noqa: F401  (fixture)
@@ -132,3 +136,38 @@ def test_an_exporter_class_is_refused_when_the_client_is_made() -> None:
             set_metrics(cls)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=rf"metrics=.*the class {cls.__name__}"):
             Consumer("t", "c", nsqd="127.0.0.1:4150", metrics=cls)  # type: ignore[arg-type]
+
+
+@pytest.mark.real_nsqd
+async def test_a_handler_still_running_at_stop_gives_its_span_back_not_failed(
+        stock: StockServer, sdk: tuple[TracerProvider, InMemorySpanExporter],  # noqa: F811
+) -> None:
+    provider, exporter = sdk
+    topic, channel = unique("hang"), "c"
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    async with Producer(nsqd=stock.nsqd_tcp, tracer_provider=provider) as p:
+        await p.publish(topic, b"slow")
+    started = asyncio.Event()
+
+    async def hang(msg: Message) -> None:
+        started.set()
+        await asyncio.sleep(3600)  # a call that never answers
+
+    cfg = ConsumerConfig(max_in_flight=1, drain_timeout=0.2, backoff_enabled=False)
+    try:
+        async with Consumer(topic, channel, hang, nsqd=stock.nsqd_tcp, config=cfg,
+                            metrics=metrics, tracer_provider=provider):
+            async with asyncio.timeout(WAIT):
+                await started.wait()
+        # stop() gave the message back after drain_timeout: counted as such ...
+        assert value(registry, "smartnsq_consumer_messages_requeued_total", topic=topic,
+                     channel=channel, nsqd=stock.nsqd_tcp, partition="", reason="stop") == 1
+        (span,) = [s for s in exporter.get_finished_spans() if s.name == f"process {topic}"]
+        # ... and its span says so, as for async for; it was ERROR with CancelledError
+        attrs = dict(span.attributes or {})
+        assert attrs.get(NSQ_GIVEN_BACK) is True
+        assert ERROR_TYPE not in attrs
+        assert span.status.status_code is StatusCode.UNSET
+    finally:
+        metrics.close()

@@ -12,6 +12,7 @@ context per task, and each handler worker is a task).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from opentelemetry import context as otel_context
@@ -80,7 +81,8 @@ class ProcessSpans:
 
     def wrap(self, handler: Handler) -> Handler:
         """``handler`` inside its span, the span current while it runs; an exception ends
-        the span as failed and goes on to the consumer (which requeues the message)."""
+        the span as failed and goes on to the consumer (which requeues the message). A
+        handler cancelled by ``stop()`` ends it given back, as the consumer requeues it."""
         async def process(msg: Message) -> object:
             opened = self.open(msg)
             if opened is None:
@@ -89,6 +91,15 @@ class ProcessSpans:
             token = otel_context.attach(trace.set_span_in_context(span, parent))
             try:
                 result = await handler(msg)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # stop() cancelled the handler after drain_timeout and gives the
+                    # message back (reason stop): not a failure of the handler
+                    ProcessSpans.close(span, given_back=True)
+                else:
+                    Tracing.end(span, exc)
+                raise
             except BaseException as exc:
                 Tracing.end(span, exc)
                 raise
