@@ -22,6 +22,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import ConfigError
 from smartnsq.message import Message
 from smartnsq.metrics import NoMetrics, set_metrics
+from smartnsq.metrics.catalog import PRODUCER_RETRIES
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.producer import Producer
@@ -123,6 +124,46 @@ async def test_a_scrape_while_clients_run_adds_up_and_matches_the_guide(
         if labels_seen:  # a family with samples: the labels they carry
             assert set(re.findall(r"`(\w+)`", cells[2])) == labels_seen, name
     assert len(table) == len(running)
+
+
+@pytest.mark.real_nsqd
+async def test_an_exporter_closed_at_shutdown_and_used_again_reports_again(
+        stock: StockServer) -> None:  # noqa: F811
+    topic = unique("lifespan")
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)  # module level, as an application keeps it
+    previous = set_metrics(metrics)
+    try:
+        for run in (1, 2):  # the application's startup / shutdown, twice (its tests do)
+            async with Producer(nsqd=stock.nsqd_tcp) as p:
+                await p.publish(topic, b"order")
+            # was None on the second run: the clients counted into an unregistered store
+            assert value(registry, "smartnsq_producer_messages_sent_total", topic=topic,
+                         command="PUB", result="ok") == run
+            metrics.close()  # the shutdown hook
+            assert value(registry, "smartnsq_producer_messages_sent_total", topic=topic,
+                         command="PUB", result="ok") == 0
+    finally:
+        set_metrics(previous)
+        metrics.close()
+    # once closed and not used again, the registry is as it was
+    assert not families(registry)
+
+
+def test_reopened_exporters_share_what_the_registry_has_then() -> None:
+    registry = CollectorRegistry()
+    first = PrometheusMetrics(registry)
+    first.close()
+    second = PrometheusMetrics(registry)  # a new one registered meanwhile
+    try:
+        first.counter(PRODUCER_RETRIES).labels("t").inc()
+        second.counter(PRODUCER_RETRIES).labels("t").inc()
+        # one collector, both counts: no "Duplicated timeseries" and nothing lost
+        assert value(registry, "smartnsq_producer_retries_total", topic="t") == 2
+    finally:
+        first.close()
+        second.close()
+    assert not families(registry)
 
 
 def test_an_exporter_class_is_refused_when_the_client_is_made() -> None:

@@ -111,15 +111,19 @@ def _describe(value: object) -> str:
 
 
 def _attach(registry: CollectorRegistry, prefix: str, max_topics: int | None,
-            max_channels: int | None) -> _Shared:
+            max_channels: int | None, store: LocalStore | None = None) -> _Shared:
+    """The registry's shared collector for ``prefix``, made (on ``store`` when given: a
+    closed exporter's figures) if there is none."""
     with _SHARED_LOCK:
         by_prefix = _SHARED.setdefault(registry, {})
         shared = by_prefix.get(prefix)
         if shared is not None:
             check_bounds(max_topics, max_channels, shared.store.bounds, "PrometheusMetrics")
         if shared is None:
-            store = LocalStore(DEFAULT_MAX_TOPICS if max_topics is None else max_topics,
-                               DEFAULT_MAX_CHANNELS if max_channels is None else max_channels)
+            if store is None:
+                store = LocalStore(
+                    DEFAULT_MAX_TOPICS if max_topics is None else max_topics,
+                    DEFAULT_MAX_CHANNELS if max_channels is None else max_channels)
             collector = _Collector(store, prefix)
             try:
                 registry.register(collector)
@@ -164,16 +168,29 @@ class PrometheusMetrics:
         check_bounds(max_topics, max_channels, None, "PrometheusMetrics")
         self._shared: _Shared | None = _attach(self.registry, prefix, max_topics, max_channels)
         self._store = self._shared.store
-        self._collector = self._shared.collector
+        self._reopening = threading.Lock()
+
+    def _live(self) -> LocalStore:
+        """The figures clients bind to; a closed exporter that a client starts with again
+        (an application's second startup after its shutdown hook closed it) registers
+        again instead of counting where no scrape looks."""
+        if self._shared is None:
+            with self._reopening:  # clients starting on two threads attach it once
+                if self._shared is None:
+                    bounds = self._store.bounds
+                    shared = _attach(self.registry, self._prefix, bounds.topics.limit,
+                                     bounds.channels.limit, self._store)
+                    self._shared, self._store = shared, shared.store
+        return self._store
 
     def counter(self, spec: MetricSpec) -> Counter:
-        return self._store.counter(spec)
+        return self._live().counter(spec)
 
     def histogram(self, spec: MetricSpec) -> Histogram:
-        return self._store.histogram(spec)
+        return self._live().histogram(spec)
 
     def gauge(self, spec: MetricSpec, read: GaugeRead) -> GaugeReader:
-        return self._store.gauge(spec).add(read)
+        return self._live().gauge(spec).add(read)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
         """Serve this registry's text format on ``http://addr:port/metrics`` from a daemon
@@ -184,7 +201,7 @@ class PrometheusMetrics:
     def close(self) -> None:
         """Stop using the collector; once every exporter sharing it (same registry and
         prefix) is closed, it is unregistered and its figures disappear. Closing twice does
-        nothing more."""
+        nothing more; a client started with it afterwards registers it again."""
         shared, self._shared = self._shared, None
         if shared is None:
             return
