@@ -22,7 +22,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import ConfigError
 from smartnsq.message import Message
 from smartnsq.metrics import NoMetrics, set_metrics
-from smartnsq.metrics.catalog import PRODUCER_RETRIES
+from smartnsq.metrics.catalog import LABELS, PRODUCER_RETRIES
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.producer import Producer
@@ -32,7 +32,7 @@ from tests.real_servers import (
     stock,  # noqa: F401  (fixture)
     unique,
 )
-from tests.test_observability_docs import rows
+from tests.test_observability_docs import rows, text
 from tests.tracing_helpers import sdk  # noqa: F401  (fixture)
 
 WAIT = 20.0
@@ -212,3 +212,11 @@ async def test_a_handler_still_running_at_stop_gives_its_span_back_not_failed(
         assert span.status.status_code is StatusCode.UNSET
     finally:
         metrics.close()
+
+
+def test_the_command_label_lists_every_command_the_clients_send() -> None:
+    (row,) = [line for line in text().splitlines() if line.startswith("| `command` |")]
+    documented = re.findall(r"`([A-Z_]+)`", row)
+    in_code = re.findall(r"[A-Z_]{3,}", LABELS["command"])
+    # HTTP_PUB_TRACE, HTTP_PUB_EXT and HTTP_DPUB were missing
+    assert documented == in_code
