@@ -193,6 +193,8 @@ class Consumer:
         #: a cancelled stop() cutting the stop short (see stop())
         self._cut_task: asyncio.Future[None] | None = None
         self._closed_event: asyncio.Event | None = None
+        #: set when the first start() ended, for the calls that came meanwhile
+        self._start_done: asyncio.Event | None = None
         self._error: BaseException | None = None
 
     # the parts, under the names tests reach for
@@ -247,14 +249,35 @@ class Consumer:
         connect's time: dial, handshake and SUB); unreachable ones keep being retried in
         the background. Raises
         configuration errors (ordered/ext/channel mismatches, stock nsqd asked for youzan
-        features, auth refused) instead of retrying them."""
+        features, auth refused) instead of retrying them. A call while another is starting
+        the consumer waits for that start and ends as it did."""
         self._check_open()
         if self._started:
+            if self._starting:
+                await self._join_start()
             return
         self._started = True
         self._starting = True
         self._bind_loop(asyncio.get_running_loop())
         self._closed_event = asyncio.Event()
+        self._start_done = asyncio.Event()
+        try:
+            await self._start()
+        finally:
+            self._start_done.set()
+
+    async def _join_start(self) -> None:
+        """A second start() while the first runs: wait for it (a bare return would tell
+        the caller it started before anything was subscribed, or when the start failed)."""
+        assert self._start_done is not None
+        await self._start_done.wait()
+        if not self.is_running:
+            if self._error is not None:
+                raise self._error
+            raise ClientClosedError(f"consumer of {self.topic}/{self.channel} was stopped "
+                                    "while starting")
+
+    async def _start(self) -> None:
         obs, driver = self._observe, self._driver
         obs.start(self.topic, self.channel, lambda: list(self._subs),
                   lambda: driver.flow is not None and driver.flow.in_backoff)

@@ -1,0 +1,252 @@
+"""Consumer patterns the way users of aiokafka, gnsq, ansq and pynsq write them, against the
+embedded stock cluster: iterating, breaking and iterating again, two iterators, cancelled
+tasks, handlers that answer and raise, restarts, careless arguments.
+
+Invariant: each message published reaches the application or stays in the channel, each
+call returns or fails within its stated time, careless input fails naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+
+from smartnsq import Consumer, Message
+from smartnsq.devcluster import DevCluster
+from smartnsq.errors import SubOrderIsMustError
+from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
+
+TOPIC = "hunt"
+CHANNEL = "app"
+STEP = 5.0
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[DevCluster]:
+    async with DevCluster(nodes=1, flavour="stock") as c:
+        c.create_topic(TOPIC, channels=[CHANNEL])
+        yield c
+
+
+def left(cluster: DevCluster) -> tuple[int, int, int]:
+    """The channel's (depth, in flight, deferred) on the server."""
+    node = cluster.nodes[0]
+    st = cluster.store.stock_topic(node.node_id, TOPIC)
+    assert st is not None
+    ch = st.channels[CHANNEL]
+    return ch.depth(), ch.in_flight_count, ch.deferred_count
+
+
+def consumer(cluster: DevCluster, handler: object = None, **kw: object) -> Consumer:
+    cfg = kw.pop("config", None) or fast_config(max_in_flight=10)
+    return Consumer(TOPIC, CHANNEL, handler,  # type: ignore[arg-type]
+                    nsqd=cluster.nsqd_tcp_addresses, config=cfg,  # type: ignore[arg-type]
+                    **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- iteration
+
+
+async def test_break_then_iterate_again_on_the_same_consumer(cluster: DevCluster) -> None:
+    sent = bodies("b", 30)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    seen: Counter[bytes] = Counter()
+    async with asyncio.timeout(STEP), consumer(cluster) as c:
+        for _ in range(6):
+            async for m in c:
+                seen[m.body] += 1
+                m.finish()
+                if sum(seen.values()) % 5 == 0:
+                    break
+    assert set(seen) == set(sent) and all(v == 1 for v in seen.values())
+    st = c.stats()
+    assert st.requeued == 0, st
+    await eventually(lambda: left(cluster) == (0, 0, 0))
+
+
+async def test_two_tasks_iterate_one_consumer(cluster: DevCluster) -> None:
+    sent = bodies("two", 200)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    seen: Counter[bytes] = Counter()
+    per: Counter[int] = Counter()
+    done = asyncio.Event()
+
+    async def reader(i: int, c: Consumer) -> None:
+        async for m in c:
+            seen[m.body] += 1
+            per[i] += 1
+            m.finish()
+            await asyncio.sleep(0)
+            if len(seen) == len(sent):
+                done.set()
+
+    async with asyncio.timeout(STEP), consumer(cluster) as c:
+        tasks = [asyncio.create_task(reader(i, c)) for i in range(2)]
+        await done.wait()
+    await asyncio.wait_for(asyncio.gather(*tasks), STEP)  # stop() ends both loops
+    assert set(seen) == set(sent) and all(v == 1 for v in seen.values())
+    assert per[0] and per[1], per
+
+
+async def test_break_then_stop_returns_read_ahead_once(cluster: DevCluster) -> None:
+    sent = bodies("ra", 20)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    async with asyncio.timeout(STEP), consumer(cluster) as c:
+        async for m in c:
+            m.finish()
+            break
+        await eventually(lambda: c.stats().in_flight == 10)  # read ahead again
+    st = c.stats()
+    assert st.finished == 1 and st.requeued == st.received - 1 == 10, st
+    await eventually(lambda: left(cluster) == (19, 0, 0))
+
+
+async def test_wait_for_cancels_a_waiting_iteration_then_the_next_gets_it(
+        cluster: DevCluster) -> None:
+    async with asyncio.timeout(STEP), consumer(cluster) as c:
+        it = aiter(c)
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(it), 0.05)
+        await publish(cluster.nsqd_tcp_addresses[0], TOPIC, [b"late"])
+        m = await asyncio.wait_for(anext(it), STEP)
+        assert m.body == b"late"
+        m.finish()
+
+
+# ---------------------------------------------------------------------- cancellation
+
+
+async def test_taskgroup_sibling_failure_stops_the_consumer_gracefully(
+        cluster: DevCluster) -> None:
+    sent = bodies("tg", 40)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    got = Collector(delay=0.05)
+    started = asyncio.Event()
+
+    async def run() -> None:
+        async with consumer(cluster, got) as c:
+            started.set()
+            await asyncio.Event().wait()
+        raise AssertionError(c)  # pragma: no cover
+
+    async def sibling() -> None:
+        await started.wait()
+        await got.wait_for(lambda: len(got.handled) >= 5)
+        raise ValueError("sibling failed")
+
+    with pytest.raises(ExceptionGroup) as info:
+        async with asyncio.timeout(STEP), asyncio.TaskGroup() as tg:
+            tg.create_task(run())
+            tg.create_task(sibling())
+    assert info.group_contains(ValueError)
+    # what the handlers had finished is gone, the rest is back in the channel
+    await eventually(lambda: left(cluster)[1] == 0)
+    depth, _, deferred = left(cluster)
+    assert depth + deferred + len(got.distinct) == len(sent)
+
+
+# ---------------------------------------------------------------------- handlers that answer
+
+
+async def test_handler_answers_then_raises(cluster: DevCluster) -> None:
+    """finish() / requeue() then raise: the first answer stands, nothing is sent twice."""
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, [b"fin", b"req", b"touch"])
+    seen: Counter[bytes] = Counter()
+    results: list[tuple[bytes, bool, bool]] = []
+    done = asyncio.Event()
+
+    async def handle(m: Message) -> None:
+        seen[m.body] += 1
+        if m.body == b"fin":
+            results.append((m.body, m.finish(), m.finish()))
+        elif m.body == b"req" and m.attempts == 1:
+            results.append((m.body, m.requeue(delay=0, backoff=False), m.requeue()))
+        else:
+            results.append((m.body, m.touch(), m.touch()))
+        if sum(seen.values()) == 4:
+            done.set()
+        raise RuntimeError("after answering")
+
+    async with asyncio.timeout(STEP), consumer(cluster, handle) as c:
+        await done.wait()
+        await eventually(lambda: c.stats().in_flight == 0 or left(cluster)[1] == 0)
+    st = c.stats()
+    assert seen[b"fin"] == 1 and seen[b"req"] == 2, seen
+    assert (b"fin", True, False) in results and (b"req", True, False) in results
+    assert st.finished == 1, st
+
+
+# ---------------------------------------------------------------------- nsqd restarts
+
+
+async def test_nsqd_restart_while_handlers_are_mid_flight(cluster: DevCluster) -> None:
+    sent = bodies("r", 40)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    got = Collector(expected=len(sent), delay=0.2)
+    async with asyncio.timeout(STEP * 2), consumer(cluster, got) as c:
+        await got.wait_for(lambda: len(got.messages) >= 1)
+        await cluster.restart_node(0)
+        await got.wait()
+        await eventually(lambda: c.stats().in_flight == 0 and left(cluster) == (0, 0, 0))
+    assert got.distinct == set(sent)
+
+
+async def test_nsqd_restart_while_iterating(cluster: DevCluster) -> None:
+    sent = bodies("ri", 30)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    seen: set[bytes] = set()
+    stale = restarts = 0
+    async with asyncio.timeout(STEP * 2), consumer(cluster) as c:
+        async for m in c:
+            if not restarts:
+                restarts += 1
+                await cluster.restart_node(0)
+            await asyncio.sleep(0.01)
+            if m.finish():
+                seen.add(m.body)
+            else:
+                stale += 1  # its connection is gone: nsqd redelivers it
+            if len(seen) == len(sent):
+                break
+        await eventually(lambda: left(cluster) == (0, 0, 0))
+    assert seen == set(sent) and stale == 1
+    assert c.stats().given_up == 0
+
+
+# ---------------------------------------------------------------------- start from two tasks
+
+
+async def test_start_from_two_tasks_both_return_subscribed(cluster: DevCluster) -> None:
+    """Lazy start from two request handlers at once: the second start() returned at once,
+    before anything was subscribed (0 subscriptions)."""
+    c = consumer(cluster)
+    subscribed: list[int] = []
+
+    async def start() -> None:
+        await c.start()
+        subscribed.append(len(c.stats().subscriptions))
+
+    try:
+        async with asyncio.timeout(STEP):
+            await asyncio.gather(start(), start())
+    finally:
+        await c.stop()
+    assert subscribed == [1, 1]
+
+
+async def test_start_from_two_tasks_both_raise_the_start_error() -> None:
+    """The first start() fails (a plain consumer of an ordered youzan topic): the second
+    returned as if started."""
+    async with DevCluster(nodes=1, flavour="youzan") as cluster:
+        cluster.create_topic("ord", partition_num=1, replica=1, ordered=True,
+                             channels=[CHANNEL])
+        c = Consumer("ord", CHANNEL, lookupd=cluster.lookupd_http_addresses,
+                     config=fast_config())
+        async with asyncio.timeout(STEP):
+            results = await asyncio.gather(c.start(), c.start(), return_exceptions=True)
+        assert [type(r) for r in results] == [SubOrderIsMustError] * 2, results
+        assert c.is_closed
