@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import re
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,7 +23,7 @@ from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import ConfigError
 from smartnsq.message import Message
-from smartnsq.metrics import NoMetrics, set_metrics
+from smartnsq.metrics import NoMetrics, prometheus, set_metrics
 from smartnsq.metrics.catalog import LABELS, PRODUCER_RETRIES
 from smartnsq.metrics.otel import OpenTelemetryMetrics
 from smartnsq.metrics.prometheus import PrometheusMetrics
@@ -164,6 +166,26 @@ def test_reopened_exporters_share_what_the_registry_has_then() -> None:
         first.close()
         second.close()
     assert not families(registry)
+
+
+def test_multiprocess_mode_says_the_figures_are_this_process_own(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    # prometheus_client's MultiProcessCollector reads only its own per-process files:
+    # a gunicorn setup scraping it never saw a smartnsq series, and nothing said so
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(prometheus, "_told_multiprocess", False)
+    with caplog.at_level(logging.WARNING, "smartnsq.metrics"):
+        metrics = PrometheusMetrics(CollectorRegistry())
+        again = PrometheusMetrics(CollectorRegistry())
+    metrics.close()
+    again.close()
+    warned = [r.getMessage() for r in caplog.records if "PROMETHEUS_MULTIPROC_DIR" in
+              r.getMessage()]
+    assert len(warned) == 1, warned  # once per process
+    assert "MultiProcessCollector" in warned[0] and "serve" in warned[0]
+    # and the guide says the same, where it names the ways of serving
+    assert "MultiProcessCollector" in text()
 
 
 def test_an_exporter_class_is_refused_when_the_client_is_made() -> None:

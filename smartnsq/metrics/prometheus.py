@@ -19,6 +19,8 @@ of them, not prometheus_client's "Duplicated timeseries" from the second one.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import threading
 import types
@@ -102,6 +104,24 @@ _SHARED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _Shared]] = (
     weakref.WeakKeyDictionary())
 _SHARED_LOCK = threading.Lock()
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+log = logging.getLogger("smartnsq.metrics")
+#: the multiprocess warning was logged (once per process)
+_told_multiprocess = False
+
+
+def _tell_multiprocess() -> None:
+    """prometheus_client's multiprocess mode (gunicorn and the like) scrapes its own files
+    through MultiProcessCollector, which never reads a custom collector such as this one:
+    say so once, where the operator would otherwise find the smartnsq series missing."""
+    global _told_multiprocess
+    if _told_multiprocess or not ({"PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"}
+                                  & os.environ.keys()):
+        return
+    _told_multiprocess = True
+    log.warning("metrics: PROMETHEUS_MULTIPROC_DIR is set, but prometheus_client's "
+                "MultiProcessCollector does not read smartnsq's figures: they are this "
+                "process's own, in its registry; serve it from each process "
+                "(PrometheusMetrics.serve(port)) and scrape every process")
 
 
 def _describe(value: object) -> str:
@@ -166,6 +186,7 @@ class PrometheusMetrics:
         self.registry = REGISTRY if registry is None else registry
         self._prefix = prefix
         check_bounds(max_topics, max_channels, None, "PrometheusMetrics")
+        _tell_multiprocess()
         self._shared: _Shared | None = _attach(self.registry, prefix, max_topics, max_channels)
         self._store = self._shared.store
         self._reopening = threading.Lock()
