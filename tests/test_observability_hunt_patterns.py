@@ -24,11 +24,12 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import ConfigError
 from smartnsq.message import Message
 from smartnsq.metrics import NoMetrics, prometheus, set_metrics
-from smartnsq.metrics.catalog import LABELS, PRODUCER_RETRIES
-from smartnsq.metrics.otel import OpenTelemetryMetrics
+from smartnsq.metrics.catalog import LABELS, PRODUCER_ATTEMPTS, PRODUCER_RETRIES
+from smartnsq.metrics.otel import OpenTelemetryMetrics, attributes
 from smartnsq.metrics.prometheus import PrometheusMetrics
 from smartnsq.producer import Producer
-from smartnsq.tracing.semconv import ERROR_TYPE, NSQ_GIVEN_BACK
+from smartnsq.tracing.semconv import ERROR_TYPE, NSQ_GIVEN_BACK, SERVER_ADDRESS, SERVER_PORT
+from smartnsq.tracing.spans import tracing_for
 from tests.real_servers import (
     StockServer,
     stock,  # noqa: F401  (fixture)
@@ -242,3 +243,27 @@ def test_the_command_label_lists_every_command_the_clients_send() -> None:
     in_code = re.findall(r"[A-Z_]{3,}", LABELS["command"])
     # HTTP_PUB_TRACE, HTTP_PUB_EXT and HTTP_DPUB were missing
     assert documented == in_code
+
+
+def test_an_ipv6_nsqd_is_an_address_without_brackets(
+        sdk: tuple[TracerProvider, InMemorySpanExporter],  # noqa: F811
+) -> None:
+    # nsqd="[::1]:4150" is accepted; its spans and OTel metrics said server.address="[::1]"
+    # where the conventions want the IP address, and the attribute never matched the peer's
+    attrs = attributes(PRODUCER_ATTEMPTS, ("t", "[::1]:4150", "ok"))
+    assert (attrs[SERVER_ADDRESS], attrs[SERVER_PORT]) == ("::1", 4150)
+    provider, exporter = sdk
+    tracing = tracing_for(provider)
+    assert tracing is not None
+    tracing.end(tracing.start_send("t", command="PUB", server="[::1]:4150"))
+    (span,) = exporter.get_finished_spans()
+    assert (span.attributes or {})[SERVER_ADDRESS] == "::1"
+    # the Prometheus label keeps the address as given
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    try:
+        metrics.counter(PRODUCER_ATTEMPTS).labels("t", "[::1]:4150", "ok").inc()
+        assert value(registry, "smartnsq_producer_attempts_total", topic="t",
+                     nsqd="[::1]:4150", result="ok") == 1
+    finally:
+        metrics.close()

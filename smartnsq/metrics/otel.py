@@ -42,6 +42,7 @@ from smartnsq.metrics.bounds import (
 )
 from smartnsq.metrics.catalog import OTEL_ATTRIBUTES
 from smartnsq.metrics.local import Counter, GaugeReader, LocalStore
+from smartnsq.tracing.semconv import SERVER_ADDRESS, SERVER_PORT, server_of
 
 __all__ = ["OpenTelemetryMetrics", "attributes"]
 
@@ -53,10 +54,10 @@ def attributes(spec: MetricSpec, values: tuple[str, ...]) -> Attributes:
     attrs: Attributes = {"messaging.system": "nsq"}
     for label, value in zip(spec.labels, values, strict=True):
         if label == "nsqd":
-            host, _, port = value.rpartition(":")
-            attrs["server.address"] = host or value
-            if port.isdigit():
-                attrs["server.port"] = int(port)
+            host, port = server_of(value)
+            attrs[SERVER_ADDRESS] = host
+            if port is not None:
+                attrs[SERVER_PORT] = port
         elif label == "result":
             if value != "ok":
                 attrs["error.type"] = value

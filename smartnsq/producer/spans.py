@@ -115,10 +115,10 @@ class SendSpans:
         """End ``span``; a receipt adds where the message went."""
         if isinstance(receipt, PublishReceipt):
             span.set_attribute(sc.PARTITION, str(receipt.partition))
-            host, _, port = receipt.nsqd.rpartition(":")
-            span.set_attribute(sc.SERVER_ADDRESS, host or receipt.nsqd)
-            if port.isdigit():
-                span.set_attribute(sc.SERVER_PORT, int(port))
+            host, port = sc.server_of(receipt.nsqd)
+            span.set_attribute(sc.SERVER_ADDRESS, host)
+            if port is not None:
+                span.set_attribute(sc.SERVER_PORT, port)
         elif isinstance(receipt, BatchReceipt) and len(set(receipt.partitions)) == 1 and \
                 receipt.partitions[0] is not None:
             span.set_attribute(sc.PARTITION, str(receipt.partitions[0]))

@@ -8,6 +8,7 @@ __all__ = [
     "NSQ_ATTEMPTS", "NSQ_COMMAND", "NSQ_GIVEN_BACK", "NSQ_OFFSET", "NSQ_TRACE_ID",
     "OPERATION_NAME",
     "OPERATION_TYPE", "PARTITION", "SERVER_ADDRESS", "SERVER_PORT", "SYSTEM", "SYSTEM_NSQ",
+    "server_of",
 ]
 
 SYSTEM = "messaging.system"
@@ -36,3 +37,13 @@ NSQ_COMMAND = "messaging.nsq.command"
 #: the message went back to nsqd unprocessed (the consumer stopped with it in hand): the span
 #: ends at that REQ, and its outcome is not the application's
 NSQ_GIVEN_BACK = "messaging.nsq.message.given_back"
+
+
+def server_of(address: str) -> tuple[str, int | None]:
+    """The :data:`SERVER_ADDRESS` and :data:`SERVER_PORT` of a ``host:port`` address; an
+    IPv6 host loses its brackets (``[::1]:4150`` is ``::1`` and 4150), as the conventions
+    want an IP address there."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return address, None
+    return host.removeprefix("[").removesuffix("]"), int(port)

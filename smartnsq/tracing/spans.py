@@ -25,10 +25,10 @@ Attrs = dict[str, str | int]
 
 def _server(attrs: Attrs, address: str | None) -> None:
     if address:
-        host, _, port = address.rpartition(":")
-        attrs[sc.SERVER_ADDRESS] = host or address
-        if port.isdigit():
-            attrs[sc.SERVER_PORT] = int(port)
+        host, port = sc.server_of(address)
+        attrs[sc.SERVER_ADDRESS] = host
+        if port is not None:
+            attrs[sc.SERVER_PORT] = port
 
 
 def tracing_for(provider: TracerProvider | None) -> Tracing | None:
