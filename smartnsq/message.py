@@ -14,7 +14,7 @@ import json
 from typing import Any, Protocol
 
 from smartnsq._checks import check_duration
-from smartnsq.errors import ProtocolError
+from smartnsq.errors import EventLoopError, ProtocolError
 from smartnsq.protocol.messages import (
     ATTEMPTS,
     BODY,
@@ -83,7 +83,9 @@ class Message:
 
     ``finish()``, ``requeue()`` and ``touch()`` return True when the command was written,
     False when the message was already answered or its connection is gone (the server then
-    redelivers it). Answering twice is harmless: only the first answer is sent.
+    redelivers it). Answering twice is harmless: only the first answer is sent. Answering
+    from another thread or loop raises :class:`~smartnsq.errors.EventLoopError` and leaves
+    the message unanswered.
     """
 
     __slots__ = ("_auto", "_ext", "_owner", "_raw", "_state")
@@ -229,7 +231,11 @@ class Message:
         if self._state != PENDING:
             return False
         self._state = FINISHED
-        return self._owner.finish(self)
+        try:
+            return self._owner.finish(self)
+        except EventLoopError:
+            self._state = PENDING  # refused before anything was sent: still unanswered
+            raise
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> bool:
         """REQ: redeliver the message after ``delay`` seconds (None: computed from the
@@ -240,7 +246,11 @@ class Message:
         if self._state != PENDING:
             return False
         self._state = REQUEUED
-        return self._owner.requeue(self, delay, backoff)
+        try:
+            return self._owner.requeue(self, delay, backoff)
+        except EventLoopError:
+            self._state = PENDING  # as in finish()
+            raise
 
     def touch(self) -> bool:
         """TOUCH: restart the server's in-flight timeout for this message."""

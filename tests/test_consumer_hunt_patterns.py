@@ -9,6 +9,7 @@ call returns or fails within its stated time, careless input fails naming what w
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -16,7 +17,7 @@ import pytest
 
 from smartnsq import Consumer, Message
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import SubOrderIsMustError
+from smartnsq.errors import EventLoopError, SubOrderIsMustError
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
 
 TOPIC = "hunt"
@@ -250,3 +251,48 @@ async def test_start_from_two_tasks_both_raise_the_start_error() -> None:
             results = await asyncio.gather(c.start(), c.start(), return_exceptions=True)
         assert [type(r) for r in results] == [SubOrderIsMustError] * 2, results
         assert c.is_closed
+
+
+# ---------------------------------------------------------------------- answers from a thread
+
+
+@pytest.mark.parametrize("answer", ["finish", "requeue"])
+async def test_an_answer_refused_from_a_thread_leaves_the_message_unanswered(
+        cluster: DevCluster, answer: str) -> None:
+    """``await asyncio.to_thread(msg.finish)`` is refused (EventLoopError), but it marked
+    the message answered: the right call afterwards returned False and sent nothing, and
+    stop() waited the whole drain_timeout (3 s) for it."""
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, [b"one"])
+    async with asyncio.timeout(STEP), consumer(cluster) as c:
+        m = await anext(aiter(c))
+        with pytest.raises(EventLoopError):
+            await asyncio.to_thread(getattr(m, answer))
+        assert not m.has_responded
+        assert m.finish() is True
+        began = time.monotonic()
+    assert time.monotonic() - began < 1.0
+    assert c.stats().finished == 1
+    assert left(cluster) == (0, 0, 0)
+
+
+async def test_a_handler_finishing_from_a_thread_gets_its_message_again(
+        cluster: DevCluster) -> None:
+    """The handler's EventLoopError requeues the message (it used to stay outstanding,
+    answered on the client only, until stop() gave up on it)."""
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, [b"one"])
+    attempts: list[int] = []
+    done = asyncio.Event()
+
+    async def handle(m: Message) -> None:
+        attempts.append(m.attempts)
+        if m.attempts == 1:
+            await asyncio.to_thread(m.finish)
+        done.set()
+
+    async with asyncio.timeout(STEP), consumer(cluster, handle) as c:
+        await done.wait()
+        await eventually(lambda: left(cluster) == (0, 0, 0))
+        began = time.monotonic()
+    assert time.monotonic() - began < 1.0
+    assert attempts == [1, 2]
+    assert c.stats().finished == 1
