@@ -305,7 +305,7 @@ async def test_a_caller_cancelled_while_its_batch_is_out_gets_its_cancellation()
         on_wire.set()
         await answer.wait()
 
-    batcher = Batcher(send, linger=60.0, max_batch=3, max_body_size=1 << 20)
+    batcher = Batcher(send, linger=60.0, max_batch=3, max_body_size=1 << 20, timeout=5.0)
     deadline = asyncio.get_running_loop().time() + 5
     futures = [batcher.add("t", b"%d" % i, deadline) for i in range(3)]  # full: sent
     async with asyncio.timeout(5):
@@ -316,3 +316,31 @@ async def test_a_caller_cancelled_while_its_batch_is_out_gets_its_cancellation()
     assert sent == [[b"0", b"1", b"2"]]
     assert [f.cancelled() for f in futures] == [False, True, False]
     assert futures[0].result() is None and futures[2].result() is None
+
+
+@pytest.mark.parametrize(("first", "then", "expected"), [
+    (None, [None, None], 5.0),  # the default all along: the opening caller's
+    (60.0, [None], 5.0),  # a later default caller's comes first
+    (60.0, [None, 2.0, None], 2.0),  # and a shorter explicit one before it
+    (1.0, [None, 30.0], 1.0),  # an explicit deadline before the default one stays
+])
+async def test_a_batch_is_sent_by_its_callers_earliest_deadline(
+        first: float | None, then: list[float | None], expected: float) -> None:
+    """Callers without a deadline of their own join without reading the clock, unless the
+    batch's deadline may be later than theirs (opened or lowered by a longer explicit one)."""
+    sent: list[float] = []
+
+    async def send(key: object, bodies: list[bytes], deadline: float) -> None:
+        sent.append(deadline)
+
+    loop = asyncio.get_running_loop()
+    batcher = Batcher(send, linger=60.0, max_batch=100, max_body_size=1 << 20, timeout=5.0)
+    start = loop.time()
+    futures = [batcher.add("t", b"x", None if t is None else loop.time() + t)
+               for t in (first, *then)]
+    async with asyncio.timeout(5):
+        await batcher.drain()
+        await asyncio.gather(*futures)
+    end = loop.time()
+    assert len(sent) == 1
+    assert start + expected <= sent[0] <= end + expected

@@ -10,6 +10,11 @@ is atomic on the server). A caller cancelled before its batch is sent is left ou
 
 Batches of one key are sent as soon as they close, so several may be in flight at once;
 on one connection they are answered in order.
+
+A batch is sent by the earliest deadline of its callers. A caller without a deadline of its
+own has the producer's default (now + ``timeout``), which is never earlier than the deadline
+of a batch opened with the default, as the clock only goes forward: such a caller joins
+without reading the clock, which is most of them.
 """
 
 from __future__ import annotations
@@ -35,24 +40,28 @@ SendBatch = Callable[[Any, list[bytes], float], Awaitable[object]]
 
 
 class _Batch:
-    __slots__ = ("bodies", "deadline", "futures", "handle", "loop", "size")
+    __slots__ = ("bodies", "capped", "deadline", "futures", "handle", "loop", "size")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float, capped: bool) -> None:
         self.loop = loop
         self.bodies: list[bytes] = []
         self.futures: list[asyncio.Future[None]] = []
         self.size = _BODY_OVERHEAD
         self.deadline = deadline
+        #: the deadline is no later than a default one taken now or later
+        self.capped = capped
         self.handle: asyncio.TimerHandle | None = None
 
 
 class Batcher:
     """See the module docstring. ``send(key, bodies, deadline)`` publishes one batch (with
-    the producer's retries) and raises on failure."""
+    the producer's retries) and raises on failure; ``timeout``: the producer's default
+    publish timeout."""
 
     def __init__(self, send: SendBatch, *, linger: float, max_batch: int,
-                 max_body_size: int) -> None:
+                 max_body_size: int, timeout: float) -> None:
         self._send = send
+        self._timeout = timeout
         self._linger = linger
         self._max_batch = max_batch
         self._max_body = max_body_size
@@ -63,14 +72,16 @@ class Batcher:
         self.batches = 0
         self.messages = 0
 
-    def add(self, key: Hashable, body: bytes, deadline: float) -> asyncio.Future[None]:
-        """Queue ``body``; the future resolves when its batch is answered."""
+    def add(self, key: Hashable, body: bytes,
+            deadline: float | None = None) -> asyncio.Future[None]:
+        """Queue ``body``; the future resolves when its batch is answered. ``deadline``: the
+        loop time by which the caller must be answered (None: the default one)."""
         size = _MSG_OVERHEAD + len(body)
         batch = self._pending.get(key)
         if batch is None or batch.size + size > self._max_body:
             batch = self._open(key, batch, deadline)
-        elif deadline < batch.deadline:
-            batch.deadline = deadline
+        elif deadline is not None or not batch.capped:
+            self._lower(batch, deadline)
         fut: asyncio.Future[None] = batch.loop.create_future()
         batch.bodies.append(body)
         batch.futures.append(fut)
@@ -79,15 +90,27 @@ class Batcher:
             self._close(key, batch)
         return fut
 
-    def _open(self, key: Hashable, full: _Batch | None, deadline: float) -> _Batch:
+    def _open(self, key: Hashable, full: _Batch | None, deadline: float | None) -> _Batch:
         if full is not None:
             self._close(key, full)  # the next message would not fit: send what we have
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        batch = self._pending[key] = _Batch(loop, deadline)
+        default = loop.time() + self._timeout
+        if deadline is None:
+            deadline = default
+        batch = self._pending[key] = _Batch(loop, deadline, deadline <= default)
         batch.handle = loop.call_later(self._linger, self._expire, key, batch)
         return batch
+
+    def _lower(self, batch: _Batch, deadline: float | None) -> None:
+        """A caller's deadline (None: the default) may come before the batch's."""
+        default = batch.loop.time() + self._timeout
+        if deadline is None:
+            deadline = default
+        if deadline < batch.deadline:
+            batch.deadline = deadline
+        batch.capped = batch.deadline <= default
 
     def _expire(self, key: Hashable, batch: _Batch) -> None:
         if self._pending.get(key) is batch:

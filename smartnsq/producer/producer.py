@@ -128,7 +128,8 @@ class Producer:
         if config.linger > 0:
             self._batcher = Batcher(BatchSender(self._run, self._is_traced).send,
                                     linger=config.linger,
-                                    max_batch=config.max_batch, max_body_size=self._max_body)
+                                    max_batch=config.max_batch, max_body_size=self._max_body,
+                                    timeout=self._timeout)
         shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
         self._lanes = ShardLanes(shards.send)
         self._topics_ok: set[str] = set()
@@ -333,19 +334,21 @@ class Producer:
             body = check_body(body, self._max_msg)
         if partition is not None:
             check_partition(partition)
-        now = loop.time()
-        deadline = now + self._timeout if timeout is None else self._deadline(timeout)
         if ext is None and trace_id is None:
             if partition is None and self._plain:
                 # direct mode: only a partition can make a PUB traced; the engine's fast path
-                await self._pub(topic, body, deadline, now)
+                now = loop.time()
+                await self._pub(topic, body, now + self._timeout if timeout is None
+                                else self._deadline(timeout), now)
                 return None
             batcher = self._batcher
             if batcher is not None and self._spans is None:
-                # tracing is decided per batch; key: the topic alone for any partition
+                # tracing is decided per batch; key: the topic alone for any partition; the
+                # default deadline is the batcher's (it reads the clock only when needed)
                 await batcher.add(topic if partition is None else (topic, partition), body,
-                                  deadline)
+                                  None if timeout is None else self._deadline(timeout))
                 return None
+        deadline = self._deadline(timeout)
         if self._spans is not None:
             return await self._spans.publish(self._run, self._batcher, self.trace, topic, body,
                                              partition, trace_id, ext, deadline)
