@@ -67,6 +67,20 @@ async def _workers(n: int, concurrency: int,
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
 
 
+async def _callers(n: int, concurrency: int, call: Callable[..., Awaitable[object]],
+                   *args: object) -> None:
+    """``concurrency`` tasks await ``call(*args)`` one after another, ``n`` calls in all: the
+    raw loop's callers (peer_raw.py), with no function of the benchmark's between them and
+    the client."""
+    per, extra = divmod(n, concurrency)
+
+    async def caller(k: int) -> None:
+        for _ in range(k):
+            await call(*args)
+
+    await asyncio.gather(*(caller(per + (w < extra)) for w in range(concurrency)))
+
+
 # ---------------------------------------------------------------------- stock scenarios
 
 async def pub_one_at_a_time(nsqd: str, n: int, topic: str = STOCK_TOPIC) -> Result:
@@ -86,7 +100,7 @@ async def pub_in_flight(nsqd: str, n: int, concurrency: int = 1000,
         await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(n, concurrency, lambda w, i: p.publish(topic, BODY))
+            await _callers(n, concurrency, p.publish, topic, BODY)
 
         return await measure(f"PUB {concurrency} in flight", n, run)
 
@@ -99,7 +113,7 @@ async def pub_auto_batched(nsqd: str, n: int, concurrency: int = 5000,
         await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(n, concurrency, lambda w, i: p.publish(topic, BODY))
+            await _callers(n, concurrency, p.publish, topic, BODY)
 
         return await measure(f"auto-batched publish ({concurrency} callers)", n, run)
 
@@ -112,7 +126,7 @@ async def mpub_pipelined(nsqd: str, n: int, batch: int = 100, in_flight: int = 5
         await _warm(p, topic)
 
         async def run() -> None:
-            await _workers(calls, in_flight, lambda w, i: p.publish_many(topic, bodies))
+            await _callers(calls, in_flight, p.publish_many, topic, bodies)
 
         return await measure(f"MPUB x{batch} pipelined", calls * batch, run)
 
