@@ -63,7 +63,10 @@ def test_every_label_and_span_attribute_is_explained() -> None:
 
 
 def _options(command: str) -> set[str]:
-    cmd = cli.commands[command]
+    # through the group: its commands load on first use (cli.commands holds only those
+    # another test has loaded already)
+    cmd = cli.get_command(click.Context(cli), command)
+    assert cmd is not None, command
     return {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts}
 
 
