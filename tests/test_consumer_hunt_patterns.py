@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from smartnsq import Consumer, Message
+from smartnsq import Consumer, ConsumerConfig, Message
 from smartnsq.devcluster import DevCluster
-from smartnsq.errors import EventLoopError, SubOrderIsMustError
+from smartnsq.errors import ConfigError, EventLoopError, SubOrderIsMustError
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
 
 TOPIC = "hunt"
@@ -296,3 +296,38 @@ async def test_a_handler_finishing_from_a_thread_gets_its_message_again(
     assert time.monotonic() - began < 1.0
     assert attempts == [1, 2]
     assert c.stats().finished == 1
+
+
+# ---------------------------------------------------------------------- careless arguments
+
+
+async def _handle(m: Message) -> None:
+    pass
+
+
+def _sync_handle(m: Message) -> None:
+    pass
+
+
+NSQD = "127.0.0.1:4150"
+
+
+@pytest.mark.parametrize(("make", "named"), [
+    (lambda: Consumer("my topic", "c", _handle, nsqd=NSQD), "topic name 'my topic'"),
+    (lambda: Consumer("t", "c" * 65, _handle, nsqd=NSQD), "channel name"),
+    (lambda: Consumer("t", "c", _handle, nsqd=NSQD,
+                      config=ConsumerConfig(max_in_flight=-1)), "max_in_flight"),
+    (lambda: Consumer("t", "c", _sync_handle, nsqd=NSQD), "async def"),  # type: ignore[arg-type]
+    (lambda: Consumer("t", "c", "handle", nsqd=NSQD), "got str"),  # type: ignore[arg-type]
+    (lambda: Consumer("t", "c", _handle, nsqd=NSQD, lookupd="127.0.0.1:4161"), "not both"),
+    # gnsq.Consumer(topic, channel, nsqd_tcp_addresses) habits: the third argument here is
+    # the handler; the address was reported as a missing nsqd=
+    (lambda: Consumer("orders", "billing", NSQD),  # type: ignore[arg-type]
+     "'127.0.0.1:4150': addresses go to nsqd= or lookupd="),
+    (lambda: Consumer("orders", "billing", [NSQD], nsqd=NSQD),  # type: ignore[arg-type]
+     "got list .*addresses go to nsqd= or lookupd="),
+])
+def test_careless_constructor_arguments_are_named(make: Callable[[], Consumer],
+                                                  named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        make()

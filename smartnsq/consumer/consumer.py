@@ -125,6 +125,9 @@ class Consumer:
                 raise ConfigError("giving_up must be callable")
             return AttemptsPolicy(config, giving_up)
 
+        # before the source: an address given as the third argument (gnsq, pynsq) is
+        # named as such, not reported as a missing nsqd=
+        check_handler(handler)
         self._setup(topic, channel, handler, policy, resolve_source("Consumer", nsqd, lookupd),
                     config=config, start_at=start_at, trace=trace, trace_switch=trace_switch,
                     partitions=partitions,
