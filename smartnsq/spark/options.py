@@ -209,6 +209,9 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         field = _FIELDS[name]
         if name == "lookupd":
             addrs = tuple(a.strip() for a in value.split(",") if a.strip())
+            if not addrs:
+                raise SourceOptionError(f"option lookupd={value!r}: expected one or more "
+                                        "comma-separated host:port addresses")
             for a in addrs:
                 try:
                     parse_http_address(a)

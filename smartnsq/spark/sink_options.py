@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from smartnsq.errors import ConfigError
-from smartnsq.protocol.validation import check_topic, parse_tcp_address
+from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
 
 __all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
            "unknown_option_hint"]
@@ -103,6 +103,14 @@ class SinkOptions(BaseModel):
     def _tcp(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         for a in v or ():
             parse_tcp_address(a)
+        return v
+
+    @field_validator("lookupd")
+    @classmethod
+    def _http(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        # on the driver: the tasks' producers would each refuse it otherwise
+        for a in v or ():
+            parse_http_address(a)
         return v
 
     @field_validator("topic")
