@@ -9,9 +9,11 @@ call returns or fails within its stated time, careless input fails naming what w
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -331,3 +333,179 @@ def test_careless_constructor_arguments_are_named(make: Callable[[], Consumer],
                                                   named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         make()
+
+
+# ---------------------------------------------------------------------- held messages
+
+
+async def test_messages_kept_and_answered_by_another_task(cluster: DevCluster) -> None:
+    sent = bodies("k", 30)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    held: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def handle(m: Message) -> None:
+        m.disable_auto_response()
+        held.put_nowait(m)
+
+    async def answer() -> set[bytes]:
+        done: set[bytes] = set()
+        n = 0
+        while len(done) < len(sent):
+            m = await held.get()
+            await asyncio.sleep(0.001)
+            n += 1
+            if n % 3 or m.attempts > 1:
+                assert m.finish()
+                done.add(m.body)
+            else:
+                assert m.requeue(delay=0, backoff=False)
+        return done
+
+    async with asyncio.timeout(STEP), consumer(cluster, handle) as c:
+        assert await answer() == set(sent)
+        await eventually(lambda: left(cluster) == (0, 0, 0))
+    assert c.stats().in_flight == 0
+
+
+async def test_messages_answered_after_stop_stay_in_the_channel(cluster: DevCluster) -> None:
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("as", 5))
+    held: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        m.disable_auto_response()
+        held.append(m)
+
+    async with asyncio.timeout(STEP):
+        async with consumer(cluster, handle, config=fast_config(drain_timeout=0.2)):
+            await eventually(lambda: len(held) == 5)
+        assert [m.finish() for m in held] == [False] * 5  # stop() requeued them
+    await eventually(lambda: left(cluster) == (5, 0, 0))
+
+
+async def test_a_handler_blocking_the_loop_briefly(cluster: DevCluster) -> None:
+    sent = bodies("z", 20)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+
+    async def handle(m: Message) -> None:
+        time.sleep(0.01)  # noqa: ASYNC251 (the pattern under test)
+
+    got = Collector(expected=len(sent))
+
+    async def both(m: Message) -> None:
+        await handle(m)
+        await got(m)
+
+    async with asyncio.timeout(STEP), consumer(cluster, both) as c:
+        await got.wait()
+        await eventually(lambda: left(cluster) == (0, 0, 0))
+    assert c.stats().finished == len(sent) and c.stats().requeued == 0
+
+
+# ---------------------------------------------------------------------- restart loops, RDY
+
+
+@pytest.mark.parametrize("waiting", [0, 100])
+async def test_start_and_stop_twenty_times(cluster: DevCluster, waiting: int) -> None:
+    sent = bodies("ss", waiting)
+    if sent:
+        await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    got = Collector()
+    before = len(asyncio.all_tasks())
+    async with asyncio.timeout(STEP):
+        for _ in range(20):
+            async with consumer(cluster, got, config=fast_config(max_in_flight=3)):
+                await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) <= before  # nothing left behind
+    depth, in_flight, deferred = left(cluster)
+    assert in_flight == deferred == 0
+    assert depth + len(got.distinct) == waiting and sum(got.counts.values()) == len(got.distinct)
+
+
+async def test_max_in_flight_to_zero_and_back(cluster: DevCluster) -> None:
+    got = Collector()
+    async with asyncio.timeout(STEP), consumer(cluster, got) as c:
+        await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("a", 10))
+        await got.wait_for(lambda: len(got.distinct) == 10)
+        c.set_max_in_flight(0)
+        await eventually(lambda: c.stats().total_rdy == 0)
+        await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("b", 10))
+        await asyncio.sleep(0.2)
+        assert len(got.distinct) == 10 and left(cluster) == (10, 0, 0)
+        c.set_max_in_flight(10)
+        await got.wait_for(lambda: len(got.distinct) == 20)
+
+
+# ---------------------------------------------------------------------- Ctrl-C
+
+_CTRL_C = """
+import asyncio, os, signal, time
+from smartnsq import Consumer
+from smartnsq.devcluster import DevCluster
+from tests.consumer_support import bodies, fast_config, publish
+
+async def main():
+    async with DevCluster(nodes=1, flavour="stock") as cl:
+        cl.create_topic("t", channels=["c"])
+        await publish(cl.nsqd_tcp_addresses[0], "t", bodies("k", 50))
+        handled, started = [], asyncio.Event()
+        async def handle(m):
+            started.set()
+            await asyncio.sleep(0.2)
+            handled.append(m.body)
+        ch = cl.store.stock_topic(cl.nodes[0].node_id, "t").channels["c"]
+        t0 = 0.0
+        try:
+            async with Consumer("t", "c", handle, nsqd=cl.nsqd_tcp_addresses,
+                                config=fast_config(max_in_flight=10)):
+                await started.wait()
+                os.kill(os.getpid(), signal.SIGINT)
+                t0 = time.monotonic()
+                await asyncio.sleep(30)
+        finally:
+            print("RESULT", round(time.monotonic() - t0, 2), len(set(handled)), ch.depth(),
+                  ch.in_flight_count, ch.deferred_count, flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_ctrl_c_in_asyncio_run_lets_the_handlers_finish() -> None:
+    """Ctrl-C in ``asyncio.run`` cancels the main task inside ``async with Consumer``: the
+    handlers in flight finish, the rest stays in the channel, then KeyboardInterrupt."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CTRL_C, cwd=Path(__file__).parent.parent,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert b"KeyboardInterrupt" in err, err
+    line = next(ln for ln in out.decode().splitlines() if ln.startswith("RESULT"))
+    took, handled, depth, in_flight, deferred = (float(x) for x in line.split()[1:])
+    assert took < 1.0 and handled >= 1, line  # the drain is not serial (2.02 s)
+    assert (handled + depth, in_flight, deferred) == (50, 0, 0), line
+
+
+# ---------------------------------------------------------------------- drain concurrency
+
+
+async def test_stop_drains_the_queued_messages_concurrently(cluster: DevCluster) -> None:
+    """A handler stops its consumer on the first message of a read of 10: the other 9 were
+    queued behind it, and stop() dropped the handler worker cap to 1 (max_in_flight 0),
+    so they were handled one after another (2.0 s for 10 handlers of 0.2 s; drain_timeout
+    would cut a bigger backlog short and requeue work it could have done)."""
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, bodies("q", 10))
+    got = Collector(delay=0.2)
+    stops: list[asyncio.Task[None]] = []
+
+    async def handle(m: Message) -> None:
+        if not stops:
+            stops.append(asyncio.create_task(c.stop()))
+        await got(m)
+
+    c = consumer(cluster, handle)
+    await c.start()
+    began = time.monotonic()
+    async with asyncio.timeout(STEP):
+        await c.wait_closed()
+    took = time.monotonic() - began
+    assert len(got.handled) == 10 and c.stats().finished == 10
+    assert took < 1.0, f"stop drained in {took:.2f}s"
+    await eventually(lambda: left(cluster) == (0, 0, 0))

@@ -43,6 +43,8 @@ class RdyDriver:
         self._wanted = config.max_in_flight
         #: the effective max_in_flight: RDY budget and handler worker cap
         self.budget = config.max_in_flight
+        #: the worker cap kept while stopping (see stop_deliveries), else 0
+        self._kept_cap = 0
         #: the warning that RDY must rotate was given
         self._said_scarce = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -71,7 +73,8 @@ class RdyDriver:
         """Keep the controller's budget at the effective max_in_flight."""
         flow = self.flow
         assert flow is not None and self.loop is not None
-        self.budget = budget = self._effective(len(flow))
+        budget = self._effective(len(flow))
+        self.budget = max(budget, self._kept_cap)
         if budget != flow.max_in_flight:
             self.exec(flow.set_max_in_flight(budget, self.loop.time()))
 
@@ -126,7 +129,15 @@ class RdyDriver:
             self.flush()
             self._follow()
         else:
-            self.budget = max_in_flight
+            self.budget = max(max_in_flight, self._kept_cap)
+
+    def stop_deliveries(self) -> None:
+        """Caller: the consumer's stop, and an error that ends it. RDY 0 from now on
+        (max_in_flight 0 in the controller keeps it from raising RDY again), while the
+        handler worker cap stays where it was: the messages already let in are drained as
+        concurrently as they were admitted (at 0 one worker took them one by one)."""
+        self._kept_cap = max(self.budget, self._kept_cap)
+        self.set_max_in_flight(0)
 
     def is_starved(self) -> bool:
         if self.flow is None:
