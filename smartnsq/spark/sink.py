@@ -6,7 +6,8 @@ Delivery is **at-least-once**: NSQ cannot take a publish back, so a task that Sp
 Spark task partition, row index in the task), identical on every retry, so consumers can
 de-duplicate; streaming writes take the batch id from the task's local property
 ``streaming.sql.batchId`` (Spark sets it for every micro-batch), batch writes from the
-``traceBatchId`` option.
+``traceBatchId`` option (inside ``foreachBatch``, where that property is set too, without
+the option: the micro-batch's id).
 
 Each Spark task runs one :class:`smartnsq.Producer` in a private event loop
 (``asyncio.run``), takes the rows as Arrow batches (``DataSourceArrowWriter``), groups them by
@@ -393,9 +394,14 @@ class NsqBatchWriter(DataSourceArrowWriter):
                               "messages): use mode('append')")
 
     def write(self, iterator: Iterator[Any]) -> NsqCommitMessage:
-        part, attempt, _ = _task_info()
+        part, attempt, batch = _task_info()
+        batch_id = self.opts.traceBatchId
+        if batch is not None and "traceBatchId" not in self.opts.model_fields_set:
+            # a write inside foreachBatch: its micro-batch's id (the same on a replay), not
+            # 0 for every micro-batch (rows of different batches would share trace ids)
+            batch_id = int(batch)
         return publish_task(self.opts, iterator, task_partition=part, attempt=attempt,
-                            batch_id=self.opts.traceBatchId)
+                            batch_id=batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit("write", [m if isinstance(m, NsqCommitMessage) else None

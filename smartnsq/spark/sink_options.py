@@ -79,7 +79,8 @@ class SinkOptions(BaseModel):
     topic: str | None = None
     #: derive each row's PUB_TRACE trace id from (batch id, task partition, row index)
     deterministicTraceIds: bool = False
-    #: the batch id of a batch write's deterministic trace ids (streaming uses Spark's)
+    #: the batch id of a batch write's deterministic trace ids (streaming, and a write in
+    #: foreachBatch without this option, use Spark's micro-batch id)
     traceBatchId: int = Field(default=0, ge=0, lt=1 << BATCH_BITS)
     #: seconds one MPUB may take, retries on leader changes included
     publishTimeout: float = Field(default=30.0, gt=0, le=3600)
