@@ -158,6 +158,36 @@ async def test_suspended_handlers_run_concurrently_up_to_max_in_flight() -> None
     assert len(rig.sent("FIN")) == 20 and running == 0
 
 
+@pytest.mark.parametrize("lowered_to", [0, 3])
+async def test_messages_let_in_before_max_in_flight_was_lowered_keep_their_workers(
+        lowered_to: int) -> None:
+    """A pause (max_in_flight 0) or a lower max_in_flight from the first handler of a read
+    of 10: the 9 queued behind it were let in under the old value and are handled as
+    concurrently (the worker cap followed the new value: one worker at 0, so they were
+    handled one after another, and a long backlog would outlive nsqd's msg_timeout)."""
+    gate = asyncio.Event()
+    running = peak = 0
+
+    async def handler(msg: Message) -> None:
+        nonlocal running, peak
+        if msg.body == b"body-0":
+            rig.consumer.set_max_in_flight(lowered_to)
+        running += 1
+        peak = max(peak, running)
+        await gate.wait()
+        running -= 1
+
+    rig = Rig(handler, max_in_flight=10)
+    rig.deliver(10, batch=True)
+    await turns(5)
+    assert peak == 10
+    gate.set()
+    await turns(10)
+    assert len(rig.sent("FIN")) == 10 and running == 0
+    # once they are answered the cap is the new value again
+    assert rig.consumer.stats().in_flight == 0
+
+
 async def test_handler_using_asyncio_timeout() -> None:
     async def handler(msg: Message) -> None:
         async with asyncio.timeout(0.01 if msg.body.endswith(b"0") else 5):

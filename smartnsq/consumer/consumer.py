@@ -341,7 +341,7 @@ class Consumer:
         if self._starting or self._stopping or self._closed:
             return
         # no more deliveries from now on, not only once the stop task runs
-        self._driver.stop_deliveries()
+        self._driver.set_max_in_flight(0)
         self._dispatch.spawn(self.stop())
 
     async def stop(self, drain_timeout: float | None = None) -> None:

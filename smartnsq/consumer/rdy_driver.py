@@ -43,8 +43,9 @@ class RdyDriver:
         self._wanted = config.max_in_flight
         #: the effective max_in_flight: RDY budget and handler worker cap
         self.budget = config.max_in_flight
-        #: the worker cap kept while stopping (see stop_deliveries), else 0
-        self._kept_cap = 0
+        #: the highest budget so far: messages let in under it may still be outstanding
+        #: after it was lowered (a pause at 0, stop()), and they keep their workers
+        self.most = config.max_in_flight
         #: the warning that RDY must rotate was given
         self._said_scarce = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -59,7 +60,8 @@ class RdyDriver:
     def start(self, loop: asyncio.AbstractEventLoop, max_in_flight: int) -> None:
         """Bind to the running loop; the controller starts with ``max_in_flight``."""
         self.loop = loop
-        self._wanted = self.budget = max_in_flight
+        self._wanted = max_in_flight
+        self._set_budget(max_in_flight)
         self.flow = RdyController(self._config.replace(max_in_flight=max_in_flight),
                                   rng=self._rng)
 
@@ -74,7 +76,7 @@ class RdyDriver:
         flow = self.flow
         assert flow is not None and self.loop is not None
         budget = self._effective(len(flow))
-        self.budget = max(budget, self._kept_cap)
+        self._set_budget(budget)
         if budget != flow.max_in_flight:
             self.exec(flow.set_max_in_flight(budget, self.loop.time()))
 
@@ -129,15 +131,12 @@ class RdyDriver:
             self.flush()
             self._follow()
         else:
-            self.budget = max(max_in_flight, self._kept_cap)
+            self._set_budget(max_in_flight)
 
-    def stop_deliveries(self) -> None:
-        """Caller: the consumer's stop, and an error that ends it. RDY 0 from now on
-        (max_in_flight 0 in the controller keeps it from raising RDY again), while the
-        handler worker cap stays where it was: the messages already let in are drained as
-        concurrently as they were admitted (at 0 one worker took them one by one)."""
-        self._kept_cap = max(self.budget, self._kept_cap)
-        self.set_max_in_flight(0)
+    def _set_budget(self, budget: int) -> None:
+        self.budget = budget
+        if budget > self.most:
+            self.most = budget
 
     def is_starved(self) -> bool:
         if self.flow is None:

@@ -32,11 +32,12 @@ class StopSteps:
     async def graceful(self, drain_timeout: float) -> None:
         loop = asyncio.get_running_loop()
         subscriptions, dispatch, driver = self._subscriptions, self._dispatch, self._driver
-        # 1. no more deliveries, before anything else can happen: RDY 0 now, so nothing
-        # returned below can come straight back to us; what is already on its way waits in
-        # the buffer until step 3
+        # 1. no more deliveries, before anything else can happen: RDY 0 now (max_in_flight 0
+        # in the flow keeps it from raising RDY again), so nothing returned below can come
+        # straight back to us; what is already on its way waits in the buffer until step 3.
+        # The messages let in are still handled concurrently (the workers' cap)
         driver.close()
-        driver.stop_deliveries()
+        driver.set_max_in_flight(0)
         subscriptions.rdy_zero()
         await subscriptions.conns.close()
         await self._discovery.close()

@@ -4,7 +4,8 @@ A worker task awaits the handler for each queued message: no task per message. A
 scheduled once per batch notices when a handler suspends (inline handlers never yield to the
 loop); the worker then stays with that handler and other workers take over the queue, so
 slow handlers run concurrently (at most the effective ``max_in_flight`` of them, which is all
-RDY can let in anyway). Returning finishes the message (FIN), raising hands it to the policy.
+RDY can let in anyway, or the messages outstanding when more came in before it was lowered).
+Returning finishes the message (FIN), raising hands it to the policy.
 
 With metrics on (``timer``), each message's processing time (hand-over to answer) and
 end-to-end latency (hand-over time minus the message's timestamp) are measured with one clock
@@ -128,8 +129,13 @@ class HandlerWorkers:
                 count -= 1
         if count <= 0 or self.closed:
             return
-        # the worker cap: the effective max_in_flight (no more can be in flight anyway)
-        room = max(1, self._driver.budget) - len(self.tasks)
+        # the worker cap: the effective max_in_flight (no more can be in flight anyway), or
+        # the messages outstanding when more were let in before it was lowered (a pause at
+        # 0, stop()), up to the highest it was: those are handled as concurrently as they
+        # were admitted
+        driver = self._driver
+        cap = max(1, driver.budget, min(self._host.outstanding, driver.most))
+        room = cap - len(self.tasks)
         assert self.loop is not None
         for _ in range(min(count, room)):
             self.waking = True
