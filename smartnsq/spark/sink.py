@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (
 )
 
 from smartnsq.config import ProducerConfig
-from smartnsq.errors import ConfigError
+from smartnsq.errors import ConfigError, NSQError
 from smartnsq.producer import Producer
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.spark.sink_arrow import (
@@ -159,6 +159,30 @@ class _TaskPublisher:
                               f"topic {topic!r} with {reason}")
         self._partition_nums[topic] = view.partition_num
         return view.partition_num
+
+    async def partition_nums(self, plan: BatchPlan) -> dict[str, int]:
+        """Partition counts of ``plan``'s topics: required for shard keys; for a partition
+        column, the count lookupd gives at once, so a row beyond it is named (best effort:
+        without a count the producer refuses such a row's MPUB)."""
+        if plan.needs_partition_num:
+            return {t: await self.partition_num(t) for t in plan.topics}
+        out: dict[str, int] = {}
+        lookup = self.producer.lookup
+        if not plan.checks_partitions or lookup is None:
+            return out
+        for topic in plan.topics:
+            n = self._partition_nums.get(topic)
+            if n is None:
+                try:
+                    async with asyncio.timeout(self.opts.publishTimeout):
+                        view = await lookup.lookup(topic, "w")
+                except (NSQError, TimeoutError):
+                    continue  # the producer's own lookups and retries decide
+                if not view.meta.valid or view.partition_num <= 0:
+                    continue
+                n = self._partition_nums[topic] = view.partition_num
+            out[topic] = n
+        return out
 
     async def submit(self, units: list[Unit]) -> None:
         for unit in units:
@@ -323,11 +347,11 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
                 if batch.num_rows:
                     try:
                         plan = BatchPlan(batch, opts, row_base=row, trace_base=trace_base)
+                        nums = await pub.partition_nums(plan)
+                        units = plan.units(nums)
                     except ConfigError as exc:
                         raise await _bad_row(pub, message, exc) from None
-                    nums = {t: await pub.partition_num(t) for t in plan.topics} \
-                        if plan.needs_partition_num else {}
-                    await pub.submit(plan.units(nums))
+                    await pub.submit(units)
                     row += plan.rows
                 batch = await asyncio.to_thread(_next, batches)
             await pub.finish()

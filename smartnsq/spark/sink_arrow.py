@@ -261,6 +261,8 @@ class BatchPlan:
         else:
             self.topics = [opts.topic]
         self.needs_partition_num = "shard_key" in names
+        #: a partition column is checked against the topic's count when it is known
+        self.checks_partitions = "partition" in names
         for name in ("partition", "trace_id", "delay_ms"):
             col = self._cols.get(name)
             if col is not None and col.null_count < len(col):
@@ -275,7 +277,7 @@ class BatchPlan:
 
     # -- grouping
 
-    def _targets(self, idx: Any, partition_num: int | None) -> Any:
+    def _targets(self, topic: str, idx: Any, partition_num: int | None) -> Any:
         """Target partition per row of ``idx`` (-1: the producer picks), or None if none."""
         pa, pc = _pa(), _pc()
         part = self._cols.get("partition")
@@ -294,10 +296,25 @@ class BatchPlan:
                               "count from lookupd); this topic has none")
         if part is not None:
             p = (part.take(idx) if idx is not None else part).cast(pa.int64())
+            if partition_num:
+                self._check_partitions(topic, p, idx, partition_num)
             out = p if out is None else pc.coalesce(p, out)
         if out is None:
             return None
         return pc.fill_null(out, -1)
+
+    def _check_partitions(self, topic: str, parts: Any, idx: Any, partition_num: int) -> None:
+        """A row whose partition the topic does not have fails naming the row, before any
+        row of its batch goes out (the producer would refuse its MPUB naming no row)."""
+        pc = _pc()
+        top = pc.max(parts).as_py()
+        if top is None or top < partition_num:
+            return
+        i = _first_true(pc.fill_null(pc.greater_equal(parts, partition_num), False))
+        row = i if idx is None else idx[i].as_py()
+        raise ConfigError(f"row {self._row_base + row} of the task: partition "
+                          f"{parts[i].as_py()} out of range: topic {topic!r} has "
+                          f"{partition_num} partitions")
 
     def units(self, partition_nums: Mapping[str, int]) -> list[Unit]:
         """The publish units of this batch, in row order per (topic, partition)."""
@@ -308,7 +325,7 @@ class BatchPlan:
                 idx = None
             else:
                 idx = pc.indices_nonzero(pc.equal(self.topic_col, topic))
-            targets = self._targets(idx, partition_nums.get(topic))
+            targets = self._targets(topic, idx, partition_nums.get(topic))
             if targets is None:
                 out.extend(self._encode(topic, None, idx))
                 continue

@@ -114,3 +114,53 @@ def test_foreach_batch_sink_trace_ids_differ_between_micro_batches(
     rows = spark.read.format("nsq").option("lookupd", lookupd(tc)).option("topic", dst) \
         .load().where("cast(body as string) = 'x'").select("trace_id").collect()
     assert [r.trace_id >> 40 for r in rows] == [7]
+
+
+def test_a_partition_beyond_the_topic_names_its_row(spark: Any,
+                                                    youzan_cluster: ThreadedCluster) -> None:
+    # a partition column computed for another topic (id % 4 on 2 partitions): the guide
+    # promises a bad partition fails naming the row, the Spark task partition and how many
+    # rows were published; the producer's bare "partition 5 out of range" named none, and
+    # the bad row's batch was half out already
+    tc = youzan_cluster
+    name = topic(tc, "hunt_part_range")
+    conf = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    old = spark.conf.get(conf)
+    spark.conf.set(conf, "100")
+    try:
+        df = spark.range(0, 300, 1, numPartitions=1).selectExpr(
+            "cast(id as string) as value",
+            "case when id = 250 then 5 else cast(id % 2 as int) end as partition")
+        began = time.monotonic()
+        with pytest.raises(Exception) as info:
+            df.write.format("nsq").mode("append").option("lookupd", lookupd(tc)) \
+                .option("topic", name).save()
+        assert time.monotonic() - began < WAIT
+    finally:
+        spark.conf.set(conf, old)
+    text = error_text(info.value)
+    assert "Spark task partition 0: row 250 of the task: partition 5 out of range: topic " \
+           f"'{name}' has 2 partitions; 200 earlier row(s) of this task were published" in text
+    rows = spark.read.format("nsq").option("lookupd", lookupd(tc)).option("topic", name) \
+        .load().select("body", "partition").collect()
+    assert sorted((int(bytes(r.body)), r.partition) for r in rows) == \
+        [(i, i % 2) for i in range(200)]
+
+
+def test_partition_range_is_checked_per_topic_of_a_topic_column() -> None:
+    pa = pytest.importorskip("pyarrow")
+    from smartnsq.spark.sink_arrow import BatchPlan
+
+    batch = pa.RecordBatch.from_pydict({
+        "value": [b"v0", b"v1", b"v2", b"v3"], "topic": ["b", "a", "b", "a"],
+        "partition": pa.array([3, 1, None, 3], pa.int32())})
+    plan = BatchPlan(batch, parse_sink_options({"lookupd": "127.0.0.1:4161"}), row_base=10)
+    # row 0 (partition 3 of b) is in range; row 3 (partition 3 of a) is not
+    with pytest.raises(ConfigError, match=r"^row 13 of the task: partition 3 out of range: "
+                                          r"topic 'a' has 2 partitions$"):
+        plan.units({"a": 2, "b": 4})
+    units = plan.units({"a": 4, "b": 4})
+    assert sorted((u.topic, -1 if u.partition is None else u.partition, u.count)
+                  for u in units) == [("a", 1, 1), ("a", 3, 1), ("b", -1, 1), ("b", 3, 1)]
+    # a count not known (no lookupd answer yet): the producer decides, as before
+    assert len(plan.units({})) == 4
