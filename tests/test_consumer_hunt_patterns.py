@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from smartnsq import Consumer, ConsumerConfig, Message
+from smartnsq import Consumer, ConsumerConfig, Message, OrderedConsumer, sync
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import ConfigError, EventLoopError, SubOrderIsMustError
 from tests.consumer_support import Collector, bodies, eventually, fast_config, publish
@@ -328,8 +328,14 @@ NSQD = "127.0.0.1:4150"
      "'127.0.0.1:4150': addresses go to nsqd= or lookupd="),
     (lambda: Consumer("orders", "billing", [NSQD], nsqd=NSQD),  # type: ignore[arg-type]
      "got list .*addresses go to nsqd= or lookupd="),
+    # the same habit on the ordered consumer (it said "give lookupd=") and on the blocking
+    # facade, the gnsq migration's own target (it said only "got str")
+    (lambda: OrderedConsumer("orders", "billing", "127.0.0.1:4161"),  # type: ignore[arg-type]
+     "'127.0.0.1:4161': addresses go to nsqd= or lookupd="),
+    (lambda: sync.Consumer("orders", "billing", NSQD),  # type: ignore[arg-type]
+     "'127.0.0.1:4150': addresses go to nsqd= or lookupd="),
 ])
-def test_careless_constructor_arguments_are_named(make: Callable[[], Consumer],
+def test_careless_constructor_arguments_are_named(make: Callable[[], object],
                                                   named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         make()

@@ -37,7 +37,7 @@ def is_async_callable(fn: object) -> bool:
                for k in type(fn).__mro__)
 
 
-def _address_hint(value: object) -> str:
+def address_hint(value: object) -> str:
     """For a handler that is an address or a list of them (gnsq's and pynsq's third
     argument is the nsqd addresses; here it is the handler): where addresses go."""
     if isinstance(value, list | tuple) and value:
@@ -53,7 +53,7 @@ def check_handler(handler: object) -> None:
         return
     if not callable(handler):
         raise ConfigError(f"handler must be an async callable, got {type(handler).__name__}"
-                          f"{_address_hint(handler)}")
+                          f"{address_hint(handler)}")
     if not is_async_callable(handler):
         raise ConfigError("handler must be an async function (async def) taking one "
                           "Message; for a plain function use smartnsq.sync.Consumer")

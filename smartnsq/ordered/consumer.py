@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from smartnsq import trace as _trace
 from smartnsq.addresses import LookupdSpec, NsqdSpec, resolve_source
 from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.arguments import check_handler
 from smartnsq.consumer.consumer import Consumer, Handler, StartAt
 from smartnsq.consumer.meters import APPLICATION, HANDLER_ERROR, STOP, RequeueReason
 from smartnsq.consumer.observe import Observability
@@ -114,6 +115,7 @@ class OrderedConsumer(Consumer):
             raise ConfigError("OrderedConsumer needs lookupd= (nsqlookupd HTTP addresses or a "
                               "Lookup), not nsqd=: it subscribes per partition, and partition "
                               "leaders move")
+        check_handler(handler)  # before the source: an address given as the handler
         source = resolve_source("OrderedConsumer", None, lookupd)
         made: list[OrderedPolicy] = []
 

@@ -37,6 +37,7 @@ from smartnsq._checks import check_count, check_optional_duration
 from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec
 from smartnsq.config import ConsumerConfig
+from smartnsq.consumer.arguments import address_hint as _address_hint
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import GivingUpCallback, StartAt
@@ -130,7 +131,8 @@ class Consumer:
         """Check the handler, make the handler threads and (``make``) the asyncio consumer
         underneath."""
         if not callable(handler):
-            raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
+            raise ConfigError(f"handler must be callable, got {type(handler).__name__}"
+                              f"{_address_hint(handler)}")
         if not _is_async_callable(handler) and returns_awaitable(handler):
             raise ConfigError(
                 f"handler {handler!r} is a plain callable wrapping an async function: it "
