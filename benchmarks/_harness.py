@@ -104,12 +104,15 @@ def embedded_cluster(flavour: str = "stock", nodes: int = 1,
             proc.kill()
 
 
-def run_peer(script: str, *args: str, timeout: float = 300) -> list[Result]:
-    """Run a peer script in its own process and collect its RESULT lines."""
+def run_peer(script: str, *args: str, timeout: float = 300,
+             env: dict[str, str] | None = None) -> list[Result]:
+    """Run a peer script in its own process (``env``: its environment, default ours) and
+    collect its RESULT lines."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run([sys.executable, os.path.join(here, script), *args],
-                             capture_output=True, text=True, timeout=timeout, check=False)
+                             capture_output=True, text=True, timeout=timeout, check=False,
+                             env=env)
     except subprocess.TimeoutExpired:
         print(f"  ! {script} {' '.join(args[:1])} did not finish within {timeout:g} s",
               file=sys.stderr)

@@ -21,6 +21,10 @@ no metrics; ``prometheus``: the Prometheus adapter; ``otel``: the OpenTelemetry 
 and traces, see peer_smartnsq.py) and prints the overhead table: client CPU per message per
 mode, its change against ``off`` and its ratio to the raw loop.
 
+``--baseline REV`` runs the smartnsq of git revision REV too (``smartnsq@<hash>`` rows, see
+baseline.py) right after the working tree's in every scenario, and prints the working tree's
+µs/msg against it: before and after a change in the same run.
+
 By default the embedded stock cluster runs in a subprocess (``python -m smartnsq.devcluster``);
 ``benchmarks/devcluster.py`` runs once first and its figures are printed as the server
 ceiling: the rate the embedded double reaches with a minimal raw client.
@@ -28,7 +32,7 @@ ceiling: the rate the embedded double reaches with a minimal raw client.
 Usage: python benchmarks/throughput.py [--nsqd HOST:PORT [--nsqd-http HOST:PORT]]
        [--lookupd HOST:PORT] [--count N] [--scale F] [--only NAME ...]
        [--clients smartnsq pynsq gnsq raw] [--skip-youzan] [--loop uvloop|asyncio]
-       [--metrics off prometheus otel] [--repeat N]
+       [--metrics off prometheus otel] [--repeat N] [--baseline REV ...]
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import consumer_bench
 from _harness import BODY, Result, embedded_cluster, run_peer
+from baseline import Baseline, baseline
 from peer_smartnsq import METRICS, loop_name
 
 #: "raw" is the ceiling row: a raw asyncio loop on the same wire (peer_raw.py), no client
@@ -169,14 +174,20 @@ def peer_timeout(n: int) -> float:
 
 
 def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
-              scenarios: list[Scenario], clients: tuple[str, ...]) -> dict[str, list[Result]]:
+              scenarios: list[Scenario], clients: tuple[str, ...],
+              baselines: list[Baseline]) -> dict[str, list[Result]]:
     run_id = f"{os.getpid() % 100_000}"
     results: dict[str, list[Result]] = {}
     for sc in scenarios:
         n = max(100, int(args.count * sc.factor * args.scale) // 100 * 100)
-        runs = [(client, mode) for client in clients if client in sc.clients
-                for mode in (args.metrics if client == "smartnsq" else ["off"])]
-        for client, mode in runs:
+        runs: list[tuple[str, str, Baseline | None]] = []
+        for client in clients:
+            if client in sc.clients:
+                runs += [(client, mode, None)
+                         for mode in (args.metrics if client == "smartnsq" else ["off"])]
+                if client == "smartnsq":
+                    runs += [(client, "off", b) for b in baselines]
+        for client, mode, base in runs:
             topic = f"tp_{sc.key}_{client}_{mode}_{run_id}"
             if sc.key == "consume_fin":
                 preload(nsqd, topic, n)
@@ -185,7 +196,11 @@ def run_stock(args: argparse.Namespace, nsqd: str, http: str | None,
                 extra += ["--metrics", mode]
             t0 = time.monotonic()
             got = run_peer(PEER_SCRIPT[client], sc.key, "--nsqd", nsqd, "--topic", topic,
-                           "--count", str(n), *extra, timeout=peer_timeout(n))
+                           "--count", str(n), *extra, timeout=peer_timeout(n),
+                           env=None if base is None else base.env())
+            if base is not None:
+                for r in got:
+                    r.client = base.label
             if client == "raw" and sc.key in AWAITED:
                 # the floor of an awaited publish (or handler), beside the raw loop's
                 if sc.key == "consume_fin":
@@ -353,6 +368,24 @@ def print_targets(results: dict[str, list[Result]], scenarios: list[Scenario]) -
         print("\n".join(lines))
 
 
+def print_baselines(results: dict[str, list[Result]], scenarios: list[Scenario],
+                    baselines: list[Baseline]) -> None:
+    """The working tree's µs/msg against each baseline revision's, scenario by scenario."""
+    for base in baselines:
+        lines = []
+        for sc in scenarios:
+            rows = {r.client: r for r in results.get(sc.key, [])}
+            now, then = rows.get("smartnsq"), rows.get(base.label)
+            if now is None or then is None or not then.cpu_us_per_msg:
+                continue
+            x = now.cpu_us_per_msg / then.cpu_us_per_msg
+            lines.append(f"  {sc.label}: {then.cpu_us_per_msg:.2f} → {now.cpu_us_per_msg:.2f} "
+                         f"µs/msg ({x:.2f}×, {'less' if x < 1 else 'more'} CPU per message)")
+        if lines:
+            print(f"smartnsq (working tree) against {base.label}, this run:")
+            print("\n".join(lines))
+
+
 def print_youzan_table(results: dict[str, Result], ceiling: dict[str, float] | None) -> None:
     head = (f"{'scenario':<66} {'msgs':>9} {'msg/s':>11} {'µs/msg':>8} {'1-core cap':>11}")
     print(head)
@@ -396,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", nargs="+", default=["off"], choices=METRICS,
                     help="smartnsq's metrics, one run per mode: off (default), prometheus, "
                     "otel (the OpenTelemetry SDK's metrics and traces)")
+    ap.add_argument("--baseline", nargs="+", default=[], metavar="REV",
+                    help="also run the smartnsq of these git revisions (stock rows, metrics "
+                    "off; the revision must have today's public API) and compare")
     args = ap.parse_args(argv)
     clients = tuple(c for c in CLIENTS
                     if c in {x for arg in args.clients for x in arg.split(",") if x})
@@ -425,14 +461,17 @@ def main(argv: list[str] | None = None) -> int:
                   + " msg/s", flush=True)
 
     stock_results: dict[str, list[Result]] = {}
+    baselines: list[Baseline] = []
     if scenarios:
         with contextlib.ExitStack() as stack:
+            if "smartnsq" in clients:
+                baselines = [stack.enter_context(baseline(rev)) for rev in args.baseline]
             if args.nsqd:
                 nsqd, http = args.nsqd, args.nsqd_http
             else:
                 addrs = stack.enter_context(embedded_cluster("stock", 1))
                 nsqd, http = addrs["nsqd_tcp"][0], addrs["nsqd_http"][0]
-            runs = [run_stock(args, nsqd, http, scenarios, clients)
+            runs = [run_stock(args, nsqd, http, scenarios, clients, baselines)
                     for _ in range(max(1, args.repeat))]
             stock_results = median_rows(runs)
 
@@ -453,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
             print()
         print_targets(stock_results, scenarios)
         print()
+        if baselines:
+            print_baselines(stock_results, scenarios, baselines)
+            print()
     if youzan_results:
         where = f"lookupd {args.lookupd}" if args.lookupd else "embedded youzan cluster"
         print(f"== youzan (smartnsq only; the peers have no partition support): {where} ==")
@@ -466,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.2f} (other processes on this machine skew msg/s more than "
           "µs/msg)")
     modes = len(args.metrics)
-    expected = sum((modes if c == "smartnsq" else 1)
+    expected = sum((modes + len(baselines) if c == "smartnsq" else
+                    2 if c == "raw" and sc.key in AWAITED else 1)
                    for sc in scenarios for c in clients if c in sc.clients)
     got = sum(len(v) for v in stock_results.values()) + len(youzan_results)
     if "smartnsq" in clients:
