@@ -35,10 +35,14 @@ async def _ask_lookup(opts: SourceOptions) -> Flavour:
 
 
 def detect_flavour(opts: SourceOptions) -> str:
-    """``youzan`` or ``stock`` for this topic (the option wins; else the lookupd says)."""
+    """``youzan`` or ``stock`` for this topic (the option wins; else the lookupd says).
+
+    The lookupd is asked either way: one that does not answer fails the read here, naming
+    it, where a stock read would wait its time and return nothing, as if the queue were
+    empty."""
+    flavour = asyncio.run(_ask_lookup(opts))
     if opts.flavour != "auto":
         return opts.flavour
-    flavour = asyncio.run(_ask_lookup(opts))
     # a topic no stock lookupd knows yet is still a stock topic: consumers wait for it
     return "youzan" if flavour is Flavour.YOUZAN else "stock"
 

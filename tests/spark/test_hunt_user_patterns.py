@@ -5,6 +5,7 @@ says which option, value or row was wrong, and nothing published is lost.
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,35 @@ def test_partition_range_is_checked_per_topic_of_a_topic_column() -> None:
                   for u in units) == [("a", 1, 1), ("a", 3, 1), ("b", -1, 1), ("b", 3, 1)]
     # a count not known (no lookupd answer yet): the producer decides, as before
     assert len(plan.units({})) == 4
+
+
+@pytest.fixture
+def dead_lookupd() -> str:
+    """host:port where nothing listens (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_stock_reads_of_a_lookupd_that_does_not_answer_fail_naming_it(
+        spark: Any, dead_lookupd: str, tmp_path: Path) -> None:
+    # flavour=stock skipped the one question asked of the lookupd: the batch read returned
+    # an empty DataFrame after maxWaitSeconds and the availableNow stream ended as if the
+    # queue were empty, where the guide promises a failure naming the lookupd
+    o = {"lookupd": dead_lookupd, "topic": "hunt_stock", "flavour": "stock",
+         "maxWaitSeconds": "2"}
+    began = time.monotonic()
+    with pytest.raises(Exception) as info:
+        spark.read.format("nsq").options(**o, consume="true").load().collect()
+    assert f"no lookupd answered /lookup for topic 'hunt_stock' (access=r): " \
+           f"http://{dead_lookupd}" in error_text(info.value)
+    q = (spark.readStream.format("nsq").options(**o).load().writeStream.format("noop")
+         .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "s"))
+         .start())
+    try:
+        with pytest.raises(Exception) as info:
+            q.awaitTermination(WAIT)
+    finally:
+        q.stop()
+    assert f"http://{dead_lookupd}" in error_text(info.value)
+    assert time.monotonic() - began < WAIT
