@@ -6,6 +6,7 @@ published reaches the channel; descriptors and threads stay bounded."""
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -141,6 +142,30 @@ def test_stop_from_two_threads_at_once_leaves_the_other_producers_working(
     assert settled(before) == set()
     want = {b"twice-%d" % i for i in range(50)} | {b"other-%d" % i for i in range(50)}
     assert drain(one, want) == want
+
+
+def test_a_second_stop_returns_once_the_first_has_stopped_the_producer() -> None:
+    """A shutdown hook and a request thread stopping one producer while a publish is out:
+    the second stop() returned at once, while the first still waited for that publish (up
+    to its timeout) and the connection was open, so its caller went on (and tore down what
+    the producer still used) before the producer was stopped."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # takes the dial, never answers
+        silent.settimeout(WAIT)
+        p = smartnsq.sync.Producer(nsqd=f"127.0.0.1:{silent.getsockname()[1]}")
+        p.start()
+        with ThreadPoolExecutor(3) as pool:
+            out = pool.submit(p.publish, "t", b"never answered", timeout=WAIT)
+            conn, _ = silent.accept()  # the publish is out
+            with conn:
+                t0 = time.monotonic()
+                first = pool.submit(p.stop, 1.0)  # gives the publish up after 1 s
+                second = pool.submit(p.stop, 1.0)
+                second.result(WAIT)
+                took = time.monotonic() - t0
+                first.result(WAIT)
+                assert took >= 0.9, f"the second stop() returned after {took:.2f}s"
+                with pytest.raises((ClientClosedError, PublishError)):
+                    out.result(WAIT)
 
 
 def test_publish_from_a_thread_after_stop_and_with_the_nsqd_down(one: ClusterThread) -> None:

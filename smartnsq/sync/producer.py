@@ -157,24 +157,26 @@ class Producer:
         # checked first: a bad value must not leave the producer half closed
         timeout = check_optional_duration(timeout, "timeout")
         check_blocking_allowed("smartnsq.sync.Producer.stop()")
-        with self._stopping:  # two threads stopping it: one takes the loop, one release()
+        # two threads stopping it: one takes the loop and stops it, the other returns once
+        # that is done (it returned at once, the producer still closing); release() once
+        with self._stopping:
             self._stopped = True
             loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        if self._dropped is not None:
-            self._dropped.detach()
-        if not loop.in_this_process:
-            return
-        try:
-            loop.run(self._async.stop(timeout))
-        except EventLoopError:
-            if not loop.ended:
-                raise
-            # its loop's thread ended under it (logged, and named to its calls then): the
-            # producer has nothing left to stop
-        finally:
-            release(loop)
+            if loop is None:
+                return
+            if self._dropped is not None:
+                self._dropped.detach()
+            if not loop.in_this_process:
+                return
+            try:
+                loop.run(self._async.stop(timeout))
+            except EventLoopError:
+                if not loop.ended:
+                    raise
+                # its loop's thread ended under it (logged, and named to its calls then): the
+                # producer has nothing left to stop
+            finally:
+                release(loop)
 
     @property
     def is_closed(self) -> bool:
