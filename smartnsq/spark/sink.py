@@ -71,6 +71,8 @@ PIPELINE_DEPTH = 4
 _ROUND_ROBIN_WIDTH = 4
 #: concurrent DPUBs of one task
 _DPUB_WINDOW = 128
+#: what a publish still gets when a failed lookup used its time (the producer needs > 0)
+_MIN_TIMEOUT = 0.001
 
 PartitionKey = tuple[str, int | None]
 
@@ -136,6 +138,9 @@ class _TaskPublisher:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._answers = 0
         self._partition_nums: dict[str, int] = {}
+        #: set when a look at a topic's partition count failed: it took part of the time of
+        #: the publishes after it, which end by then (until one succeeds)
+        self._deadline: float | None = None
 
     async def partition_num(self, topic: str) -> int:
         """The topic's partition count from lookupd (for shard keys), waiting a bounded time
@@ -170,14 +175,19 @@ class _TaskPublisher:
         lookup = self.producer.lookup
         if not plan.checks_partitions or lookup is None:
             return out
+        loop = asyncio.get_running_loop()
         for topic in plan.topics:
             n = self._partition_nums.get(topic)
             if n is None:
+                began = loop.time()
                 try:
                     async with asyncio.timeout(self.opts.publishTimeout):
                         view = await lookup.lookup(topic, "w")
                 except (NSQError, TimeoutError):
-                    continue  # the producer's own lookups and retries decide
+                    # the producer's own lookups and retries decide, within publishTimeout
+                    # from now as much as from the first look
+                    self._deadline = began + self.opts.publishTimeout
+                    continue
                 if not view.meta.valid or view.partition_num <= 0:
                     continue
                 n = self._partition_nums[topic] = view.partition_num
@@ -286,21 +296,29 @@ class _TaskPublisher:
             for i in range(0, len(rows), _DPUB_WINDOW):
                 await asyncio.gather(*(
                     p.publish_deferred(unit.topic, body, delay / 1000.0,
-                                       timeout=self.opts.publishTimeout)
+                                       timeout=self._timeout())
                     for body, delay in rows[i:i + _DPUB_WINDOW]))
             self.message.add((unit.topic, None), len(rows), None)
             return
         # through the producer's own retry loop (routing, leader changes, attempts,
         # deadline); publish_encoded takes the Arrow-built body as is (no object per row)
-        timeout = self.opts.publishTimeout
+        timeout = self._timeout()
         if isinstance(unit, ExtBatch):
             sent = await p.publish_ext_batch(unit.topic, unit.items, partition=unit.partition,
                                              timeout=timeout)
         else:
             sent = await p.publish_encoded(unit.topic, unit.body, partition=unit.partition,
                                            traced=unit.traced, timeout=timeout)
+        self._deadline = None
         self.message.add((unit.topic, sent.partitions[0]), 0 if again else unit.count,
                          sent.receipts[0] if sent.receipts else None)
+
+    def _timeout(self) -> float:
+        """A publish's time: publishTimeout, less what a failed look at the topic took."""
+        if self._deadline is None:
+            return self.opts.publishTimeout
+        left = self._deadline - asyncio.get_running_loop().time()
+        return min(self.opts.publishTimeout, max(left, _MIN_TIMEOUT))
 
     def check(self) -> None:
         if self.error is not None:

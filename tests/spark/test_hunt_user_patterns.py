@@ -197,3 +197,23 @@ def test_stock_reads_of_a_lookupd_that_does_not_answer_fail_naming_it(
         q.stop()
     assert f"http://{dead_lookupd}" in error_text(info.value)
     assert time.monotonic() - began < WAIT
+
+
+def test_a_partition_column_write_to_a_silent_lookupd_fails_within_publish_timeout() -> None:
+    # the partition count is looked up before the first MPUB; that look at a lookupd that
+    # never answers must come out of publishTimeout, not before it (3 s became 5 s)
+    pa = pytest.importorskip("pyarrow")
+    from smartnsq.errors import PublishTimeoutError
+    from smartnsq.spark.sink import publish_task
+
+    batch = pa.RecordBatch.from_pydict({"value": [b"v"], "partition": pa.array([0], pa.int32())})
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        with pytest.raises(PublishTimeoutError, match="topic 't' had no writable partition"):
+            publish_task(parse_sink_options({"lookupd": address, "topic": "t",
+                                             "publishTimeout": "3"}), iter([batch]))
+        took = time.monotonic() - began
+    assert took < 3.8, f"publishTimeout 3 took {took:.1f}s"
