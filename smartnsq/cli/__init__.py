@@ -6,6 +6,7 @@ is missing; the commands live in :mod:`smartnsq.cli.app`.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ _EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smartnsq`` console script (and ``python -m smartnsq``)."""
+    _closed_stderr_to_devnull()
     # Ctrl-C while the commands are still importing (most of the start-up) ends
     # quietly with 130, as it does once a command runs, instead of a traceback out of
     # whichever import it hit; repeated Ctrl-C while ending says nothing more either
@@ -38,6 +40,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         return 1
     return run(argv)
+
+
+def _closed_stderr_to_devnull() -> None:
+    """Started with stderr closed (``2>&-``), Python has no ``sys.stderr``, and every
+    ``print(..., file=sys.stderr)`` writes to stdout, into the data a pipeline reads. The
+    diagnostics go to /dev/null instead, on descriptor 2, which a socket opened later would
+    otherwise take."""
+    if sys.stderr is not None:
+        return
+    fd = os.open(os.devnull, os.O_WRONLY)
+    if fd != 2:
+        os.dup2(fd, 2)
+        os.close(fd)
+    sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
 def _load() -> Callable[[Sequence[str] | None], int] | None:
