@@ -6,7 +6,10 @@ flavour from ``/info``, a traced publish's receipt).
 Every failure comes out as the error the retry rule (:mod:`smartnsq.producer.retry`) knows:
 no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`,
 an answer larger than any nsqd sends :class:`ProtocolError` (garbage, not an answer; fails
-over), an error status the :class:`ServerError` its code names. The headers, the reading of
+over), an error status the :class:`ServerError` its code names. An address that is no nsqd
+HTTP port (an NSQ TCP listener, or nsqlookupd's HTTP port, which has no ``/pub``) is
+:class:`NsqdHttpWrongPortError`, an ``NSQConnectionError`` naming the mix-up (fails over, as
+the TCP producer's wrong port does). The headers, the reading of
 an error answer's text and of a known code are :mod:`smartnsq.nsqd_http`'s, the flavour rule
 :meth:`Flavour.of_version`; what differs is the publish retry rule's view of the rest (an
 unknown code is a ``ServerError``, a 5xx without one retryable).
@@ -23,16 +26,23 @@ from smartnsq.errors import (
     Flavour,
     HttpServerError,
     NSQConnectionError,
+    NsqdHttpWrongPortError,
     NSQTimeoutError,
     ProtocolError,
     ServerError,
 )
-from smartnsq.http_limits import nsqd_limit, read_body
+from smartnsq.errors.ports import LOOKUPD_HTTP
+from smartnsq.http_limits import NO_SUCH_PATH, not_http, nsqd_limit, read_body
 from smartnsq.lookup.envelope import error_message
 from smartnsq.nsqd_http import HEADERS, known_error
 from smartnsq.producer.types import PublishReceipt
 
 __all__ = ["HEADERS", "flavour", "post", "receipt"]
+
+#: the publish paths every nsqd serves (stock and youzan): a Go server's 404 ``NOT_FOUND``
+#: for one of them comes from another kind of listener (youzan's own paths are not here: a
+#: stock nsqd has no ``/pubtrace``)
+_NSQD_PATHS = ("/pub", "/mpub")
 
 
 def error_from_http(status: int, body: bytes, address: str, topic: str,
@@ -64,10 +74,20 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
     except TimeoutError:
         raise NSQTimeoutError(f"nsqd {base} did not answer within {wait:.2f}s") from None
     except aiohttp.ClientError as exc:
+        found = not_http(exc)
+        if found is not None:
+            raise NsqdHttpWrongPortError(_where(base), path, found, None) from None
         raise NSQConnectionError(f"HTTP publish to nsqd {base} failed: {exc}") from exc
     if status != 200:
+        if status == 404 and path in _NSQD_PATHS and error_message(data) == NO_SUCH_PATH:
+            raise NsqdHttpWrongPortError(_where(base), path, LOOKUPD_HTTP, status)
         raise error_from_http(status, data, base, topic, partition)
     return data
+
+
+def _where(base: str) -> str:
+    """``host:port`` of a base URL, as the user gave the address."""
+    return base.split("://", 1)[-1]
 
 
 async def flavour(session: aiohttp.ClientSession, base: str, wait: float) -> str:
