@@ -29,6 +29,16 @@ def check_body(body: object, max_msg_size: int) -> bytes:
     return body
 
 
+def check_bodies_type(bodies: object) -> None:
+    """ConfigError unless ``bodies`` is a sequence of bodies: one body (bytes, a bytearray,
+    a memoryview or a str) would be taken for a sequence of its bytes or characters, and a
+    generator or a set has no length or order to split and resend it by."""
+    if isinstance(bodies, bytes | bytearray | memoryview | str) or \
+            not isinstance(bodies, Sequence):
+        raise ConfigError(f"bodies must be a sequence of bytes (a list of messages), got "
+                          f"{type(bodies).__name__}")
+
+
 def check_bodies(bodies: Sequence[object], max_msg_size: int) -> list[bytes]:
     """Every body checked as :func:`check_body` does, in a new list."""
     if set(map(type, bodies)) == {bytes}:

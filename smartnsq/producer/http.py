@@ -41,7 +41,7 @@ from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, Pub
 from smartnsq.lookup import Lookup
 from smartnsq.metrics import Metrics
 from smartnsq.producer.batcher import split_batches
-from smartnsq.producer.checks import check_body, deadline
+from smartnsq.producer.checks import check_bodies_type, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.engine import RetryEngine
 from smartnsq.producer.http_nsqd import HEADERS
@@ -272,8 +272,9 @@ class HttpProducer:
         """``/mpub?binary=true``, split into several requests at ``max_body_size``. On
         failure the :class:`PublishError`'s ``sent`` says how many leading messages were
         acknowledged."""
-        if isinstance(bodies, bytes | str) or not isinstance(bodies, Sequence) or not bodies:
-            raise ConfigError("bodies must be a non-empty sequence of bytes")
+        check_bodies_type(bodies)
+        if not bodies:
+            raise ConfigError("publish_many needs at least one message")
         checked = [self._check(topic, b) for b in bodies]
         if partition is not None:
             check_partition(partition)

@@ -52,7 +52,7 @@ from smartnsq.lookup import Lookup
 from smartnsq.metrics import Metrics
 from smartnsq.producer.batch_send import BatchSender, send_many
 from smartnsq.producer.batcher import Batcher
-from smartnsq.producer.checks import check_body, deadline
+from smartnsq.producer.checks import check_bodies_type, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
 from smartnsq.producer.encoded import (
     Encoded,
@@ -373,9 +373,8 @@ class Producer:
         acknowledged."""
         self._check_open()
         self._check_topic(topic)
-        if type(bodies) is not list and (isinstance(bodies, bytes | str)
-                                         or not isinstance(bodies, Sequence)):
-            raise ConfigError("bodies must be a sequence of bytes")
+        if type(bodies) is not list:
+            check_bodies_type(bodies)
         if not bodies:
             raise ConfigError("publish_many needs at least one message")
         if partition is not None:
