@@ -4,6 +4,12 @@
 
 An auto-batch is encoded once and sent as a plain MPUB; while the trace switch is on for its
 topic it goes out as MPUB_TRACE instead (youzan) and its receipt is logged.
+
+A message within ``max_msg_size`` whose MPUB of one would exceed ``max_body_size`` (the
+MPUB's count and size fields, and a traced or ext element's extra bytes, come on top of the
+body: with nsqd's ``--max-msg-size`` close to its ``--max-body-size``) goes out alone as a PUB
+(PUB_TRACE, PUB_EXT), which nsqd bounds by ``max_msg_size`` only; as an MPUB nsqd would refuse
+it with E_BAD_BODY and close the connection.
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from smartnsq.errors import PublishError
-from smartnsq.producer.batcher import one_mpub_body, split_batches
+from smartnsq.producer.batcher import _BODY_OVERHEAD, _MSG_OVERHEAD, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.encoded import EncodedMPub, mpub_op
-from smartnsq.producer.ops import MPub, check_trace_id, ext_header_bytes
+from smartnsq.producer.ops import MPub, Op, Pub, check_trace_id, ext_header_bytes, one_op
 from smartnsq.producer.sharded import Run
 from smartnsq.producer.trace import log_receipt
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
@@ -25,6 +31,13 @@ __all__ = ["BatchSender", "send_many"]
 
 #: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
 _TRACE_EXTRA = 8
+
+
+def _too_big(chunk: list[bytes], extra: int, max_body_size: int) -> bool:
+    """Whether ``chunk`` is one message whose MPUB (``extra``: bytes per element besides
+    its size field and body) would exceed ``max_body_size``: it must go out as a PUB."""
+    return len(chunk) == 1 and \
+        _BODY_OVERHEAD + _MSG_OVERHEAD + extra + len(chunk[0]) > max_body_size
 
 
 async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: int | None,
@@ -58,14 +71,21 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     partitions: list[int | None] = []
     sent = 0
     for chunk in chunks:
-        op = mpub_op(topic, partition, chunk, header=header, trace_id=trace_id, traced=traced)
+        op: Op
+        if _too_big(chunk, extra, max_body_size):
+            op = one_op(topic, partition, chunk[0], trace_id, ext, traced)
+        else:
+            op = mpub_op(topic, partition, chunk, header=header, trace_id=trace_id,
+                         traced=traced)
         try:
             receipt = await run(op, deadline)
         except PublishError as exc:
             exc.sent = sent
             raise
         sent += len(chunk)
-        partitions.append(op.sent_to)
+        # a PUB does not note its partition (the hot path): its receipt, or the one asked
+        partitions.append(receipt.partition if receipt is not None else
+                          partition if isinstance(op, Pub) else op.sent_to)
         if receipt is not None:
             if trace_id is not None:
                 receipts.append(receipt)
@@ -77,20 +97,26 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
 class BatchSender:
     """Sends one auto-batched MPUB (see the module docstring)."""
 
-    __slots__ = ("_run", "_traced")
+    __slots__ = ("_max_body", "_run", "_traced")
 
-    def __init__(self, run: Run, traced: Callable[[str], bool]) -> None:
+    def __init__(self, run: Run, traced: Callable[[str], bool], max_body_size: int) -> None:
         self._run = run
         self._traced = traced
+        self._max_body = max_body_size
 
     async def send(self, key: str | tuple[str, int], bodies: list[bytes],
                    deadline: float) -> None:
         """One batch (``key``: its topic, or its topic and partition)."""
         topic, partition = (key, None) if isinstance(key, str) else key
-        if not self._traced(topic):
+        traced = self._traced(topic)
+        if _too_big(bodies, _TRACE_EXTRA if traced else 0, self._max_body):
+            # the batcher gives such a message a batch of its own
+            receipt = await self._run(Pub(topic, partition, bodies[0], traced), deadline)
+        elif not traced:
             await self._run(EncodedMPub(topic, partition, mpub_body(bodies), len(bodies)),
                             deadline)
             return
-        receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
+        else:
+            receipt = await self._run(MPub(topic, partition, bodies, True), deadline)
         if receipt is not None:
             log_receipt(receipt)

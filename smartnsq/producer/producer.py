@@ -126,7 +126,7 @@ class Producer:
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
         if config.linger > 0:
-            self._batcher = Batcher(BatchSender(self._run, self._is_traced).send,
+            self._batcher = Batcher(BatchSender(self._run, self._is_traced, self._max_body).send,
                                     linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body,
                                     timeout=self._timeout)
