@@ -27,15 +27,16 @@ from smartnsq.producer.trace import log_receipt
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.commands import mpub_body
 
-__all__ = ["BatchSender", "send_many"]
+__all__ = ["BatchSender", "send_many", "too_big_for_mpub"]
 
 #: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
 _TRACE_EXTRA = 8
 
 
-def _too_big(chunk: list[bytes], extra: int, max_body_size: int) -> bool:
+def too_big_for_mpub(chunk: list[bytes], extra: int, max_body_size: int) -> bool:
     """Whether ``chunk`` is one message whose MPUB (``extra``: bytes per element besides
-    its size field and body) would exceed ``max_body_size``: it must go out as a PUB."""
+    its size field and body) would exceed ``max_body_size``: it must go out as a PUB (TCP
+    and HTTP alike)."""
     return len(chunk) == 1 and \
         _BODY_OVERHEAD + _MSG_OVERHEAD + extra + len(chunk[0]) > max_body_size
 
@@ -72,7 +73,7 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     sent = 0
     for chunk in chunks:
         op: Op
-        if _too_big(chunk, extra, max_body_size):
+        if too_big_for_mpub(chunk, extra, max_body_size):
             op = one_op(topic, partition, chunk[0], trace_id, ext, traced)
         else:
             op = mpub_op(topic, partition, chunk, header=header, trace_id=trace_id,
@@ -109,7 +110,7 @@ class BatchSender:
         """One batch (``key``: its topic, or its topic and partition)."""
         topic, partition = (key, None) if isinstance(key, str) else key
         traced = self._traced(topic)
-        if _too_big(bodies, _TRACE_EXTRA if traced else 0, self._max_body):
+        if too_big_for_mpub(bodies, _TRACE_EXTRA if traced else 0, self._max_body):
             # the batcher gives such a message a batch of its own
             receipt = await self._run(Pub(topic, partition, bodies[0], traced), deadline)
         elif not traced:

@@ -40,6 +40,7 @@ from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.metrics import Metrics
+from smartnsq.producer.batch_send import too_big_for_mpub
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_bodies_type, check_body, deadline
 from smartnsq.producer.checks import delay_ms as dpub_delay_ms
@@ -269,7 +270,8 @@ class HttpProducer:
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
                            partition: int | None = None,
                            timeout: float | None = None) -> BatchReceipt:
-        """``/mpub?binary=true``, split into several requests at ``max_body_size``. On
+        """``/mpub?binary=true``, split into several requests at ``max_body_size`` (a message
+        too big for an ``/mpub`` of its own goes to ``/pub``). On
         failure the :class:`PublishError`'s ``sent`` says how many leading messages were
         acknowledged."""
         check_bodies_type(bodies)
@@ -292,10 +294,14 @@ class HttpProducer:
         sent = 0
         partitions: list[int | None] = []
         for chunk in split_batches(checked, self.config.max_body_size):
-            payload = _U32.pack(len(chunk)) + b"".join(_U32.pack(len(b)) + b for b in chunk)
+            # one message too big for an /mpub of its own goes to /pub (batch_send's rule)
+            alone = too_big_for_mpub(chunk, 0, self.config.max_body_size)
+            payload = chunk[0] if alone else \
+                _U32.pack(len(chunk)) + b"".join(_U32.pack(len(b)) + b for b in chunk)
             try:
-                await self._run("/mpub", {"topic": topic, "binary": "true"}, payload, topic,
-                                partition, False, False, deadline, len(chunk))
+                await self._run("/pub" if alone else "/mpub",
+                                {"topic": topic} if alone else {"topic": topic, "binary": "true"},
+                                payload, topic, partition, False, False, deadline, len(chunk))
             except PublishError as exc:
                 exc.sent = sent
                 raise
