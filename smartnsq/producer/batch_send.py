@@ -10,14 +10,20 @@ MPUB's count and size fields, and a traced or ext element's extra bytes, come on
 body: with nsqd's ``--max-msg-size`` close to its ``--max-body-size``) goes out alone as a PUB
 (PUB_TRACE, PUB_EXT), which nsqd bounds by ``max_msg_size`` only; as an MPUB nsqd would refuse
 it with E_BAD_BODY and close the connection.
+
+A batch still unanswered when the producer's ``stop()`` gives up on it (its timeout ran out)
+fails its callers with :class:`ClientClosedError`, as a publish of its own does then: the
+stop cancels the batch's task, and a ``CancelledError`` handed to callers whose tasks nobody
+cancelled would end them (a web framework's request) as if they had been.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from smartnsq.errors import PublishError
+from smartnsq.errors import ClientClosedError, PublishError
 from smartnsq.producer.batcher import _BODY_OVERHEAD, _MSG_OVERHEAD, one_mpub_body, split_batches
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.encoded import EncodedMPub, mpub_op
@@ -98,16 +104,30 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
 class BatchSender:
     """Sends one auto-batched MPUB (see the module docstring)."""
 
-    __slots__ = ("_max_body", "_run", "_traced")
+    __slots__ = ("_closed", "_max_body", "_run", "_traced")
 
-    def __init__(self, run: Run, traced: Callable[[str], bool], max_body_size: int) -> None:
+    def __init__(self, run: Run, traced: Callable[[str], bool], max_body_size: int,
+                 closed: Callable[[], bool]) -> None:
         self._run = run
         self._traced = traced
         self._max_body = max_body_size
+        #: whether the producer is stopped (then a cancelled batch was given up by stop())
+        self._closed = closed
 
     async def send(self, key: str | tuple[str, int], bodies: list[bytes],
                    deadline: float) -> None:
         """One batch (``key``: its topic, or its topic and partition)."""
+        try:
+            await self._send(key, bodies, deadline)
+        except asyncio.CancelledError:
+            if not self._closed():
+                raise
+            # the batch's task ends here: its callers get the error instead
+            raise ClientClosedError("the producer stopped before nsqd answered the batch "
+                                    "(nsqd may have stored it)") from None
+
+    async def _send(self, key: str | tuple[str, int], bodies: list[bytes],
+                    deadline: float) -> None:
         topic, partition = (key, None) if isinstance(key, str) else key
         traced = self._traced(topic)
         if too_big_for_mpub(bodies, _TRACE_EXTRA if traced else 0, self._max_body):

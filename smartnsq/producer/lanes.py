@@ -17,7 +17,10 @@ partition; per-key order *across* that change then depends on the consumers.)
 A message whose call ``timeout`` passes while it waits for its turn fails then, at its own
 deadline (not when its turn comes), without being sent. A caller cancelled while waiting is
 left out; once its message is on the wire the lane still waits for the answer, so a cancelled
-message cannot be overtaken by the next one.
+message cannot be overtaken by the next one. Lanes still busy when the producer's ``stop()``
+gives up on them (:meth:`ShardLanes.abort`) fail their callers with
+:class:`~smartnsq.errors.ClientClosedError` (the message on the wire may have been stored),
+as a publish of its own fails then, not with a ``CancelledError`` their tasks did not ask for.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ class ShardLanes:
                     result = await self._send(lane.topic, lane.key, lane.rule, item.body,
                                               item.trace_id, item.deadline)
                 except asyncio.CancelledError:
-                    fut.cancel()
+                    self._give_up(fut, "before nsqd answered (nsqd may have stored it)")
                     raise
                 except Exception as exc:
                     if not fut.done():
@@ -140,16 +143,27 @@ class ShardLanes:
                 left = items.popleft()
                 if left.timer is not None:
                     left.timer.cancel()
-                left.fut.cancel()
+                self._give_up(left.fut, "before the message was sent")
+
+    def _give_up(self, fut: asyncio.Future[PublishReceipt | None], when: str) -> None:
+        """A caller whose lane ends without its answer: stopped by :meth:`abort`, or
+        cancelled (the loop's end) and so cancelled too."""
+        if fut.done():
+            return
+        if self._closed:
+            fut.set_exception(ClientClosedError(f"the producer stopped {when}"))
+        else:
+            fut.cancel()
 
     async def drain(self) -> None:
-        """Wait until every lane is empty."""
+        """Wait until every lane is empty. Cancelling the wait (stop()'s timeout) leaves the
+        lanes running, for :meth:`abort` to end (a gather would cancel them with it)."""
         while self._lanes:
             tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait(tasks)
 
     async def abort(self) -> None:
-        """Stop every lane; callers still waiting get CancelledError."""
+        """Stop every lane; callers still waiting get ClientClosedError."""
         self._closed = True
         tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
         for t in tasks:

@@ -126,7 +126,9 @@ class Producer:
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
         if config.linger > 0:
-            self._batcher = Batcher(BatchSender(self._run, self._is_traced, self._max_body).send,
+            sender = BatchSender(self._run, self._is_traced, self._max_body,
+                                 lambda: self._closed)
+            self._batcher = Batcher(sender.send,
                                     linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body,
                                     timeout=self._timeout)
@@ -189,7 +191,9 @@ class Producer:
         """Stop accepting publishes, let the ones already accepted finish (batches and ordered
         lanes included) within ``timeout`` seconds (default ``publish_timeout``), then close
         the connections (outstanding answers are awaited up to the connections'
-        ``close_timeout``) and the lookup component if this producer made it. Idempotent."""
+        ``close_timeout``) and the lookup component if this producer made it. A publish still
+        unanswered then (batched and ordered ones too) fails with :class:`ClientClosedError`
+        (nsqd may have stored it). Idempotent."""
         # checked before anything changes: a bad value must not leave a half-closed producer
         limit = self.config.publish_timeout if timeout is None else check_duration(
             timeout, "timeout")
