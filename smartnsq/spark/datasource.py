@@ -22,6 +22,7 @@ from pyspark.sql.datasource import DataSource
 from smartnsq.config import LookupConfig
 from smartnsq.errors import Flavour
 from smartnsq.spark.options import SourceOptions, check_stock_options, parse_source_options
+from smartnsq.spark.schema import check_read_schema
 
 __all__ = ["NsqDataSource", "detect_flavour"]
 
@@ -66,6 +67,7 @@ class NsqDataSource(DataSource):
         return SOURCE_SCHEMA
 
     def reader(self, schema: Any) -> Any:
+        check_read_schema(schema)
         opts = parse_source_options(self.options, streaming=False)
         if detect_flavour(opts) == "youzan":
             from smartnsq.spark.source_youzan import YouzanBatchReader
@@ -77,6 +79,7 @@ class NsqDataSource(DataSource):
         return StockBatchReader(opts)
 
     def streamReader(self, schema: Any) -> Any:
+        check_read_schema(schema)
         opts = parse_source_options(self.options, streaming=True)
         if detect_flavour(opts) != "youzan":
             raise PySparkNotImplementedError(
@@ -87,6 +90,7 @@ class NsqDataSource(DataSource):
         return YouzanStreamReader(opts)
 
     def simpleStreamReader(self, schema: Any) -> Any:
+        check_read_schema(schema)
         opts = parse_source_options(self.options, streaming=True)
         check_stock_options(opts)
         from smartnsq.spark.source_stock import StockStreamReader

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SOURCE_COLUMNS", "SOURCE_DDL", "arrow_schema", "source_schema"]
+__all__ = ["SOURCE_COLUMNS", "SOURCE_DDL", "arrow_schema", "check_read_schema", "source_schema"]
 
 #: (name, Spark DDL type); fields a flavour does not have are null
 SOURCE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -42,6 +42,24 @@ def source_schema() -> Any:
         t.StructField("ext", t.MapType(t.StringType(), t.StringType())),
         t.StructField("nsqd", t.StringType()),
     ])
+
+
+def check_read_schema(schema: Any) -> None:
+    """Refuse a schema given with ``.schema(...)`` that is not the source's: the rows are
+    built in this one, and Spark would check them only on the executors, after the read,
+    naming no column ("Expected: 1 columns, Found: 11")."""
+    from smartnsq.errors import SourceOptionError
+
+    def columns(s: Any) -> list[tuple[str, Any]]:
+        return [(f.name, f.dataType) for f in s.fields]
+
+    if columns(schema) == columns(source_schema()):
+        return
+    fixed = ", ".join(f"{n} {t}" for n, t in SOURCE_COLUMNS)
+    raise SourceOptionError(
+        f"the nsq source has a fixed schema ({fixed}), not {schema.simpleString()}: leave "
+        ".schema(...) out and select or cast columns after load(), e.g. "
+        "selectExpr(\"cast(body AS string) AS body\")")
 
 
 def arrow_schema() -> Any:

@@ -217,3 +217,32 @@ def test_a_partition_column_write_to_a_silent_lookupd_fails_within_publish_timeo
                                              "publishTimeout": "3"}), iter([batch]))
         took = time.monotonic() - began
     assert took < 3.8, f"publishTimeout 3 took {took:.1f}s"
+
+
+def test_a_schema_given_to_the_source_is_refused_naming_the_fixed_one(
+        spark: Any, youzan_cluster: ThreadedCluster, tmp_path: Path) -> None:
+    # .schema("body binary") on a read was taken at load(); the read ran on the executors
+    # and failed with "Return schema mismatch ... Expected: 1 columns, Found: 11 columns"
+    tc = youzan_cluster
+    name = topic(tc, "hunt_schema")
+    publish(tc, name, 0, [b"a"])
+    said = "the nsq source has a fixed schema (body binary, topic string, "
+    with pytest.raises(Exception) as info:
+        spark.read.format("nsq").schema("body binary").option("lookupd", lookupd(tc)) \
+            .option("topic", name).load().collect()
+    assert said in error_text(info.value) and "not struct<body:binary>" in \
+        error_text(info.value)
+    q = (spark.readStream.format("nsq").schema("body string").option("lookupd", lookupd(tc))
+         .option("topic", name).option("startingOffsets", "earliest").load()
+         .writeStream.format("noop").trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "s")).start())
+    try:
+        with pytest.raises(Exception) as info:
+            q.awaitTermination(WAIT)
+    finally:
+        q.stop()
+    assert said in error_text(info.value)
+    # the schema it has, given as it is, is taken
+    from smartnsq.spark.schema import SOURCE_DDL
+    assert spark.read.format("nsq").schema(SOURCE_DDL).option("lookupd", lookupd(tc)) \
+        .option("topic", name).load().count() == 1
