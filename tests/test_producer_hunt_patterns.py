@@ -23,7 +23,7 @@ from smartnsq.errors import (
     PublishError,
 )
 from smartnsq.errors.ports import LOOKUPD_HTTP, NSQD_TCP
-from smartnsq.producer import BatchReceipt, HttpProducer, Producer
+from smartnsq.producer import BatchReceipt, HttpProducer, Producer, TraceSwitch
 from tests.test_producer_support import bodies_of, consume
 
 FAST = ProducerConfig(publish_timeout=3.0, reconnect_min=0.02, reconnect_max=0.2)
@@ -220,6 +220,24 @@ async def test_a_message_too_big_for_an_mpub_of_its_own_goes_as_a_pub() -> None:
             assert receipt == BatchReceipt("big", 4, (None,) * 4, ())
         got = await read_back(c, "big", 14)
         assert sorted(map(len, got.elements())) == sorted([*sizes, *map(len, bodies * 2)])
+
+
+async def test_a_traced_auto_batch_near_max_body_size_is_stored() -> None:
+    """With the trace switch on, an auto-batch goes out as MPUB_TRACE, 8 bytes more per
+    message than the MPUB the batcher sized: ten 96-byte messages (1,004 bytes as an MPUB)
+    made 1,084 and nsqd refused them all with E_BAD_BODY."""
+    limits = NsqdOptions(max_msg_size=1024, max_body_size=1024)
+    async with DevCluster(nodes=1, flavour="youzan", nsqd_options=limits) as c:
+        c.create_topic("traced", partition_num=1, channels=["c"])
+        switch = TraceSwitch()
+        switch.enable("traced")
+        cfg = FAST.replace(linger=0.01, max_msg_size=1024, max_body_size=1024)
+        async with Producer(lookupd=c.lookupd_http_addresses, config=cfg,
+                            trace_switch=switch) as p:
+            await asyncio.wait_for(asyncio.gather(
+                *(p.publish("traced", b"%02d" % i + b"x" * 94) for i in range(10))), WAIT)
+            assert p.batcher is not None and p.batcher.batches == 1
+        assert sum(len(part.records) for part in c.store.partitions_of("traced").values()) == 10
 
 
 async def test_publish_many_with_careless_bodies(stock: DevCluster) -> None:

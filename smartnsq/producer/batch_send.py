@@ -9,7 +9,8 @@ A message within ``max_msg_size`` whose MPUB of one would exceed ``max_body_size
 MPUB's count and size fields, and a traced or ext element's extra bytes, come on top of the
 body: with nsqd's ``--max-msg-size`` close to its ``--max-body-size``) goes out alone as a PUB
 (PUB_TRACE, PUB_EXT), which nsqd bounds by ``max_msg_size`` only; as an MPUB nsqd would refuse
-it with E_BAD_BODY and close the connection.
+it with E_BAD_BODY and close the connection. An auto-batch the trace ids would push over
+``max_body_size`` (the batcher sizes it as a plain MPUB) goes out untraced.
 
 A batch still unanswered when the producer's ``stop()`` gives up on it (its timeout ran out)
 fails its callers with :class:`ClientClosedError`, as a publish of its own does then: the
@@ -39,12 +40,16 @@ __all__ = ["BatchSender", "send_many", "too_big_for_mpub"]
 _TRACE_EXTRA = 8
 
 
+def mpub_size(bodies: list[bytes], extra: int) -> int:
+    """The MPUB body size of ``bodies`` (``extra``: bytes per element besides its size field
+    and body)."""
+    return _BODY_OVERHEAD + (_MSG_OVERHEAD + extra) * len(bodies) + sum(map(len, bodies))
+
+
 def too_big_for_mpub(chunk: list[bytes], extra: int, max_body_size: int) -> bool:
-    """Whether ``chunk`` is one message whose MPUB (``extra``: bytes per element besides
-    its size field and body) would exceed ``max_body_size``: it must go out as a PUB (TCP
-    and HTTP alike)."""
-    return len(chunk) == 1 and \
-        _BODY_OVERHEAD + _MSG_OVERHEAD + extra + len(chunk[0]) > max_body_size
+    """Whether ``chunk`` is one message whose MPUB would exceed ``max_body_size``: it must
+    go out as a PUB (TCP and HTTP alike)."""
+    return len(chunk) == 1 and mpub_size(chunk, extra) > max_body_size
 
 
 async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: int | None,
@@ -130,6 +135,11 @@ class BatchSender:
                     deadline: float) -> None:
         topic, partition = (key, None) if isinstance(key, str) else key
         traced = self._traced(topic)
+        if traced and len(bodies) > 1 and \
+                mpub_size(bodies, _TRACE_EXTRA) > self._max_body:
+            # the batcher sized the batch as an MPUB: with a trace id each it would exceed
+            # max_body_size, so it goes out as one (atomic) untraced MPUB
+            traced = False
         if too_big_for_mpub(bodies, _TRACE_EXTRA if traced else 0, self._max_body):
             # the batcher gives such a message a batch of its own
             receipt = await self._run(Pub(topic, partition, bodies[0], traced), deadline)
