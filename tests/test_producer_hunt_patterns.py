@@ -155,7 +155,7 @@ async def test_two_stops_beside_publishes_in_flight(stock: DevCluster) -> None:
 
 
 async def test_a_stop_cut_short_fails_batched_callers_with_client_closed(
-        stock: DevCluster) -> None:
+        stock: DevCluster, caplog: pytest.LogCaptureFixture) -> None:
     """Auto-batched publishes still unanswered when stop()'s timeout ends fail as unbatched
     ones do, with ClientClosedError: their tasks were not cancelled (a CancelledError would
     end the caller's task, a web framework's request, as if it had been)."""
@@ -171,6 +171,8 @@ async def test_a_stop_cut_short_fails_batched_callers_with_client_closed(
     assert len(done) == 5
     assert not any(t.cancelled() for t in tasks)
     assert all(isinstance(t.exception(), ClientClosedError) for t in tasks)
+    # the warning gives the timeout as given (it said 0.1s)
+    assert "still in flight after 0.05s" in caplog.text
     stock.delay_responses(0, 0)
 
 

@@ -181,7 +181,7 @@ class HttpProducer:
                 await self._engine.wait_idle()
         except TimeoutError:
             logger.warning("HTTP producer closed with %d publish(es) still in flight after "
-                           "%.1fs", self._engine.active, limit)
+                           "%gs", self._engine.active, limit)
         if self._router is not None:
             await self._router.routes.close()
         if self._own_session and self._session is not None:

@@ -212,7 +212,7 @@ class Producer:
                     await self._batcher.drain()
                 await self._engine.wait_idle()
         except TimeoutError:
-            logger.warning("producer closed with publishes still in flight after %.1fs", limit)
+            logger.warning("producer closed with publishes still in flight after %gs", limit)
         await self._lanes.abort()
         if self._batcher is not None:
             await self._batcher.abort()
