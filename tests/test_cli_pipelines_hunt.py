@@ -8,13 +8,23 @@ closed), no traceback, each within its stated time.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import signal
 import subprocess
 import sys
 
-from tests.cli_support import WAIT, ClusterThread, closed_port, cluster_fixture
+from smartnsq import Producer
+from smartnsq.devcluster import DevCluster
+from tests.cli_support import (
+    WAIT,
+    ClusterThread,
+    closed_port,
+    cluster_fixture,
+    finish_process,
+    send_signal,
+)
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 
@@ -53,3 +63,78 @@ def test_a_closed_stderr_keeps_diagnostics_out_of_stdout(stock: ClusterThread) -
     for cmd, code in cases:
         r = sh(f"{SMARTNSQ} {cmd} 2>&-", input=b"x\n")
         assert (r.returncode, r.stdout) == (code, b""), (cmd, r.stdout)
+
+
+async def _stderr_line_naming(proc: asyncio.subprocess.Process, address: str) -> bytes:
+    """The first stderr line of ``proc`` that names ``address`` (bounded by WAIT)."""
+    assert proc.stderr is not None
+
+    async def scan() -> bytes:
+        assert proc.stderr is not None
+        while line := await proc.stderr.readline():
+            if address.encode() in line:
+                return line
+        return b""
+
+    return await asyncio.wait_for(scan(), WAIT)
+
+
+async def test_an_nsqd_that_never_answers_beside_one_that_does_is_named() -> None:
+    """``tail --nsqd A --nsqd B`` with B down (a typo, a dead host): tail printed A's
+    messages and never said a word about B, whose messages the operator then never sees;
+    the warnings were shown only while no nsqd at all was connected. B is named at once."""
+    gone = closed_port()
+    async with DevCluster(nodes=1, lookupds=1, flavour="stock") as c:
+        tcp = c.nsqd_tcp_addresses[0]
+        c.create_topic("half", channels=["c"])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "tail", "half", "--nsqd", tcp, "--nsqd", gone,
+            "--channel", "c", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            line = await _stderr_line_naming(proc, gone)
+            assert line.startswith(b"smartnsq: warning: cannot subscribe at "), line
+            assert line.rstrip().endswith(b"; retrying"), line
+            async with Producer(nsqd=tcp) as p:
+                await p.publish("half", b"still read")
+            assert proc.stdout is not None
+            out = await asyncio.wait_for(proc.stdout.readline(), WAIT)
+            send_signal(proc, signal.SIGINT)
+            code, rest = await finish_process(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert (out, code) == (b"still read\n", 0), rest
+    assert b"Traceback" not in rest and b"error" not in rest, rest
+
+
+async def test_one_of_two_nsqd_lost_later_is_named_while_the_other_carries_on() -> None:
+    """Connected to two nsqd, one goes away: the docs promise a warning for a connection
+    lost later; there was none while the other nsqd stayed connected."""
+    async with DevCluster(nodes=2, lookupds=1, flavour="stock") as c:
+        a, b = c.nsqd_tcp_addresses
+        c.create_topic("lost2", channels=["c"])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "tail", "lost2", "--nsqd", a, "--nsqd", b,
+            "--channel", "c", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        try:
+            for addr in (a, b):  # one message through each: both are subscribed
+                async with Producer(nsqd=addr) as p:
+                    await p.publish("lost2", addr.encode())
+            got = {await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in "ab"}
+            assert got == {a.encode() + b"\n", b.encode() + b"\n"}
+            await c.stop_node(1)
+            line = await _stderr_line_naming(proc, b)
+            assert line.startswith(b"smartnsq: warning: "), line
+            async with Producer(nsqd=a) as p:
+                await p.publish("lost2", b"after")
+            out = await asyncio.wait_for(proc.stdout.readline(), WAIT)
+            send_signal(proc, signal.SIGINT)
+            code, rest = await finish_process(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert (out, code) == (b"after\n", 0), rest
+    assert b"Traceback" not in rest, rest

@@ -2,9 +2,10 @@
 one reads nothing, bounding the wait for a first connection, and naming ``--ordered`` for an
 ordered topic.
 
-While the consumer holds no connection, its warnings (``cannot subscribe at HOST:PORT ...: the
-connection error``) reach stderr whatever ``-v`` says, and a command that never connected gives
-up after ``--connect-timeout``; one that lost its connection later keeps retrying, saying so.
+The consumer's warnings (``cannot subscribe at HOST:PORT ...: the connection error``) reach
+stderr whatever ``-v`` says, also while another nsqd is connected (one of several that is
+down, or lost later, is named), and a command that never connected gives up after
+``--connect-timeout``; one that lost a connection later keeps retrying, saying so.
 The consumer reports connection failures only through its log, so that log is where they are
 taken from: a handler on the ``smartnsq.consumer`` logger, lowered to WARNING for the command's
 run (``-v`` decides only what the rich log handler shows, see :func:`cli_logging`).
@@ -53,6 +54,8 @@ class ConsumerWarnings(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.lines: list[str] = []
+        #: warnings received so far (``lines`` keeps only the newest)
+        self.count = 0
         #: the first warning about an address that answered as another listener: retrying
         #: the same address cannot help, so the command ends with it
         self.wrong_port: str | None = None
@@ -63,6 +66,7 @@ class ConsumerWarnings(logging.Handler):
         except Exception:  # a malformed record must not break the command
             return
         self.lines = [*self.lines[-7:], text]
+        self.count += 1
         args = record.args if isinstance(record.args, tuple) else ()
         if self.wrong_port is None and any(isinstance(a, WrongPortError) for a in args):
             self.wrong_port = text
@@ -94,34 +98,41 @@ def _connected(consumer: Consumer) -> bool:
 
 async def watch_connections(consumer: Consumer, warnings: ConsumerWarnings, *,
                             bound: float, began: float) -> None:
-    """Run beside a started ``consumer``: while it holds no connection, print its newest
-    warning on stderr (at once, then every :data:`REMIND_SECONDS`); raise :class:`CliError`
-    when it never connected within ``bound`` seconds of ``began`` (loop time; 0: keep
-    trying), or at once when, still unconnected, an address answered as another listener
-    (a wrong port). After a connection was lost it keeps trying, saying so the same way."""
+    """Run beside a started ``consumer``: print its newest warning on stderr, at once, then
+    every :data:`REMIND_SECONDS` (while it holds no connection, as a reminder; while some
+    nsqd is connected, only warnings not shown yet: another nsqd down); raise
+    :class:`CliError` when it never connected within ``bound`` seconds of ``began`` (loop
+    time; 0: keep trying), or at once when, still unconnected, an address answered as
+    another listener (a wrong port). After a connection was lost it keeps trying, saying so
+    the same way."""
     loop = asyncio.get_running_loop()
     ever = False
-    shown: str | None = None
-    shown_at = 0.0
+    #: a warning was shown in the current outage (no connection at all)
+    shown = False
+    shown_at = -REMIND_SECONDS
+    #: ``warnings.count`` when the latest warning was shown
+    printed = 0
     while True:
         now = loop.time()
+        last = warnings.last
+        new = warnings.count > printed
         if _connected(consumer):
             ever = True
-            shown = None
-            warnings.lines.clear()  # the next outage is told by its own warnings
+            shown = False
+            due = new and now - shown_at >= REMIND_SECONDS
         else:
-            last = warnings.last
-            if last is not None and (shown is None or now - shown_at >= REMIND_SECONDS):
-                tail = ("; retrying" if ever or not bound else
-                        f"; retrying for up to {bound:g} s (--connect-timeout)")
-                err_print(f"smartnsq: warning: {last}{tail}")
-                shown, shown_at = last, now
-            if not ever and warnings.wrong_port is not None:
-                raise CliError(warnings.wrong_port)
-            if not ever and bound and now - began >= bound:
-                why = f": {warnings.last}" if warnings.last else ""
-                raise CliError(f"no nsqd accepted the subscription within {bound:g} s "
-                               f"(--connect-timeout){why}")
+            due = last is not None and (new if not shown else now - shown_at >= REMIND_SECONDS)
+        if due and last is not None:
+            tail = ("; retrying" if ever or not bound else
+                    f"; retrying for up to {bound:g} s (--connect-timeout)")
+            err_print(f"smartnsq: warning: {last}{tail}")
+            shown, shown_at, printed = True, now, warnings.count
+        if not ever and warnings.wrong_port is not None:
+            raise CliError(warnings.wrong_port)
+        if not ever and bound and now - began >= bound:
+            why = f": {last}" if last else ""
+            raise CliError(f"no nsqd accepted the subscription within {bound:g} s "
+                           f"(--connect-timeout){why}")
         await asyncio.sleep(POLL_SECONDS)
 
 
