@@ -42,6 +42,7 @@ from smartnsq.consumer.arguments import (
 from smartnsq.consumer.conns import ConnectionSet
 from smartnsq.consumer.discovery import Topology
 from smartnsq.consumer.dispatch import Dispatcher, Handler
+from smartnsq.consumer.life import ConsumerLife
 from smartnsq.consumer.meters import HANDLER_ERROR, STOP
 from smartnsq.consumer.observe import Observability
 from smartnsq.consumer.policy import AttemptsPolicy, DeliveryPolicy, GivingUpCallback
@@ -52,7 +53,7 @@ from smartnsq.consumer.stop_steps import StopSteps
 from smartnsq.consumer.sub import Sub
 from smartnsq.consumer.sub_errors import ends_consumer
 from smartnsq.consumer.subscriptions import SubscriptionSet
-from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, NSQError
+from smartnsq.errors import ConfigError, NSQError
 from smartnsq.flow import RdyController
 from smartnsq.message import Message
 from smartnsq.metrics.api import Metrics
@@ -188,17 +189,10 @@ class Consumer:
 
         # lifecycle
         self._entry = Entry(type(self).__name__)
-        self._started = False
-        self._starting = False
-        self._stopping = False
-        self._closed = False
+        self._life = ConsumerLife(f"{self.topic}/{self.channel}")
         self._stop_task: asyncio.Task[None] | None = None
         #: a cancelled stop() cutting the stop short (see stop())
         self._cut_task: asyncio.Future[None] | None = None
-        self._closed_event: asyncio.Event | None = None
-        #: set when the first start() ended, for the calls that came meanwhile
-        self._start_done: asyncio.Event | None = None
-        self._error: BaseException | None = None
 
     # the parts, under the names tests reach for
     @property
@@ -232,8 +226,7 @@ class Consumer:
 
     def _check_open(self) -> None:
         check_loop(self._loop, "this Consumer")
-        if self._closed or self._stopping:
-            raise ClientClosedError(f"consumer of {self.topic}/{self.channel} is closed")
+        self._life.check_open()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -255,30 +248,16 @@ class Consumer:
         features, auth refused) instead of retrying them. A call while another is starting
         the consumer waits for that start and ends as it did."""
         self._check_open()
-        if self._started:
-            if self._starting:
-                await self._join_start()
+        life = self._life
+        if life.started:
+            await life.join_start()
             return
-        self._started = True
-        self._starting = True
+        life.begin_start()
         self._bind_loop(asyncio.get_running_loop())
-        self._closed_event = asyncio.Event()
-        self._start_done = asyncio.Event()
         try:
             await self._start()
         finally:
-            self._start_done.set()
-
-    async def _join_start(self) -> None:
-        """A second start() while the first runs: wait for it (a bare return would tell
-        the caller it started before anything was subscribed, or when the start failed)."""
-        assert self._start_done is not None
-        await self._start_done.wait()
-        if not self.is_running:
-            if self._error is not None:
-                raise self._error
-            raise ClientClosedError(f"consumer of {self.topic}/{self.channel} was stopped "
-                                    "while starting")
+            life.start_ended()  # however it ended (the calls waiting for it see how)
 
     async def _start(self) -> None:
         obs, driver = self._observe, self._driver
@@ -290,21 +269,20 @@ class Consumer:
         try:
             self._subscriptions.follow(await self._discovery.start(self._on_topology))
             await self._conns.wait_first_attempts(self._subscriptions.start_bound())
-            if self._error is not None:
-                raise self._error
+            self._life.raise_error()
         except BaseException as exc:
-            if self._error is None and ends_consumer(exc):
-                self._error = exc
-            self._starting = False
+            if ends_consumer(exc):
+                self._life.failed(exc)
+            self._life.start_ended()
             await self._shutdown(0.0)
             raise
-        self._starting = False
+        self._life.start_ended()
         self._driver.start_redistributing()
         log.info("consumer of %s/%s started: %d subscription(s) (%s)", self.topic,
                  self.channel, len(self._subs), self._discovery.kind)
 
     def _on_topology(self, topology: Topology) -> None:
-        if self._stopping or self._closed:
+        if self._life.stopping or self._life.closed:
             return
         try:
             self._subscriptions.follow(topology)
@@ -314,31 +292,26 @@ class Consumer:
     @property
     def error(self) -> BaseException | None:
         """The configuration error that stopped the consumer, if any."""
-        return self._error
+        return self._life.error
 
     @property
     def is_running(self) -> bool:
-        return self._started and not self._stopping and not self._closed
+        return self._life.running
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
+        return self._life.closed
 
     async def wait_closed(self) -> None:
         """Wait until the consumer is stopped; raise the error that stopped it, if any."""
         check_loop(self._loop, "this Consumer")
-        if not self._started:
-            raise NotStartedError(f"consumer of {self.topic}/{self.channel} is not started")
-        assert self._closed_event is not None
-        await self._closed_event.wait()
-        if self._error is not None:
-            raise self._error
+        await self._life.wait_closed()
 
     def _fatal(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
+        life = self._life
+        if life.failed(exc):
             log.error("consumer of %s/%s stops: %s", self.topic, self.channel, exc)
-        if self._starting or self._stopping or self._closed:
+        if life.starting or life.stopping or life.closed:
             return
         # no more deliveries from now on, not only once the stop task runs
         self._driver.set_max_in_flight(0)
@@ -353,11 +326,12 @@ class Consumer:
         that handler)."""
         drain_timeout = check_optional_duration(drain_timeout, "drain_timeout")
         check_loop(self._loop, "this Consumer")
-        if self._closed:
+        life = self._life
+        if life.closed:
             return
-        if not self._started:
-            self._closed = True
-            self._stopping = True
+        if not life.started:
+            life.stopping = True
+            life.set_closed()
             self._subscriptions.closing = True
             self._dispatch.stopping = True
             await self._discovery.close()
@@ -387,25 +361,20 @@ class Consumer:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait((task,))
-        if self._closed:
+        if self._life.closed:
             return
         await self._stop_steps.cut_short()
-        self._set_closed()
+        self._life.set_closed()
         log.warning("consumer of %s/%s: stop() was cancelled; closed without draining (the "
                     "messages in flight were requeued)", self.topic, self.channel)
 
     async def _shutdown(self, drain_timeout: float) -> None:
-        self._stopping = True
+        self._life.stopping = True
         self._subscriptions.closing = True
         self._dispatch.stopping = True
         await self._stop_steps.graceful(drain_timeout)
-        self._set_closed()
+        self._life.set_closed()
         log.info("consumer of %s/%s stopped", self.topic, self.channel)
-
-    def _set_closed(self) -> None:
-        self._closed = True
-        if self._closed_event is not None:
-            self._closed_event.set()
 
     # ------------------------------------------------------------------ handler wrappers
 
@@ -462,15 +431,12 @@ class Consumer:
         if self._handler is not None:
             raise ConfigError("this consumer has a handler; iterate a consumer created "
                               "without one")
-        if not self._started:
-            raise NotStartedError(
-                f"consumer of {self.topic}/{self.channel} is not started: use 'async with "
-                "Consumer(...) as c:' or 'await c.start()' before iterating")
+        self._life.check_started(": use 'async with Consumer(...) as c:' or 'await "
+                                 "c.start()' before iterating")
         msg = await self._dispatch.next_message()
         if msg is not None:
             return msg
-        if self._error is not None:
-            raise self._error
+        self._life.raise_error()
         raise StopAsyncIteration
 
     # ------------------------------------------------------------------ stats
@@ -479,7 +445,7 @@ class Consumer:
         """Totals and per-subscription counters, backoff state."""
         flow = self._driver.flow
         self._dispatch.settle()  # the handlers' FIN runs count (consumer.workers)
-        if flow is not None and self._loop is not None and not self._closed:
+        if flow is not None and self._loop is not None and not self._life.closed:
             self._driver.flush()
         return consumer_stats(self.topic, self.channel, self._max_in_flight, flow,
                               self._subscriptions, self._dispatch)
@@ -487,7 +453,5 @@ class Consumer:
     def __repr__(self) -> str:
         if not hasattr(self, "_subscriptions"):  # the constructor refused its arguments
             return f"<{type(self).__name__} (not constructed)>"
-        state = "closed" if self._closed else "stopping" if self._stopping else \
-            "running" if self._started else "new"
-        return (f"<{type(self).__name__} {self.topic}/{self.channel} {state} "
+        return (f"<{type(self).__name__} {self.topic}/{self.channel} {self._life.state} "
                 f"subscriptions={len(self._subs)}>")
