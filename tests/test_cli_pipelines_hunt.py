@@ -14,6 +14,9 @@ import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
@@ -138,3 +141,18 @@ async def test_one_of_two_nsqd_lost_later_is_named_while_the_other_carries_on() 
                 await proc.wait()
     assert (out, code) == (b"after\n", 0), rest
     assert b"Traceback" not in rest, rest
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_help_version_and_dev_into_a_full_disk_are_one_error_line() -> None:
+    """``smartnsq --help > /dev/full`` (any failing output: a full disk): click's own output
+    and dev's addresses ended with ``smartnsq: internal error: OSError: [Errno 28] ...`` or
+    ``error: OSError``; now the one line every command gives for a failed output."""
+    for cmd in ("--help", "--version", "tail --help", "channel --help",
+                "dev --nodes 1 --flavour stock"):
+        r = sh(f"{SMARTNSQ} {cmd} > /dev/full")
+        err = r.stderr.decode()
+        assert r.returncode == 1, (cmd, err)
+        assert err.splitlines() == [err.splitlines()[0]], (cmd, err)
+        assert err.startswith("smartnsq: error: cannot write ") and \
+            err.rstrip().endswith(": No space left on device"), (cmd, err)

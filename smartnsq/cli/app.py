@@ -13,12 +13,11 @@ the command groups here map onto it directly.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
@@ -28,7 +27,7 @@ from smartnsq.cli.common import (
     OutputClosed,
     cli_logging,
     one_line,
-    stdout_closed,
+    writing_stdout,
 )
 from smartnsq.cli.interrupts import OWN_PROCESS, guard_imports, ignore_further_ctrl_c
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
@@ -160,11 +159,13 @@ class SmartnsqGroup(click.Group):
 
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:
-        with _closed_output_ends():  # --help, --version
+        # click's own output (--help, --version) to a closed or failing stdout: as a
+        # command's own writes end, not with click's exit code 1 or an internal error
+        with writing_stdout():
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _closed_output_ends():  # a command's --help, and what click itself prints
+        with writing_stdout():  # a command's --help, and what click itself prints
             return super().invoke(ctx)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
@@ -209,17 +210,6 @@ class SmartnsqGroup(click.Group):
                   file=sys.stderr)
             return 1
         return rv if isinstance(rv, int) else 0
-
-
-@contextlib.contextmanager
-def _closed_output_ends() -> Iterator[None]:
-    """click's own output (help, version) to a closed stdout: end like a command does, not
-    with click's exit code 1. Commands' own writes are handled where they write."""
-    try:
-        yield
-    except BrokenPipeError:
-        stdout_closed()
-        raise OutputClosed from None
 
 
 @click.group(cls=SmartnsqGroup, epilog=EPILOG,

@@ -32,7 +32,14 @@ from typing import Any, Literal, TextIO
 
 import click
 
-from smartnsq.cli.common import CliError, describe, err_print, one_line, stdout_closed
+from smartnsq.cli.common import (
+    CliError,
+    OutputClosed,
+    describe,
+    err_print,
+    one_line,
+    writing_stdout,
+)
 from smartnsq.cli.stopping import EXIT_INTERRUPTED
 from smartnsq.errors import NSQError
 
@@ -255,12 +262,13 @@ async def run_dev(args: DevOptions, *, out: TextIO | None = None,
         lines += [f"topic {spec.name}" for spec in args.topic]
         lines.append("ready")
         try:
-            print("\n".join(lines), file=out, flush=True)
-        except BrokenPipeError:
-            # the reader went before the addresses (| head on a closed pipe): end quietly
-            # like every command whose output was closed, not "error: BrokenPipeError"
-            if out is sys.stdout:
-                stdout_closed()
+            # a reader gone before the addresses (| head on a closed pipe) ends quietly like
+            # every command whose output was closed; another failure (a full disk) is the
+            # commands' one error line, not "error: OSError"
+            with writing_stdout("the addresses") if out is sys.stdout \
+                    else contextlib.nullcontext():
+                print("\n".join(lines), file=out, flush=True)
+        except (BrokenPipeError, OutputClosed):
             return 0
         await stop.wait()
     return 0
