@@ -9,6 +9,7 @@ closed), no traceback, each within its stated time.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ from smartnsq.devcluster import DevCluster
 from tests.cli_support import (
     WAIT,
     ClusterThread,
+    channel_stats,
     closed_port,
     cluster_fixture,
     finish_process,
@@ -156,3 +158,23 @@ def test_help_version_and_dev_into_a_full_disk_are_one_error_line() -> None:
         assert err.splitlines() == [err.splitlines()[0]], (cmd, err)
         assert err.startswith("smartnsq: error: cannot write ") and \
             err.rstrip().endswith(": No space left on device"), (cmd, err)
+
+
+def test_publishing_a_gzipped_archive_is_refused_naming_the_file(
+        stock: ClusterThread, tmp_path: Path) -> None:
+    """``smartnsq publish orders archive/*.log.gz`` (replaying a ``to-file --gzip``
+    archive): every compressed run of bytes between two 0x0a bytes was published as a
+    message, garbage into the topic, exit 0. Refused before anything is published, naming
+    the file and the way to replay it."""
+    stock.call(lambda: stock.cluster.create_topic("replay", channels=["c"]))
+    plain = tmp_path / "replay.all.host.0001.log"
+    plain.write_bytes(b"one\ntwo\n")
+    packed = tmp_path / "replay.all.host.0002.log.gz"
+    packed.write_bytes(gzip.compress(b"three\n" * 50))
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    r = sh(f"{SMARTNSQ} publish replay {plain} {packed} --nsqd {nsqd}")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"smartnsq: error: {packed} is gzip-compressed") and \
+        f"zcat {packed} | smartnsq publish" in err, err
+    assert channel_stats(stock, "replay", "c")["message_count"] == 0

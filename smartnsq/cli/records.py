@@ -190,15 +190,34 @@ def open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], in
             continue
         try:
             stream = open(f, "rb")  # noqa: SIM115 - closed by the caller
-        except OSError as exc:
+            sources.append((f, stream))
+            _refuse_gzip(f, stream)
+        except (OSError, CliError) as exc:
             for name, s in sources:
                 if name != "<stdin>":
                     s.close()
+            if isinstance(exc, CliError):
+                raise
             raise CliError(f"cannot read {f}: {exc.strerror}") from None
-        sources.append((f, stream))
         if total is not None:
             total += os.fstat(stream.fileno()).st_size
     return sources, total
+
+
+#: the first bytes of a gzip stream (RFC 1952)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _refuse_gzip(name: str, stream: BinaryIO) -> None:
+    """A ``.gz`` file that is gzip data (a ``to-file --gzip`` archive) would be published
+    as compressed bytes cut at random 0x0a bytes: refused, saying how to replay it."""
+    if not name.endswith(".gz") or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+        return
+    head = stream.read(len(GZIP_MAGIC))
+    stream.seek(0)
+    if head == GZIP_MAGIC:
+        raise CliError(f"{name} is gzip-compressed; its records would be published "
+                       f"compressed: zcat {name} | smartnsq publish ...")
 
 
 class _Cutter:
