@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -224,10 +225,12 @@ async def test_a_message_too_big_for_an_mpub_of_its_own_goes_as_a_pub() -> None:
         assert sorted(map(len, got.elements())) == sorted([*sizes, *map(len, bodies * 2)])
 
 
-async def test_a_traced_auto_batch_near_max_body_size_is_stored() -> None:
+async def test_a_traced_auto_batch_near_max_body_size_is_stored(
+        caplog: pytest.LogCaptureFixture) -> None:
     """With the trace switch on, an auto-batch goes out as MPUB_TRACE, 8 bytes more per
     message than the MPUB the batcher sized: ten 96-byte messages (1,004 bytes as an MPUB)
-    made 1,084 and nsqd refused them all with E_BAD_BODY."""
+    made 1,084 and nsqd refused them all with E_BAD_BODY. The batcher sizes a batch as the
+    MPUB_TRACE it may become: two batches, both traced."""
     limits = NsqdOptions(max_msg_size=1024, max_body_size=1024)
     async with DevCluster(nodes=1, flavour="youzan", nsqd_options=limits) as c:
         c.create_topic("traced", partition_num=1, channels=["c"])
@@ -236,9 +239,14 @@ async def test_a_traced_auto_batch_near_max_body_size_is_stored() -> None:
         cfg = FAST.replace(linger=0.01, max_msg_size=1024, max_body_size=1024)
         async with Producer(lookupd=c.lookupd_http_addresses, config=cfg,
                             trace_switch=switch) as p:
-            await asyncio.wait_for(asyncio.gather(
-                *(p.publish("traced", b"%02d" % i + b"x" * 94) for i in range(10))), WAIT)
-            assert p.batcher is not None and p.batcher.batches == 1
+            with caplog.at_level(logging.INFO, logger="smartnsq.trace"):
+                await asyncio.wait_for(asyncio.gather(
+                    *(p.publish("traced", b"%02d" % i + b"x" * 94) for i in range(10))), WAIT)
+            assert p.batcher is not None and p.batcher.batches == 2
+            # both went out traced: a receipt each, their counts adding up
+            counts = [int(r.getMessage().rsplit("count=", 1)[1]) for r in caplog.records
+                      if r.name == "smartnsq.trace" and "published" in r.getMessage()]
+            assert len(counts) == 2 and sum(counts) == 10
         assert sum(len(part.records) for part in c.store.partitions_of("traced").values()) == 10
 
 

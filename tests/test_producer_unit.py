@@ -318,6 +318,31 @@ async def test_a_caller_cancelled_while_its_batch_is_out_gets_its_cancellation()
     assert futures[0].result() is None and futures[2].result() is None
 
 
+async def test_abort_fails_every_caller_not_answered_with_its_error() -> None:
+    """The producer's stop giving up: callers of a batch being sent, of one whose task had
+    not started yet (cancelled before its first step, it never handed its callers anything:
+    they waited for ever) and of one still open all get the error given."""
+    on_wire = asyncio.Event()
+
+    async def send(key: object, bodies: list[bytes], deadline: float) -> None:
+        on_wire.set()
+        await asyncio.Event().wait()  # never answered
+
+    batcher = Batcher(send, linger=60.0, max_batch=2, max_body_size=1 << 20, timeout=5.0)
+    out = [batcher.add("out", b"1"), batcher.add("out", b"2")]  # full: sent
+    async with asyncio.timeout(5):
+        await on_wire.wait()
+    unstarted = [batcher.add("unstarted", b"1"), batcher.add("unstarted", b"2")]  # full
+    still_open = [batcher.add("open", b"1")]
+    gone = ClientClosedError("stopped")
+    async with asyncio.timeout(5):
+        await batcher.abort(gone)
+        for fut in (*out, *unstarted, *still_open):
+            with pytest.raises(ClientClosedError, match="stopped"):
+                await fut
+    assert batcher.pending == 0
+
+
 @pytest.mark.parametrize(("first", "then", "expected"), [
     (None, [None, None], 5.0),  # the default all along: the opening caller's
     (60.0, [None], 5.0),  # a later default caller's comes first

@@ -9,23 +9,23 @@ A message within ``max_msg_size`` whose MPUB of one would exceed ``max_body_size
 MPUB's count and size fields, and a traced or ext element's extra bytes, come on top of the
 body: with nsqd's ``--max-msg-size`` close to its ``--max-body-size``) goes out alone as a PUB
 (PUB_TRACE, PUB_EXT), which nsqd bounds by ``max_msg_size`` only; as an MPUB nsqd would refuse
-it with E_BAD_BODY and close the connection. An auto-batch the trace ids would push over
-``max_body_size`` (the batcher sizes it as a plain MPUB) goes out untraced.
-
-A batch still unanswered when the producer's ``stop()`` gives up on it (its timeout ran out)
-fails its callers with :class:`ClientClosedError`, as a publish of its own does then: the
-stop cancels the batch's task, and a ``CancelledError`` handed to callers whose tasks nobody
-cancelled would end them (a web framework's request) as if they had been.
+it with E_BAD_BODY and close the connection. (The batcher sizes an auto-batch as the MPUB_TRACE
+it may become, so a traced batch fits too.)
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from smartnsq.errors import ClientClosedError, PublishError
-from smartnsq.producer.batcher import _BODY_OVERHEAD, _MSG_OVERHEAD, one_mpub_body, split_batches
+from smartnsq.errors import PublishError
+from smartnsq.producer.batcher import (
+    BODY_OVERHEAD,
+    MSG_OVERHEAD,
+    TRACE_EXTRA,
+    one_mpub_body,
+    split_batches,
+)
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.encoded import EncodedMPub, mpub_op
 from smartnsq.producer.ops import MPub, Op, Pub, check_trace_id, ext_header_bytes, one_op
@@ -36,14 +36,10 @@ from smartnsq.protocol.commands import mpub_body
 
 __all__ = ["BatchSender", "send_many", "too_big_for_mpub"]
 
-#: per-message bytes inside an MPUB_TRACE element beyond the body (the trace id)
-_TRACE_EXTRA = 8
-
-
 def mpub_size(bodies: list[bytes], extra: int) -> int:
     """The MPUB body size of ``bodies`` (``extra``: bytes per element besides its size field
     and body)."""
-    return _BODY_OVERHEAD + (_MSG_OVERHEAD + extra) * len(bodies) + sum(map(len, bodies))
+    return BODY_OVERHEAD + (MSG_OVERHEAD + extra) * len(bodies) + sum(map(len, bodies))
 
 
 def too_big_for_mpub(chunk: list[bytes], extra: int, max_body_size: int) -> bool:
@@ -77,7 +73,7 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
         check_trace_id(trace_id)
     # besides the body, each element carries the header or (MPUB_TRACE) its trace id
     extra = 2 + len(header) if header is not None else \
-        _TRACE_EXTRA if trace_id is not None or traced else 0
+        TRACE_EXTRA if trace_id is not None or traced else 0
     chunks = split_batches(checked, max_body_size, extra)
     receipts: list[PublishReceipt] = []
     partitions: list[int | None] = []
@@ -109,38 +105,19 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
 class BatchSender:
     """Sends one auto-batched MPUB (see the module docstring)."""
 
-    __slots__ = ("_closed", "_max_body", "_run", "_traced")
+    __slots__ = ("_max_body", "_run", "_traced")
 
-    def __init__(self, run: Run, traced: Callable[[str], bool], max_body_size: int,
-                 closed: Callable[[], bool]) -> None:
+    def __init__(self, run: Run, traced: Callable[[str], bool], max_body_size: int) -> None:
         self._run = run
         self._traced = traced
         self._max_body = max_body_size
-        #: whether the producer is stopped (then a cancelled batch was given up by stop())
-        self._closed = closed
 
     async def send(self, key: str | tuple[str, int], bodies: list[bytes],
                    deadline: float) -> None:
         """One batch (``key``: its topic, or its topic and partition)."""
-        try:
-            await self._send(key, bodies, deadline)
-        except asyncio.CancelledError:
-            if not self._closed():
-                raise
-            # the batch's task ends here: its callers get the error instead
-            raise ClientClosedError("the producer stopped before nsqd answered the batch "
-                                    "(nsqd may have stored it)") from None
-
-    async def _send(self, key: str | tuple[str, int], bodies: list[bytes],
-                    deadline: float) -> None:
         topic, partition = (key, None) if isinstance(key, str) else key
         traced = self._traced(topic)
-        if traced and len(bodies) > 1 and \
-                mpub_size(bodies, _TRACE_EXTRA) > self._max_body:
-            # the batcher sized the batch as an MPUB: with a trace id each it would exceed
-            # max_body_size, so it goes out as one (atomic) untraced MPUB
-            traced = False
-        if too_big_for_mpub(bodies, _TRACE_EXTRA if traced else 0, self._max_body):
+        if too_big_for_mpub(bodies, TRACE_EXTRA if traced else 0, self._max_body):
             # the batcher gives such a message a batch of its own
             receipt = await self._run(Pub(topic, partition, bodies[0], traced), deadline)
         elif not traced:

@@ -9,7 +9,9 @@ acknowledged, the batch's error otherwise (every caller in a failed MPUB gets it
 is atomic on the server). A caller cancelled before its batch is sent is left out of it.
 
 Batches of one key are sent as soon as they close, so several may be in flight at once;
-on one connection they are answered in order.
+on one connection they are answered in order. :meth:`Batcher.abort` (the producer's stop
+giving up) fails the callers of every batch not answered yet with the error it is given, the
+batches still open and those whose task had not even started included.
 
 A batch is sent by the earliest deadline of its callers. A caller without a deadline of its
 own has the producer's default (now + ``timeout``), which is never earlier than the deadline
@@ -20,7 +22,6 @@ without reading the clock, which is most of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from itertools import repeat
@@ -29,9 +30,14 @@ from typing import Any, cast
 from smartnsq.protocol.commands import mpub_body
 
 #: per-message overhead inside an MPUB body (4-byte size prefix)
-_MSG_OVERHEAD = 4
+MSG_OVERHEAD = 4
+#: an MPUB_TRACE element's trace id, on top of its size prefix
+TRACE_EXTRA = 8
 #: the MPUB body's own count field
-_BODY_OVERHEAD = 4
+BODY_OVERHEAD = 4
+#: what an auto-batch counts per message: the larger element of the two MPUBs it may go out
+#: as (MPUB_TRACE while the trace switch is on for its topic, decided when it is sent)
+_BATCH_ELEMENT = MSG_OVERHEAD + TRACE_EXTRA
 #: ``map(_done, futures)``: the test without a Python step per future; the same for answers
 _done = asyncio.Future.done
 _set_result = asyncio.Future.set_result
@@ -46,7 +52,7 @@ class _Batch:
         self.loop = loop
         self.bodies: list[bytes] = []
         self.futures: list[asyncio.Future[None]] = []
-        self.size = _BODY_OVERHEAD
+        self.size = BODY_OVERHEAD
         self.deadline = deadline
         #: the deadline is no later than a default one taken now or later
         self.capped = capped
@@ -66,7 +72,10 @@ class Batcher:
         self._max_batch = max_batch
         self._max_body = max_body_size
         self._pending: dict[Hashable, _Batch] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: the closed batches being sent, by their task
+        self._tasks: dict[asyncio.Task[None], _Batch] = {}
+        #: what the callers of a batch given up get (see abort()); None: cancelled
+        self._given_up: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: batches sent and messages in them, for stats and tests
         self.batches = 0
@@ -76,7 +85,7 @@ class Batcher:
             deadline: float | None = None) -> asyncio.Future[None]:
         """Queue ``body``; the future resolves when its batch is answered. ``deadline``: the
         loop time by which the caller must be answered (None: the default one)."""
-        size = _MSG_OVERHEAD + len(body)
+        size = _BATCH_ELEMENT + len(body)
         batch = self._pending.get(key)
         if batch is None or batch.size + size > self._max_body:
             batch = self._open(key, batch, deadline)
@@ -124,8 +133,11 @@ class Batcher:
             batch.handle = None
         assert self._loop is not None
         task = self._loop.create_task(self._run(key, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = batch
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     async def _run(self, key: Hashable, batch: _Batch) -> None:
         futures = batch.futures
@@ -142,8 +154,7 @@ class Batcher:
             await self._send(key, bodies, batch.deadline)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
-                for f in futures:
-                    f.cancel()
+                self._give_up(futures)
                 raise
             for f in futures:
                 if not f.done():
@@ -168,23 +179,45 @@ class Batcher:
             self._close(key, batch)
 
     async def drain(self) -> None:
-        """Flush and wait until every batch has been answered."""
+        """Flush and wait until every batch has been answered. Cancelling the wait (the
+        producer's stop timing out) leaves the batches going, for :meth:`abort` to end."""
         self.flush()
         while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            await asyncio.wait(list(self._tasks))
 
-    async def abort(self) -> None:
-        """Cancel batches still being sent (their callers get CancelledError)."""
-        for t in list(self._tasks):
+    def _give_up(self, futures: list[asyncio.Future[None]]) -> None:
+        """Callers whose batch ends unanswered: they get :meth:`abort`'s error, or are
+        cancelled with it (the loop's end)."""
+        error = self._given_up
+        for f in futures:
+            if not f.done():
+                if error is None:
+                    f.cancel()
+                else:
+                    f.set_exception(error)
+
+    async def abort(self, error: BaseException) -> None:
+        """Give every batch not answered yet up: its callers get ``error`` (the batches
+        still open, and those whose task had not started, which never reach :meth:`_run`'s
+        own hand-over)."""
+        self._given_up = error
+        given_up = [*self._pending.values(), *self._tasks.values()]
+        for batch in self._pending.values():
+            if batch.handle is not None:
+                batch.handle.cancel()
+        self._pending.clear()
+        tasks = list(self._tasks)
+        for t in tasks:
             t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await t
+        if tasks:
+            await asyncio.wait(tasks)
+        for batch in given_up:
+            self._give_up(batch.futures)
 
 
 def _max_count(max_body_size: int) -> int:
     """The most messages nsqd takes in one MPUB of ``max_body_size`` (docs/protocol.md §3.11)."""
-    return max(1, (max_body_size - _BODY_OVERHEAD) // 5)
+    return max(1, (max_body_size - BODY_OVERHEAD) // 5)
 
 
 def split_batches(bodies: list[bytes], max_body_size: int,
@@ -195,19 +228,19 @@ def split_batches(bodies: list[bytes], max_body_size: int,
     what each element carries besides the body (8 for MPUB_TRACE, 2 + header for
     MPUB_EXT)."""
     max_count = _max_count(max_body_size)
-    per = _MSG_OVERHEAD + extra_per_message
+    per = MSG_OVERHEAD + extra_per_message
     n = len(bodies)
-    if n <= max_count and _BODY_OVERHEAD + per * n + sum(map(len, bodies)) <= max_body_size:
+    if n <= max_count and BODY_OVERHEAD + per * n + sum(map(len, bodies)) <= max_body_size:
         return [bodies]  # the common case: one MPUB
     chunks: list[list[bytes]] = []
     cur: list[bytes] = []
-    size = _BODY_OVERHEAD
+    size = BODY_OVERHEAD
     for b in bodies:
         s = per + len(b)
         if cur and (size + s > max_body_size or len(cur) >= max_count):
             chunks.append(cur)
             cur = []
-            size = _BODY_OVERHEAD
+            size = BODY_OVERHEAD
         cur.append(b)
         size += s
     if cur:
@@ -233,7 +266,7 @@ def one_mpub_body(bodies: Sequence[object], max_msg_size: int,
         lo, hi = min(sizes), max(sizes)
         total = sum(sizes)
     if not lo or hi > max_msg_size or n > _max_count(max_body_size) \
-            or _BODY_OVERHEAD + _MSG_OVERHEAD * n + total > max_body_size:
+            or BODY_OVERHEAD + MSG_OVERHEAD * n + total > max_body_size:
         return None
     # encoded at once: later changes to the caller's list cannot reach the wire
     return mpub_body(checked, sizes)

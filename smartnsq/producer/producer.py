@@ -37,7 +37,6 @@ youzan-only features against stock nsqd (and DPUB against youzan) raise
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from threading import get_ident
 from types import TracebackType
@@ -68,6 +67,7 @@ from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.ops import DPub, Op, Pub, check_trace_id, one_op
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.router import TopicRoute
+from smartnsq.producer.settle import settle
 from smartnsq.producer.sharded import ShardSender
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as default_switch
@@ -80,8 +80,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from smartnsq.producer.spans import SendSpans
-
-logger = logging.getLogger("smartnsq.producer")
 
 ExtHeader = Mapping[str, Any]
 
@@ -126,8 +124,7 @@ class Producer:
         self._pub = self._engine.pub
         self._batcher: Batcher | None = None
         if config.linger > 0:
-            sender = BatchSender(self._run, self._is_traced, self._max_body,
-                                 lambda: self._closed)
+            sender = BatchSender(self._run, self._is_traced, self._max_body)
             self._batcher = Batcher(sender.send,
                                     linger=config.linger,
                                     max_batch=config.max_batch, max_body_size=self._max_body,
@@ -205,17 +202,7 @@ class Producer:
         self._on_loop()
         self._closed = True
         self._open_in = 0
-        try:
-            async with asyncio.timeout(limit):
-                await self._lanes.drain()
-                if self._batcher is not None:
-                    await self._batcher.drain()
-                await self._engine.wait_idle()
-        except TimeoutError:
-            logger.warning("producer closed with publishes still in flight after %gs", limit)
-        await self._lanes.abort()
-        if self._batcher is not None:
-            await self._batcher.abort()
+        await settle(self._lanes, self._batcher, self._engine, limit)
         if self._router is not None:
             await self._router.routes.close()
         await self._nodes.close()
