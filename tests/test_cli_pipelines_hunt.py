@@ -178,3 +178,15 @@ def test_publishing_a_gzipped_archive_is_refused_naming_the_file(
     assert err.startswith(f"smartnsq: error: {packed} is gzip-compressed") and \
         f"zcat {packed} | smartnsq publish" in err, err
     assert channel_stats(stock, "replay", "c")["message_count"] == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
+def test_an_input_that_fails_to_read_is_named(stock: ClusterThread) -> None:
+    """A FILE whose read fails (a bad disk: EIO; ``/proc/self/mem`` fails the same way) said
+    ``error: OSError: [Errno 5] Input/output error``, not which input failed."""
+    nsqd = stock.cluster.nsqd_tcp_addresses[0]
+    r = sh(f"{SMARTNSQ} publish eio /proc/self/mem --nsqd {nsqd}")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("smartnsq: error: cannot read /proc/self/mem: Input/output error"), \
+        err

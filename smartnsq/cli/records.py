@@ -198,7 +198,7 @@ def open_sources(files: tuple[str, ...]) -> tuple[list[tuple[str, BinaryIO]], in
                     s.close()
             if isinstance(exc, CliError):
                 raise
-            raise CliError(f"cannot read {f}: {exc.strerror}") from None
+            raise _cannot_read(f, exc) from None
         if total is not None:
             total += os.fstat(stream.fileno()).st_size
     return sources, total
@@ -275,7 +275,10 @@ async def read_records(sources: list[tuple[str, BinaryIO]], delimiter: bytes, *,
                 if stop.is_set():
                     chunk = reader.read_nowait()  # stopping: only what was read already
                 else:
-                    chunk = await _until(stop, asyncio.ensure_future(reader.read()))
+                    try:
+                        chunk = await _until(stop, asyncio.ensure_future(reader.read()))
+                    except OSError as exc:  # a bad disk: say which input failed
+                        raise _cannot_read(name, exc) from None
                 if chunk is None:
                     state.unfinished = len(splitter.pending)
                     return
@@ -343,6 +346,10 @@ def shard_rule(field_name: str | None, regex: str | None) -> ShardKeyRule | None
                                      param_hint="--shard-key-regex") from None
         return ShardKeyRule(regex=pattern)
     return None
+
+
+def _cannot_read(source: str, exc: OSError) -> CliError:
+    return CliError(f"cannot read {source}: {exc.strerror or exc}")
 
 
 def _too_long(source: str, number: int, limit: int) -> RecordTooLong:
