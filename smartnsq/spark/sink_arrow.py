@@ -359,7 +359,7 @@ class BatchPlan:
         if ext is not None:
             e = ext if idx is None else ext.take(idx)
             if e.null_count < len(e):
-                return self._ext(topic, partition, values, e, self._trace_ids(idx))
+                return self._ext(topic, partition, values, e, self._trace_ids(idx), idx)
         return self._plain(topic, partition, values, lengths, self._trace_ids(idx))
 
     def _trace_ids(self, idx: Any) -> Any:
@@ -423,8 +423,9 @@ class BatchPlan:
         return units
 
     def _ext(self, topic: str, partition: int | None, values: Any, ext: Any,
-             trace_ids: Any) -> list[Unit]:
-        """MPUB_EXT items (one JSON header per row), split at ``maxBatchBytes``."""
+             trace_ids: Any, idx: Any) -> list[Unit]:
+        """MPUB_EXT items (one JSON header per row), split at ``maxBatchBytes``; ``idx``:
+        the rows' indices in the batch (None: all of them), to name a bad header's row."""
         bodies = values.to_pylist()
         headers = ext.to_pylist()
         tids = trace_ids.to_pylist() if trace_ids is not None else None
@@ -435,8 +436,12 @@ class BatchPlan:
             hdr: dict[str, Any] = dict(pairs) if pairs else {}
             if tids is not None:
                 hdr["##trace_id"] = str(tids[i])
-            # an empty header is refused (docs/protocol.md §5.7)
-            h = encode_ext_header(hdr) or b"{}"
+            try:
+                # an empty header is refused (docs/protocol.md §5.7)
+                h = encode_ext_header(hdr) or b"{}"
+            except ConfigError as exc:
+                row = i if idx is None else idx[i].as_py()
+                raise ConfigError(f"row {self._row_base + row} of the task: {exc}") from None
             item = 6 + len(h) + len(body)
             if cur.items and size + item > self.opts.maxBatchBytes:
                 units.append(cur)

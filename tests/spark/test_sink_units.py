@@ -301,6 +301,20 @@ def test_ext_column_makes_mpub_ext_items_with_trace_ids() -> None:
     assert u.items == [(b'{"k":"v","##trace_id":"9"}', b"a"), (b'{"##trace_id":"10"}', b"b")]
 
 
+@pytest.mark.parametrize(("header", "named"), [
+    ([("##trace_id", "abc")], "##trace_id must be a decimal string"),
+    ([("k", "v" * 70_000)], "ext header of 70008 bytes exceeds 65535"),
+])
+def test_a_bad_ext_header_names_its_row(header: list[tuple[str, str]], named: str) -> None:
+    """A header nsqd cannot take fails naming the row (it named no row), as the other bad
+    rows do; with a partition column, the row's index in the task, not in its group."""
+    ext = pa.array([[("k", "v")], [("k", "v")], header], pa.map_(pa.string(), pa.string()))
+    batch = pa.record_batch({"value": pa.array([b"a", b"b", b"c"], pa.binary()), "ext": ext,
+                             "partition": pa.array([0, 1, 0], pa.int32())})
+    with pytest.raises(ConfigError, match=f"row 12 of the task: {named}"):
+        BatchPlan(batch, opts(), row_base=10).units({"t": 2})
+
+
 def test_delay_rows_become_dpubs_and_the_rest_mpub() -> None:
     batch = pa.record_batch({"value": pa.array([b"now", b"later"], pa.binary()),
                              "delay_ms": pa.array([None, 1500], pa.int64())})
