@@ -50,6 +50,18 @@ def unknown_option_hint(key: str, known: tuple[str, ...],
     return f" (did you mean {lowered[close[0]]}?)" if close else ""
 
 
+def _sink_hint(key: str, known: tuple[str, ...]) -> str:
+    """:func:`unknown_option_hint`, or that ``key`` is a source option (given to a write)."""
+    # imported here: the source's options module imports this one
+    from smartnsq.spark.options import SOURCE_OPTION_NAMES
+
+    source = {n.lower(): n for n in SOURCE_OPTION_NAMES}
+    if key.lower() in source:
+        return (f" (a source option: {source[key.lower()]} belongs to spark.read / "
+                "readStream, not to a write)")
+    return unknown_option_hint(key, known)
+
+
 def _bool(value: str) -> bool:
     v = value.strip().lower()
     if v in ("true", "1", "yes"):
@@ -152,7 +164,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         known = tuple(sorted(_NAMES.values()))
         raise ConfigError(
             f"unknown nsq sink option(s): "
-            f"{', '.join(k + unknown_option_hint(k, known) for k in sorted(unknown))} "
+            f"{', '.join(k + _sink_hint(k, known) for k in sorted(unknown))} "
             f"(known: {', '.join(known)})")
     try:
         opts = SinkOptions.model_validate(given)

@@ -94,6 +94,13 @@ def test_bad_options_name_option_and_value(given: dict[str, str], named: str) ->
     assert named in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["startingOffsets", "startingoffsets", "channel"])
+def test_a_source_option_given_to_a_write_is_named_as_such(key: str) -> None:
+    """The source says the same the other way round; the sink said only "unknown"."""
+    with pytest.raises(ConfigError, match="a source option: .* belongs to spark.read"):
+        parse_sink_options({**LOOKUPD, "topic": "t", key: "earliest"})
+
+
 def test_bad_nsqd_address_and_missing_or_double_endpoints() -> None:
     with pytest.raises(ConfigError, match="nsqd='nohost'"):
         parse_sink_options({"nsqd": "nohost"})
