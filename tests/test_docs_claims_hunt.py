@@ -25,7 +25,8 @@ from smartnsq.flow.backoff import BackoffState, Pause
 from smartnsq.lookup.refresher import jittered_delay
 from smartnsq.message import Message
 from smartnsq.producer import Producer
-from smartnsq.testing import plugin
+from smartnsq.testing import NsqCluster, plugin
+from smartnsq.testing.cluster import DEFAULT_NODES
 from tests.consumer_support import eventually
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -318,3 +319,25 @@ async def test_a_wrong_port_is_the_cause_of_the_publish_error(stock: DevCluster)
     assert "HTTP" in cause.found
     assert "is not an nsqd TCP port: this looks like an HTTP port" in str(caught.value)
     assert "the `__cause__` of its `PublishError`" in page("guides/failures.md")
+
+
+def test_the_cluster_sizes_and_create_topic_the_testing_guide_gives() -> None:
+    text = page("guides/testing.md")
+    assert "| `nsq_stock` | function | stock nsqd 1.3: one nsqd, one nsqlookupd |" in text
+    assert "| `nsq_youzan` | function | youzan: three nsqd, one nsqlookupd |" in text
+    assert DEFAULT_NODES == {"stock": 1, "youzan": 3}
+    assert inspect.signature(NsqCluster).parameters["lookupds"].default == 1
+    shown = "`create_topic(name, partitions=1, replicas=1, channels=(), ordered=False)`"
+    assert shown in text
+    real = inspect.signature(NsqCluster.create_topic).parameters
+    assert [f"{p.name}={p.default!r}" if p.default is not p.empty else p.name
+            for p in list(real.values())[1:]] == shown.strip("`")[13:-1].split(", ")
+
+
+def test_the_msg_timeout_range_the_touch_page_gives() -> None:
+    assert "(1 to 900 s, within the server's maximum)" in page("concepts/touch.md")
+    for ok in (0, 1, 900):
+        ConnectionConfig(msg_timeout=ok)
+    for bad in (0.5, 901):
+        with pytest.raises(errors.ConfigError, match="msg_timeout"):
+            ConnectionConfig(msg_timeout=bad)
