@@ -25,8 +25,10 @@ from smartnsq.flow.backoff import BackoffState, Pause
 from smartnsq.lookup.refresher import jittered_delay
 from smartnsq.message import Message
 from smartnsq.producer import Producer
+from smartnsq.sharding import shard_partition
 from smartnsq.testing import NsqCluster, plugin
 from smartnsq.testing.cluster import DEFAULT_NODES
+from smartnsq.trace import TraceSwitch
 from tests.consumer_support import eventually
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -341,3 +343,33 @@ def test_the_msg_timeout_range_the_touch_page_gives() -> None:
     for bad in (0.5, 901):
         with pytest.raises(errors.ConfigError, match="msg_timeout"):
             ConnectionConfig(msg_timeout=bad)
+
+
+def test_shard_keys_as_the_ordered_page_describes_them() -> None:
+    """ordered.md: under murmur3 42, "42" and b"42" are one key; under java an int and a str
+    usually differ and bytes are refused; a lone surrogate is refused under murmur3 only."""
+    text = page("concepts/ordered.md")
+    assert "so `42`, `\"42\"` and `b\"42\"` are one key" in text
+    assert "`bytes` keys are refused" in text
+    assert len({shard_partition(k, 7) for k in (42, "42", b"42")}) == 1
+    assert shard_partition(42, 7, "java") != shard_partition("42", 7, "java")
+    with pytest.raises(errors.ConfigError):
+        shard_partition(b"42", 7, "java")
+    with pytest.raises(errors.ConfigError, match="pass its bytes"):
+        shard_partition("\ud800", 7)
+    assert 0 <= shard_partition("\ud800", 7, "java") < 7
+
+
+def test_the_trace_switch_as_the_tracing_page_describes_it() -> None:
+    """tracing.md: disable(topic) turns one topic off while the rest is on, reset(topic)
+    makes it follow the global setting again."""
+    text = page("concepts/tracing.md")
+    assert "`disable(topic)` turns one topic off while the rest is on" in text
+    switch = TraceSwitch()
+    switch.enable()
+    switch.disable("a")
+    assert (switch.is_on("a"), switch.is_on("b")) == (False, True)
+    switch.reset("a")
+    assert switch.is_on("a")
+    switch.disable()
+    assert not switch.is_on("a")
