@@ -11,7 +11,7 @@ from smartnsq.devcluster.cluster import DEFAULT_TOPIC_CHECK_DELAY, DevCluster
 from smartnsq.devcluster.lookupd.faulting import LookupdFaultKind
 from smartnsq.devcluster.meta import Flavour
 from smartnsq.devcluster.nsqd.options import NsqdOptions
-from smartnsq.errors import ConfigError, UnsupportedFeatureError
+from smartnsq.errors import ConfigError, NSQTimeoutError, UnsupportedFeatureError
 from smartnsq.loop_thread import BackgroundLoop
 
 __all__ = ["ClusterFactory", "NsqCluster"]
@@ -166,8 +166,8 @@ class NsqCluster:
         try:
             return thread.run(coro, self.timeout, from_running_loop=True)
         except TimeoutError:
-            raise TimeoutError(f"the embedded cluster did not answer within {self.timeout} s"
-                               ) from None
+            raise NSQTimeoutError(f"the embedded cluster did not answer within {self.timeout} s"
+                                  ) from None
 
     def _running(self) -> BackgroundLoop:
         if self._thread is None or not self._thread.alive:
