@@ -108,6 +108,41 @@ def create_topic(
     return topic
 
 
+ERR_NOT_CREATED = "topic is not created"
+ERR_NO_REDUCE = "the partition number can not be reduced"
+
+
+def expand_topic(meta: ClusterMeta, name: str, partition_num: int) -> None:
+    """``/topic/partition/expand``: add partitions up to ``partition_num`` (the same count is a
+    no-op, fewer is refused). The new partitions get only the channels registered through
+    lookupd: channels made on the old partitions' nsqd are not copied, so writers' lookups list
+    a new partition only once a consumer subscribes there (as on the real cluster)."""
+    t = meta.topics.get(name)
+    if t is None:
+        raise AdminError(500, ERR_NOT_CREATED)
+    if partition_num >= MAX_PARTITION_NUM:
+        raise AdminError(400, ERR_MAX_PARTITION)
+    if partition_num < t.partition_num:
+        raise AdminError(500, ERR_NO_REDUCE)
+    if partition_num == t.partition_num:
+        return
+    nodes = alive_node_ids(meta)
+    allow_multi = t.ordered or t.multi_part
+    if not allow_multi:
+        # a plain topic keeps one partition per node: the new ones go to unused nodes
+        used = {n for p in t.partitions.values() for n in p.replicas}
+        nodes = [n for n in nodes if n not in used]
+    added = partition_num - t.partition_num
+    if len(nodes) < t.replica or (not allow_multi and len(nodes) < added * t.replica):
+        raise AdminError(500, ERR_NODE_UNAVAILABLE)
+    placed = place_partitions(nodes, partition_num, t.replica, allow_multi)
+    for k, p in enumerate(range(t.partition_num, partition_num)):
+        replicas = placed[p] if allow_multi else placed[k]
+        t.partitions[p] = PartitionMeta(partition=p, leader=replicas[0], replicas=replicas)
+    t.partition_num = partition_num
+    meta.emit(MetaEvent("topic_created", topic=name))
+
+
 def delete_topic(meta: ClusterMeta, name: str) -> None:
     if name not in meta.topics:
         raise AdminError(500, ERR_KEY_NOT_FOUND)

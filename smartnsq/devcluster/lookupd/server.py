@@ -356,6 +356,7 @@ class NsqLookupd:
             r.add_post("/topic/tombstone", self._route("v1", self._yz_tombstone))
             r.add_post("/disable/write", self._route("v1", self._yz_disable_write))
             r.add_post("/topic/partition/move", self._route("v1", self._yz_partition_move))
+            r.add_post("/topic/partition/expand", self._route("v1", self._yz_partition_expand))
         else:
             r.add_get("/info", self._route("v1", self._stock_info), allow_head=False)
             r.add_get("/lookup", self._route("v1", self._stock_lookup), allow_head=False)
@@ -707,6 +708,22 @@ class NsqLookupd:
         self.meta.moving.add(key)
         self._moves[key] = asyncio.get_running_loop().call_later(
             self.leader_move_seconds, self._finish_move, topic, pid, new)
+        return None
+
+    def _yz_partition_expand(self, request: web.Request) -> Any:
+        q = request.query
+        topic = q.get("topic", "")
+        if not topic:
+            raise ApiError(400, "MISSING_ARG_TOPIC")
+        pnum = _ranged(q, "partition_num", 1, admin.MAX_PARTITION_NUM, "TOPIC_PARTITION_NUM")
+        if not self.is_leader:
+            raise ApiError(400, ERR_NOT_LEADER)
+        if self.meta.moving:
+            raise ApiError(500, admin.ERR_UNSTABLE)
+        try:
+            admin.expand_topic(self.meta, topic, pnum)
+        except admin.AdminError as e:
+            raise ApiError(e.status, e.text) from None
         return None
 
     def _finish_move(self, topic: str, partition: int, new: str) -> None:
