@@ -30,7 +30,13 @@ from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.ops import Publish
 from smartnsq.producer.retry import Action, RetryPolicy
 from smartnsq.producer.router import TopicRoute
-from smartnsq.producer.routing import Router, check_features, choose_target
+from smartnsq.producer.routing import (
+    Router,
+    check_features,
+    choose_target,
+    out_of_range,
+    out_of_range_error,
+)
 from smartnsq.producer.targets import DirectTargets, Endpoints, Target
 
 __all__ = ["DirectPlan", "Leaders", "Plan", "RoutedPlan"]
@@ -167,8 +173,8 @@ class Leaders(Generic[C]):
 class RoutedPlan(Plan[C]):
     """lookupd mode: the leader of the partition (see :mod:`smartnsq.producer.routing`)."""
 
-    __slots__ = ("address", "avoid_nodes", "avoid_parts", "first", "leaders", "recovering",
-                 "route")
+    __slots__ = ("address", "avoid_nodes", "avoid_parts", "first", "leaders", "range_checked",
+                 "recovering", "route")
 
     #: the nsqd the route names for the picked target (what its slot holds; set by pick())
     address: str
@@ -187,6 +193,8 @@ class RoutedPlan(Plan[C]):
         self.recovering: Target[C] | None = None
         #: the first choice (nsqd address, partition), made by the engine's fast path
         self.first: tuple[str, int | None] | None = None
+        #: the route was refreshed because it did not know op.partition (an expansion)
+        self.range_checked = False
 
     def counts(self, action: Action) -> bool:
         # a leader-type refusal stored nothing: retrying is safe, and waiting for the new
@@ -199,6 +207,10 @@ class RoutedPlan(Plan[C]):
             return None  # wait() looks the topic up
         op = self.op
         check_features(route, op)
+        if op.partition is not None and out_of_range(route, op.partition):
+            if self.range_checked:
+                raise out_of_range_error(route, op.partition)
+            return None  # wait() looks the topic up again first
         while True:
             address: str | None
             if self.first is not None:
@@ -241,6 +253,11 @@ class RoutedPlan(Plan[C]):
                 self.waits += 1
                 self.route = await router.wait_for_topic(self.op.topic, None, self.waits,
                                                          deadline, self.last_exc)
+        elif self.op.partition is not None and out_of_range(self.route, self.op.partition):
+            # a cached route may predate an expansion of the topic: one fresh look decides
+            self.range_checked = True
+            self.route = await self.leaders.router.refreshed(self.op.topic, self.route,
+                                                             deadline)
         else:
             await self._no_leader(deadline)
 

@@ -5,7 +5,8 @@ topic → partition → leader views) with what a publish needs: a route bounded
 publish's deadline, waiting (with growing pauses) for a fresh topic to become writable,
 one coalesced refresh after a leader-type error, and a shard key's partition.
 :func:`choose_target` picks the partition and nsqd of one attempt; :func:`check_features`
-refuses what the topic's server cannot do (youzan-only commands on stock nsqd, DPUB on youzan).
+refuses what the topic's server cannot do (youzan-only commands on stock nsqd, DPUB on youzan);
+:func:`out_of_range` tells a partition the route does not know (refused after one refresh).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from smartnsq.producer.ops import Pub, Publish
 from smartnsq.producer.router import Routes, TopicRoute
 from smartnsq.sharding import ShardKey, ShardRule, shard_partition
 
-__all__ = ["Router", "check_features", "choose_target"]
+__all__ = ["Router", "check_features", "choose_target", "out_of_range", "out_of_range_error"]
 
 logger = logging.getLogger("smartnsq.producer")
 
@@ -51,6 +52,17 @@ def check_features(route: TopicRoute, op: Publish[Any], shard: bool = False) -> 
             f"by {where}")
 
 
+def out_of_range(route: TopicRoute, partition: int) -> bool:
+    """``route``'s topic has no ``partition``: as far as this route knows, which may predate
+    an expansion of the topic (a plan refreshes it once before it refuses the publish)."""
+    return route.view.meta.valid and partition >= route.partition_num
+
+
+def out_of_range_error(route: TopicRoute, partition: int) -> ConfigError:
+    return ConfigError(f"partition {partition} out of range: topic {route.topic!r} has "
+                       f"{route.partition_num} partitions")
+
+
 def choose_target(route: TopicRoute, op: Publish[Any], avoid_parts: set[int] | None,
                   avoid_nodes: set[str] | None) -> tuple[str | None, int | None]:
     """(nsqd address, partition) of the next attempt of ``op``; the address is None when
@@ -65,10 +77,8 @@ def choose_target(route: TopicRoute, op: Publish[Any], avoid_parts: set[int] | N
     if partition is None and op.shard is not None and route.partition_num > 0:
         partition = op.partition = shard_partition(op.shard, route.partition_num, op.rule)
     if partition is not None:
-        if route.view.meta.valid and partition >= route.partition_num:
-            raise ConfigError(
-                f"partition {partition} out of range: topic {route.topic!r} has "
-                f"{route.partition_num} partitions")
+        if out_of_range(route, partition):
+            return None, partition  # the plan looks again before refusing (out_of_range)
         return route.leader(partition), partition
     if op.shard is not None:
         return None, None  # no partition count yet
