@@ -4,6 +4,7 @@ which runs on its own event loop in another thread."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -112,6 +113,32 @@ def test_plain_function_handler_round_trip(stock: ClusterThread) -> None:
     with pytest.raises(ClientClosedError):
         c.start()
     c.stop()  # idempotent
+
+
+def test_a_handler_returning_false_is_told_once_its_message_was_finished(
+        stock: ClusterThread, caplog: pytest.LogCaptureFixture) -> None:
+    """pynsq's handlers return False to requeue; here the return value means nothing and
+    the message is finished: a ported handler dropped every message it meant to retry,
+    without a word."""
+    addr = stock.cluster.nsqd_tcp_addresses[0]
+    batch = bodies("false", 5)
+    stock.call(publish(addr, "t", batch))
+    seen = Seen(len(batch))
+
+    def handle(msg: ThreadMessage) -> bool:
+        seen.add(msg.body)
+        return False
+
+    with caplog.at_level(logging.WARNING, logger="smartnsq"), \
+            smartnsq.sync.Consumer("t", "c", handle, nsqd=[addr],
+                                   config=fast_config(max_in_flight=10)) as c:
+        assert seen.enough.wait(WAIT)
+        until = time.monotonic() + WAIT
+        while c.stats().finished < len(batch) and time.monotonic() < until:
+            c.wait(0.02)  # the FINs are counted on the loop, after the handler returned
+        assert c.stats().finished >= len(batch) and c.stats().requeued == 0
+    said = [r for r in caplog.records if "returned False" in r.getMessage()]
+    assert len(said) == 1 and "msg.requeue()" in said[0].getMessage()
 
 
 def test_answering_from_the_handler_thread(stock: ClusterThread) -> None:

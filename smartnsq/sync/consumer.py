@@ -168,9 +168,18 @@ class Consumer:
         self._stopping = False
         #: the interpreter is exiting: handlers not started yet are skipped
         self._exiting = False
+        #: a handler returned False (pynsq's requeue) and it was said once
+        self._said_false = False
 
     def _call_handler(self, tm: ThreadMessage) -> None:
         result = call_plain(self._handler, tm)
+        if result is False and not self._said_false:
+            # pynsq's handlers return False to requeue: here that message is finished
+            self._said_false = True
+            log.warning("consumer of %s/%s: the handler returned False, and the message was "
+                        "finished: a handler's return value means nothing here (pynsq "
+                        "requeued it); raise, or call msg.requeue(), to have it delivered "
+                        "again", self._async.topic, self._async.channel)
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()  # never awaited: no "coroutine was never awaited" noise
