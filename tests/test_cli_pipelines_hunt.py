@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ from tests.cli_support import (
     finish_process,
     send_signal,
 )
+from tests.silent_server import Silent, silent_servers
+from tests.test_cli_connect import eventually
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 
@@ -190,3 +193,49 @@ def test_an_input_that_fails_to_read_is_named(stock: ClusterThread) -> None:
     assert r.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("smartnsq: error: cannot read /proc/self/mem: Input/output error"), \
         err
+
+
+# (command, exit code after Ctrl-C): the ones that run until stopped end with 0, publish,
+# cut short before its input's end, with 130
+HUNG_WAITS = [
+    ("tail t --nsqd {silent}", 0),
+    ("to-file t --output-dir {tmp} --nsqd {silent}", 0),
+    ("tail t --lookupd {silent}", 0),
+    ("publish t --lookupd {silent}", 130),
+    ("stat --nsqd {silent}", 0),
+    ("stat --nsqd {silent} --once --json", 0),
+]
+
+
+async def _ctrl_c_while_waiting(silent: Silent, cmd: str) -> tuple[int, float, bytes]:
+    """Start ``cmd``, Ctrl-C once it waits for ``silent``: (exit code, seconds it took to
+    end after the signal, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smartnsq", *cmd.split(), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await eventually("waiting for the silent server", lambda: silent.accepted > 0)
+        await asyncio.sleep(0.2)
+        send_signal(proc, signal.SIGINT)
+        began = time.monotonic()
+        _, err = await asyncio.wait_for(proc.communicate(), WAIT)
+        took = time.monotonic() - began
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, took, err
+
+
+async def test_ctrl_c_while_a_hung_server_is_awaited_ends_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while the first answer of a hung nsqd or lookupd is awaited (an operator's
+    reaction to a command that hangs): ignored until that wait's timeout (5 s for an nsqd's
+    handshake or /stats, 2 s for a lookupd), then an error and exit 1 for most; now the
+    command ends within a second, with its stop's exit code."""
+    async with silent_servers() as make:
+        for template, code in HUNG_WAITS:
+            cmd = template.format(silent=(silent := await make()).address, tmp=tmp_path)
+            got, took, err = await _ctrl_c_while_waiting(silent, cmd)
+            assert (got, took < 1.0) == (code, True), (cmd, took, err)
+            assert b"Traceback" not in err and b"error" not in err, (cmd, err)

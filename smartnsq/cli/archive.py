@@ -42,6 +42,7 @@ from smartnsq.cli.common import (
     pick_cluster,
     stderr_console,
     topic_argument,
+    unless_stopped,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
@@ -304,11 +305,12 @@ async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
         await _run(consumer, archiver, stop, sync_interval, connect_timeout)
     else:
         async with cluster.lookup(poll_interval=15.0) as lk:
-            view = await topic_view(lk, topic)
+            view = await unless_stopped(topic_view(lk, topic), stop)
             refuse_unordered(view, ordered)
             check_partitions(view, partitions)
             check_start(view, start)
-            start = await skip_empty_partitions(view, start, partitions)
+            start = await unless_stopped(skip_empty_partitions(view, start, partitions),
+                                         stop)
             only = partitions or None
             if ordered:
                 # every partition read needs a RDY of its own

@@ -43,6 +43,7 @@ from smartnsq.cli.common import (
     pick_cluster,
     stderr_console,
     topic_argument,
+    unless_stopped,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
 from smartnsq.cli.metrics import metrics_options
@@ -130,10 +131,10 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
         dest_parts = None
         dest_nodes: Sequence[str] = dest.nsqd
         if producer.lookup is not None:
-            view = await _check_topic(producer.lookup, dest_name)
+            view = await unless_stopped(_check_topic(producer.lookup, dest_name), stop)
             dest_parts = view.partition_num if view.is_partitioned else None
             dest_nodes = sorted(view.nodes)
-        await reach_destination(producer, dest_nodes, connect_timeout)
+        await unless_stopped(reach_destination(producer, dest_nodes, connect_timeout), stop)
         forwarder = Forwarder(producer, dest_name, rule, count,
                               partitions=dest_parts if ordered else None,
                               destination=_named(dest.nsqd, dest.lookupd))
@@ -152,7 +153,7 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
                                   before_stop=forwarder.end)
         else:
             async with source.lookup(poll_interval=15.0) as lk:
-                src = await topic_view(lk, topic)
+                src = await unless_stopped(topic_view(lk, topic), stop)
                 refuse_unordered(src, ordered)
                 # after refuse_unordered: that refusal says more
                 if dest_name == topic and (there := _shared(src.nodes, dest_nodes)):

@@ -291,14 +291,40 @@ class RateParam(click.ParamType[float]):
 # -- running ---------------------------------------------------------------------------------
 
 
+class Stopped(Exception):
+    """A stop (Ctrl-C, SIGTERM) came while the command still waited for a server's first
+    answer; the command ends there as its stop ends it (``stopping.command_runner`` catches
+    it: exit 0, or 128 + the signal for a command it cuts short)."""
+
+
+async def unless_stopped(aw: Awaitable[T], *stops: asyncio.Event) -> T:
+    """``aw``'s result; :class:`Stopped` (``aw`` cancelled) when one of ``stops`` is set
+    first. For the waits before a command's work begins, bounded by a server's timeout (a
+    hung nsqd's 5 s): Ctrl-C ends them at once, not after that timeout with its error."""
+    task = asyncio.ensure_future(aw)
+    waits = [asyncio.ensure_future(s.wait()) for s in stops]
+    try:
+        await asyncio.wait((task, *waits), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise Stopped
+
+
 async def consume_until(consumer: Consumer, *events: asyncio.Event,
                         guards: Sequence[Callable[[], Awaitable[None]]] = (),
                         before_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start ``consumer`` and run it until one of ``events`` is set, it stops by itself, or
     one of ``guards`` (each run beside it once started) ends; then run ``before_stop``, stop
     the consumer (draining what is in flight) and raise the error it or a guard stopped on,
-    if any."""
-    await consumer.start()
+    if any. One of ``events`` set while it starts (an nsqd that does not answer its
+    handshake) cancels the start, which closes it: :class:`Stopped`."""
+    await unless_stopped(consumer.start(), *events)
     failed: BaseException | None = None
     try:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(e.wait()) for e in events]

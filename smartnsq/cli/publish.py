@@ -27,6 +27,7 @@ from smartnsq.cli.common import (
     require_stdout,
     stderr_console,
     topic_argument,
+    unless_stopped,
     writing_stdout,
 )
 from smartnsq.cli.records import (
@@ -247,7 +248,7 @@ async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
             if cluster.lookupd:
                 lookup = producer.lookup
                 assert lookup is not None
-                await _check_topic(lookup, topic)
+                await unless_stopped(_check_topic(lookup, topic), stop)
             began = True
             records = read_records(sources, delim, limit=max_msg_size, stop=stop, state=state)
             with _progress(show, total) as bar:

@@ -48,6 +48,7 @@ from smartnsq.cli.common import (
     stdout_console,
     stdout_gone,
     topic_argument,
+    unless_stopped,
     writing_stdout,
 )
 from smartnsq.cli.stopping import command_runner, stop_event
@@ -410,7 +411,7 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
 async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
                 once: bool, as_json: bool, clients: ClientSide | None) -> None:
     stop = stop_event()
-    sample = await take_sample(http, nodes, topic, clients)
+    sample = await unless_stopped(take_sample(http, nodes, topic, clients), stop)
     if not sample.stats:
         raise CliError("no nsqd answered /stats: " + "; ".join(
             f"{a}: {e}" for a, e in sample.errors.items()))
@@ -420,7 +421,7 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
     async def after(asked: list[str] = nodes) -> Sample:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
-        return await take_sample(http, asked, topic, clients)
+        return await unless_stopped(take_sample(http, asked, topic, clients), stop)
 
     console = stdout_console()
     if once and not as_json:

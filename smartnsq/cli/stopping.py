@@ -25,7 +25,7 @@ from typing import ParamSpec, TypeVar
 
 import click
 
-from smartnsq.cli.common import run
+from smartnsq.cli.common import Stopped, run
 from smartnsq.cli.interrupts import held_back, ignore_further_stops
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OUTPUT_CLOSED", "EXIT_TERMINATED", "StopEvent",
@@ -140,6 +140,8 @@ def command_runner(fn: Callable[P, Awaitable[T]]) -> Callable[P, T]:
             _STOPS.set(stops)  # this task's own context: the command's stop events
             try:
                 return await fn(*args, **kwargs)
+            except Stopped:
+                return None  # type: ignore[return-value]  # stopped before any result
             finally:
                 if any(s.signum is not None for s in stops):
                     _ending_after_a_signal()

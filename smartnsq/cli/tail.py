@@ -22,6 +22,7 @@ from smartnsq.cli.common import (
     require_stdout,
     stdout_closed,
     topic_argument,
+    unless_stopped,
     writing_stdout,
 )
 from smartnsq.cli.connections import connect_timeout_option, consume_watched, refuse_unordered
@@ -261,11 +262,11 @@ async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], chan
         _output_note(printer, channel)
         return
     async with cluster.lookup(poll_interval=15.0) as lookup:
-        view = await topic_view(lookup, topic)
+        view = await unless_stopped(topic_view(lookup, topic), stop)
         refuse_unordered(view, ordered)
         check_partitions(view, partitions)
         check_start(view, start)
-        start = await skip_empty_partitions(view, start, partitions)
+        start = await unless_stopped(skip_empty_partitions(view, start, partitions), stop)
         only = partitions or None
         sources = len(partitions) or (view.partition_num if view.is_partitioned
                                       else len(view.nodes))
