@@ -102,6 +102,18 @@ def spawn_cli(args: Sequence[str], stdin: int | None = None) -> subprocess.Popen
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@contextlib.contextmanager
+def killed_at_end(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc`` for the block; still running after it (the block failed), it is killed and
+    reaped, its pipes drained and closed: a failed test leaves no command behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def send_signal(proc: asyncio.subprocess.Process | subprocess.Popen[bytes], sig: int) -> None:
     """Signal a command's process as a user's kill or Ctrl-C does: with ``os.kill``, not
     ``send_signal``. ``Popen.send_signal`` polls first, and a poll that reaps the child

@@ -24,6 +24,7 @@ from tests.cli_support import (
     ClusterThread,
     channel_stats,
     cluster_fixture,
+    killed_at_end,
     send_signal,
     spawn_cli,
 )
@@ -97,7 +98,7 @@ def test_a_signal_ends_every_command_with_the_conventions_code(
     base = _published_count(stock)
     proc = spawn_cli(args(stock, tmp_path), stdin=subprocess.PIPE)
     assert proc.stdin is not None
-    try:
+    with killed_at_end(proc):
         if args(stock, tmp_path)[0] == "publish":
             proc.stdin.write(b"one\n")  # the pipe stays open: publish waits for more
             proc.stdin.flush()
@@ -111,10 +112,6 @@ def test_a_signal_ends_every_command_with_the_conventions_code(
         send_signal(proc, sig)
         _, err = proc.communicate(timeout=WAIT)
         elapsed = time.monotonic() - began
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = err.decode()
     assert proc.returncode == code, text
     assert elapsed < 10.0, f"{elapsed:.1f} s after {signal.Signals(sig).name}"

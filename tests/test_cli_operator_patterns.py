@@ -39,6 +39,7 @@ from tests.cli_support import (
     assert_one_line_error,
     cluster_fixture,
     invoke,
+    killed_at_end,
     run_cli,
     send_signal,
     spawn_cli,
@@ -127,12 +128,8 @@ def test_dev_into_a_closed_pipe_ends_quietly() -> None:
                                 stdout=write_end, stderr=subprocess.PIPE)
     finally:
         os.close(write_end)
-    try:
+    with killed_at_end(proc):
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0 and err == b"", err.decode()
     assert time.monotonic() - began < QUICK
 
@@ -205,7 +202,7 @@ def test_a_topic_deleted_while_stat_streams(stock: ClusterThread) -> None:
     proc = spawn_cli(["stat", "going", "--lookupd", stock.lookupd, "--interval", "0.2",
                       "--json"])
     assert proc.stdout is not None
-    try:
+    with killed_at_end(proc):
         first = json.loads(proc.stdout.readline())
         assert [t["topic"] for t in first["topics"]] == ["going"]
         http = stock.cluster.nsqd_http_addresses[0]
@@ -220,10 +217,6 @@ def test_a_topic_deleted_while_stat_streams(stock: ClusterThread) -> None:
             raise AssertionError("stat still showed the deleted topic")
         send_signal(proc, signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0 and b"Traceback" not in err, err
 
 
@@ -362,15 +355,11 @@ def test_the_demo_into_head_ends_quietly() -> None:
                              "--keys", "20", "--no-spark"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    try:
+    with killed_at_end(proc):
         first = [proc.stdout.readline() for _ in range(2)]
         proc.stdout.close()  # head has read its lines and exits
         err = proc.stderr.read()
         code = proc.wait(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert first[0].startswith(b"smartnsq demo: ")
     assert code == 0 and err == b"", err.decode()
     assert time.monotonic() - began < 30

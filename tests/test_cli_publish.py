@@ -29,6 +29,7 @@ from tests.cli_support import (
     ClusterThread,
     cluster_fixture,
     http_json,
+    killed_at_end,
     run_cli,
     send_signal,
     spawn_cli,
@@ -136,15 +137,11 @@ def test_an_oversize_record_stops_publish_with_one_line(stock: ClusterThread) ->
     proc = spawn_cli(["publish", "big", "--nsqd", stock.cluster.nsqd_tcp_addresses[0],
                       "--max-msg-size", "1000"], stdin=subprocess.PIPE)
     assert proc.stdin is not None
-    try:
+    with killed_at_end(proc):
         # a record that does not end (the pipe stays open): refused once past the limit
         proc.stdin.write(b"ok\n" + b"x" * 5000)
         proc.stdin.flush()
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, err
     (line,) = err.decode().splitlines()
     assert line == ("smartnsq: error: <stdin> record 2 is longer than --max-msg-size (1000 "
@@ -160,7 +157,7 @@ def test_publish_from_an_open_pipe_stops_on_a_signal(stock: ClusterThread, sig: 
     proc = spawn_cli(["publish", topic, "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
                      stdin=subprocess.PIPE)
     assert proc.stdin is not None
-    try:
+    with killed_at_end(proc):
         proc.stdin.write(b"one\ntwo\nthree\n")
         proc.stdin.flush()
         # published as they come, though the pipe stays open
@@ -169,10 +166,6 @@ def test_publish_from_an_open_pipe_stops_on_a_signal(stock: ClusterThread, sig: 
         send_signal(proc, sig)
         _, err = proc.communicate(timeout=WAIT)
         elapsed = time.monotonic() - began
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == code, err
     assert elapsed < 5.0, f"{elapsed:.1f} s after the signal"
     (line,) = err.decode().splitlines()
@@ -216,12 +209,8 @@ def pipe_unread(writer: Any) -> int:
 def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str, float]:
     """Exit code, stderr and seconds from now to the exit (killed after WAIT)."""
     began = time.monotonic()
-    try:
+    with killed_at_end(proc):
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return proc.returncode, err.decode(), time.monotonic() - began
 
 
@@ -331,7 +320,7 @@ def test_publish_at_a_terminal_says_it_reads_typed_records(stock: ClusterThread)
                                  "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
                                 stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert proc.stderr is not None
-        try:
+        with killed_at_end(proc):
             ready, _, _ = select.select([proc.stderr], [], [], WAIT)
             assert ready, "no hint on stderr"
             hint = proc.stderr.readline().decode()
@@ -341,10 +330,6 @@ def test_publish_at_a_terminal_says_it_reads_typed_records(stock: ClusterThread)
             wait_depth(stock, "typed", 1, proc)  # published as typed, before Ctrl-D
             os.write(master, b"\x04")  # Ctrl-D at the start of a line: the input's end
             rc, err, _ = finish(proc)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     finally:
         os.close(master)
         os.close(slave)
@@ -372,7 +357,7 @@ def test_a_second_signal_right_after_the_first_still_ends_with_its_code(
     proc = spawn_cli(["publish", topic, "--nsqd", stock.cluster.nsqd_tcp_addresses[0]],
                      stdin=subprocess.PIPE)
     assert proc.stdin is not None
-    try:
+    with killed_at_end(proc):
         proc.stdin.write(b"one\ntwo\nthree\n")  # the pipe stays open: publish waits for more
         proc.stdin.flush()
         wait_depth(stock, topic, 3, proc)
@@ -380,10 +365,6 @@ def test_a_second_signal_right_after_the_first_still_ends_with_its_code(
         time.sleep(gap)
         send_signal(proc, sig)
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = err.decode()
     assert proc.returncode == 128 + sig, text
     assert "Traceback" not in text, text

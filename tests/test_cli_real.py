@@ -19,6 +19,7 @@ from tests.cli_support import (
     assert_one_line_error,
     http_json,
     invoke,
+    killed_at_end,
     lines,
     send_signal,
     spawn_cli,
@@ -105,17 +106,13 @@ def test_real_stock_to_file_graceful_stop(tmp_path: Path) -> None:
         proc = spawn_cli(["to-file", topic, "--output-dir", str(tmp_path), "--nsqd", NSQD,
                           "--channel", "arch", "--max-in-flight", "20",
                           "--sync-interval", "0.05", "--rotate-size", "2000"])
-        try:
+        with killed_at_end(proc):
             deadline = time.monotonic() + WAIT
             while len(list(tmp_path.iterdir())) < 2:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
             send_signal(proc, signal.SIGINT)
             assert proc.wait(WAIT) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         got = [x for p in sorted(tmp_path.iterdir()) for x in p.read_text().splitlines()]
         assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         stats = http_json(f"http://{NSQD_HTTP}/stats?format=json&topic={topic}&channel=arch")

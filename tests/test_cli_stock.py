@@ -21,6 +21,7 @@ from tests.cli_support import (
     cluster_fixture,
     http_json,
     invoke,
+    killed_at_end,
     lines,
     send_signal,
     spawn_cli,
@@ -170,14 +171,10 @@ def test_to_file_rotates_and_stops_gracefully_mid_stream(stock: ClusterThread,
     proc = spawn_cli(["to-file", "arch", "--output-dir", str(tmp_path), "--nsqd",
                       nsqd_tcp(stock), "--channel", "archive", "--gzip", "--rotate-size",
                       "1000", "--max-in-flight", "20", "--sync-interval", "0.05"])
-    try:
+    with killed_at_end(proc):
         wait_for_lines(tmp_path, 300, proc)
         send_signal(proc, signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     got, closed = archived(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -203,14 +200,10 @@ def test_to_file_killed_mid_stream_finished_only_what_it_wrote(stock: ClusterThr
     proc = spawn_cli(["to-file", "killed", "--output-dir", str(tmp_path), "--nsqd",
                       nsqd_tcp(stock), "--channel", "archive", "--max-in-flight", "50",
                       "--sync-interval", "0.05"])
-    try:
+    with killed_at_end(proc):
         wait_for_lines(tmp_path, 500, proc)
         send_signal(proc, signal.SIGKILL)
         proc.wait(WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     got, _ = archived(tmp_path)
     ch = channel_stats(stock, "killed", "archive")
     finished = len(sent) - ch["depth"] - ch["in_flight_count"] - ch["deferred_count"]
@@ -224,7 +217,7 @@ def test_to_file_rotates_by_time(stock: ClusterThread, tmp_path: Path) -> None:
     proc = spawn_cli(["to-file", "timed", "--output-dir", str(tmp_path), "--lookupd",
                       stock.lookupd, "--channel", "archive", "--rotate-interval", "0.2",
                       "--sync-interval", "0.05"])
-    try:
+    with killed_at_end(proc):
         deadline = time.monotonic() + WAIT
         while len(archived(tmp_path)[1]) < 1:
             assert proc.poll() is None and time.monotonic() < deadline
@@ -235,10 +228,6 @@ def test_to_file_rotates_by_time(stock: ClusterThread, tmp_path: Path) -> None:
             time.sleep(0.05)
         send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     got, closed = archived(tmp_path)
     assert len(closed) >= 2
     assert sorted(got) == sorted([f"t{i}" for i in range(10)] + [f"u{i}" for i in range(10)])

@@ -19,6 +19,7 @@ from tests.cli_support import (
     cluster_fixture,
     http_json,
     invoke,
+    killed_at_end,
     lines,
     send_signal,
     spawn_cli,
@@ -93,7 +94,7 @@ def test_tail_from_end_sees_only_new_messages(yz: ClusterThread) -> None:
     make_topic(yz, "fromend")
     publish(yz, "fromend", [f"old{i}" for i in range(5)])
     proc = spawn_cli(["tail", "fromend", "--lookupd", yz.lookupd, "--from", "end", "-n", "3"])
-    try:
+    with killed_at_end(proc):
         new: list[str] = []
         deadline = time.monotonic() + WAIT
         # keep publishing until the tail has its three: it cannot say when it is subscribed
@@ -105,9 +106,6 @@ def test_tail_from_end_sees_only_new_messages(yz: ClusterThread) -> None:
             except Exception:
                 continue
         out, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, err
     got = lines(out)
     assert len(got) == 3 and not any(g.startswith("old") for g in got)
@@ -284,16 +282,12 @@ def test_tail_stops_cleanly_on_sigint(yz: ClusterThread, tmp_path: Path) -> None
     make_topic(yz, "sig")
     publish(yz, "sig", ["x", "y"])
     proc = spawn_cli(["tail", "sig", "--lookupd", yz.lookupd, "--channel", CHANNEL])
-    try:
+    with killed_at_end(proc):
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"x\n"  # bounded by the 120 s test timeout
         assert proc.stdout.readline() == b"y\n"
         send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     stats = http_json(f"http://{_leader_http(yz, 'sig', 0)}/stats?format=json&topic=sig")
     (ch,) = stats["topics"][0]["channels"]
     assert ch["in_flight_count"] == 0 and ch["depth"] == 0 and ch["client_num"] == 0
@@ -388,7 +382,7 @@ def test_stat_lists_replicas_and_live_rates(yz: ClusterThread) -> None:
     (other,) = set(yz.cluster.nsqd_http_addresses) - {leader}
     publish(yz, "rep", ["r1"])
     proc = spawn_cli(["stat", "rep", "--lookupd", yz.lookupd, "--json", "--interval", "0.3"])
-    try:
+    with killed_at_end(proc):
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
         (row,) = first["topics"]
@@ -400,10 +394,6 @@ def test_stat_lists_replicas_and_live_rates(yz: ClusterThread) -> None:
         assert second["topics"][0]["channels"][0]["rate"] is not None
         send_signal(proc, signal.SIGINT)
         assert proc.wait(WAIT) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_lookup_shows_a_failing_lookupd(yz: ClusterThread) -> None:
