@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import os
 import shlex
 import signal
@@ -239,3 +240,35 @@ async def test_ctrl_c_while_a_hung_server_is_awaited_ends_at_once(tmp_path: Path
             got, took, err = await _ctrl_c_while_waiting(silent, cmd)
             assert (got, took < 1.0) == (code, True), (cmd, took, err)
             assert b"Traceback" not in err and b"error" not in err, (cmd, err)
+
+
+async def test_live_stat_waits_for_a_hung_nsqd_once(stock: ClusterThread) -> None:
+    """``stat --nsqd A --nsqd HUNG --json --interval 0.3``: every refresh waited the 5 s
+    HTTP timeout for the hung nsqd again (one line per 5.3 s; the docs say each command
+    waits for it once). Now it is asked again in the background: after the first line,
+    the lines come at the interval, the hung nsqd named with its error in each."""
+    http = stock.cluster.nsqd_http_addresses[0]
+    async with silent_servers() as make:
+        hung = (await make()).address
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "stat", "--nsqd", http, "--nsqd", hung,
+            "--json", "--interval", "0.3", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        try:
+            docs = [json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT))]
+            began = time.monotonic()
+            for _ in range(3):
+                docs.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT)))
+            took = time.monotonic() - began
+            send_signal(proc, signal.SIGINT)
+            code, err = await finish_process(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert took < 3.0, took
+    for doc in docs:
+        errors = {n["http_address"]: n["error"] for n in doc["nodes"]}
+        assert errors[http] is None and "no answer within 5 s" in errors[hung], errors
+    assert code == 0 and b"Traceback" not in err, err

@@ -52,7 +52,7 @@ from smartnsq.cli.common import (
     writing_stdout,
 )
 from smartnsq.cli.stopping import command_runner, stop_event
-from smartnsq.errors import NsqdHttpError, ServerError
+from smartnsq.errors import NsqdHttpError, NsqdUnavailableError, ServerError
 from smartnsq.protocol.validation import NO_PARTITION, parse_http_address
 
 # the HTTP client (aiohttp) loads when the command runs, not for its --help
@@ -304,17 +304,77 @@ class ClientSide:
     tcp: asyncio.Future[dict[str, str]]
 
 
+#: one nsqd's /stats: its stats or its error, and whether it got no answer in time (hung)
+Answer = tuple[dict[str, Any] | None, str | None, bool]
+
+
+async def _ask(nsqd: NsqdHttpClient, addr: str, topic: str | None) -> Answer:
+    """One nsqd's /stats: (stats, None, False), or (None, the error, whether it was the
+    HTTP timeout: a hung nsqd)."""
+    try:
+        return await nsqd.stats(addr, topic), None, False
+    except NsqdHttpError as exc:
+        hung = isinstance(exc, NsqdUnavailableError) and isinstance(exc.__cause__,
+                                                                    TimeoutError)
+        return None, (exc.reason if exc.status is None else str(exc)), hung
+    except ServerError as exc:
+        return None, str(exc), False
+
+
+class HungNodes:
+    """The live view's nsqds whose /stats got no answer within the HTTP timeout (hung): the
+    next refreshes do not wait for them. Each is asked again in the background; until that
+    answers, a refresh shows its last error. A hung nsqd costs the view its timeout once,
+    not at every refresh (the nsqds that answer keep the interval)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+        self.asking: dict[str, asyncio.Task[Answer]] = {}
+
+    def note(self, addr: str, answer: Answer) -> None:
+        _, error, hung = answer
+        if hung and error is not None:
+            self.errors[addr] = error
+        else:
+            self.errors.pop(addr, None)
+
+    def poll(self, nsqd: NsqdHttpClient, addr: str, topic: str | None) -> Answer:
+        """The background request's answer if it came, else the last error (asking again
+        when the previous request is over)."""
+        task = self.asking.get(addr)
+        if task is not None and task.done():
+            del self.asking[addr]
+            answer = task.result()
+            self.note(addr, answer)
+            if addr not in self.errors:
+                return answer
+        if addr not in self.asking:
+            self.asking[addr] = asyncio.ensure_future(_ask(nsqd, addr, topic))
+        return None, self.errors[addr], True
+
+    def close(self) -> None:
+        for task in self.asking.values():
+            task.cancel()
+
+
 async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None,
-                      clients: ClientSide | None = None) -> Sample:
+                      clients: ClientSide | None = None, hung: HungNodes | None = None
+                      ) -> Sample:
+    """One refresh; with ``hung``, the nsqds it holds are not waited for (see there)."""
     sample = Sample(at=time.time())
 
+    def record(addr: str, answer: Answer) -> None:
+        stats, error, _ = answer
+        if stats is not None:
+            sample.stats[addr] = stats
+        else:
+            sample.errors[addr] = error or "no answer"
+
     async def one(addr: str) -> None:
-        try:
-            sample.stats[addr] = await nsqd.stats(addr, topic)
-        except NsqdHttpError as exc:
-            sample.errors[addr] = exc.reason if exc.status is None else str(exc)
-        except ServerError as exc:
-            sample.errors[addr] = str(exc)
+        answer = await _ask(nsqd, addr, topic)
+        if hung is not None:
+            hung.note(addr, answer)
+        record(addr, answer)
 
     async def client_side(side: ClientSide) -> None:
         counts, sample.client_errors = await scrape(side.urls)
@@ -322,7 +382,11 @@ async def take_sample(nsqd: NsqdHttpClient, nodes: list[str], topic: str | None,
         sample.endpoints = side.urls
         sample.tcp = await side.tcp
 
-    await asyncio.gather(*(one(a) for a in nodes),
+    waited = [a for a in nodes if hung is None or a not in hung.errors]
+    for addr in nodes:
+        if hung is not None and addr in hung.errors:
+            record(addr, hung.poll(nsqd, addr, topic))
+    await asyncio.gather(*(one(a) for a in waited),
                          *([client_side(clients)] if clients is not None else []))
     return sample
 
@@ -411,7 +475,19 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
 async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
                 once: bool, as_json: bool, clients: ClientSide | None) -> None:
     stop = stop_event()
-    sample = await unless_stopped(take_sample(http, nodes, topic, clients), stop)
+    # the live view does not wait for a hung nsqd at every refresh; --once asks it once
+    hung = None if once else HungNodes()
+    try:
+        await _views(http, nodes, topic, interval, once, as_json, clients, stop, hung)
+    finally:
+        if hung is not None:
+            hung.close()
+
+
+async def _views(http: NsqdHttpClient, nodes: list[str], topic: str | None, interval: float,
+                 once: bool, as_json: bool, clients: ClientSide | None, stop: asyncio.Event,
+                 hung: HungNodes | None) -> None:
+    sample = await unless_stopped(take_sample(http, nodes, topic, clients, hung), stop)
     if not sample.stats:
         raise CliError("no nsqd answered /stats: " + "; ".join(
             f"{a}: {e}" for a, e in sample.errors.items()))
@@ -421,7 +497,7 @@ async def _show(http: NsqdHttpClient, nodes: list[str], topic: str | None, inter
     async def after(asked: list[str] = nodes) -> Sample:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
-        return await unless_stopped(take_sample(http, asked, topic, clients), stop)
+        return await unless_stopped(take_sample(http, asked, topic, clients, hung), stop)
 
     console = stdout_console()
     if once and not as_json:
