@@ -5,6 +5,9 @@ double and (``make test-real``) the real cluster (see :mod:`tests.real_servers`)
   run: the consumer reads the new partition, and the producer publishes to it once writers'
   lookups list it, although the producer's cached lookup still says the topic has fewer
   partitions.
+* ``publish_ordered`` with a key of a partition an expansion added: the publish waits for the
+  partition to become writable (a consumer's subscription makes its channel) and says why
+  when its time runs out.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import pytest
 
 from smartnsq.config import ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
+from smartnsq.errors import PublishTimeoutError
 from smartnsq.message import Message
+from smartnsq.ordered.consumer import OrderedConsumer
 from smartnsq.producer import Producer
+from smartnsq.sharding import shard_partition
 from tests.real_servers import (
     HttpAnswer,
     Peer,
@@ -146,3 +152,31 @@ async def _with_partitions(youzan: YouzanCluster, topic: str,  # noqa: F811
                            n: int) -> dict[int, Peer] | None:
     parts = await youzan.partitions(topic, "r")
     return parts if len(parts) == n else None
+
+
+@pytest.mark.real_youzan
+async def test_ordered_keys_of_an_added_partition_wait_for_its_first_subscriber(
+        youzan: YouzanCluster) -> None:  # noqa: F811
+    """An expansion gives the new partition none of the topic's channels, and lookupd lists a
+    partition for writers only once it has one: the keys that now hash there wait. The error
+    said only 'partition 1 ... has no writable leader' (it has one: readers' lookups list
+    it); it now names the missing channel as a cause."""
+    topic = await youzan.create_topic("hunt_ordexp", partition_num=1, replicator=1,
+                                      ordered=True)
+    key = next(k for k in (f"k{i}" for i in range(64)) if shard_partition(k, 2) == 1)
+    await expand(youzan, topic.name, 2)
+    await youzan.settle("the new partition in readers' lookups",
+                        lambda: _with_partitions(youzan, topic.name, 2))
+    got = Arrivals()
+    async with Producer(lookupd=[youzan.lookupd],
+                        config=ProducerConfig(publish_timeout=1.0)) as p:
+        with pytest.raises(PublishTimeoutError) as caught:
+            await p.publish_ordered(topic.name, key, b"early")
+        assert f"partition 1 of topic {topic.name!r} has no writable leader" in str(caught.value)
+        assert "no consumer has subscribed to yet (channels: ch)" in str(caught.value)
+        async with OrderedConsumer(topic.name, "ch", got, lookupd=[youzan.lookupd],
+                                   config=FAST_CONSUMER):
+            await writable(youzan, topic.name, 2)
+            await p.publish_ordered(topic.name, key, b"late", timeout=10.0)
+            assert await got.wait(b"late") == 1
+    assert b"early" not in got.got

@@ -36,6 +36,7 @@ from smartnsq.producer.routing import (
     choose_target,
     out_of_range,
     out_of_range_error,
+    unlisted_hint,
 )
 from smartnsq.producer.targets import DirectTargets, Endpoints, Target
 
@@ -294,7 +295,7 @@ class RoutedPlan(Plan[C]):
         partition, last = self.partition, self.last_exc
         missing = NoLeaderKnownError(
             (f"partition {partition} of topic {op.topic!r} has no writable leader"
-             if partition is not None else
+             + unlisted_hint(route, partition) if partition is not None else
              f"topic {op.topic!r} has no writable partition left")
             + (f" (last error: {last})" if last is not None else ""))
         missing.__cause__ = last

@@ -30,7 +30,8 @@ from smartnsq.producer.ops import Pub, Publish
 from smartnsq.producer.router import Routes, TopicRoute
 from smartnsq.sharding import ShardKey, ShardRule, shard_partition
 
-__all__ = ["Router", "check_features", "choose_target", "out_of_range", "out_of_range_error"]
+__all__ = ["Router", "check_features", "choose_target", "out_of_range", "out_of_range_error",
+           "unlisted_hint"]
 
 logger = logging.getLogger("smartnsq.producer")
 
@@ -61,6 +62,17 @@ def out_of_range(route: TopicRoute, partition: int) -> bool:
 def out_of_range_error(route: TopicRoute, partition: int) -> ConfigError:
     return ConfigError(f"partition {partition} out of range: topic {route.topic!r} has "
                        f"{route.partition_num} partitions")
+
+
+def unlisted_hint(route: TopicRoute, partition: int) -> str:
+    """Why writers' lookups may not list a partition the topic has (appended to the error of
+    a publish that waited for it in vain)."""
+    if partition >= route.partition_num or partition in route.view.partitions:
+        return ""
+    channels = f" (channels: {', '.join(route.view.channels)})" if route.view.channels else ""
+    return (f"; lookupd lists it for writers only once it has a leader and a channel: a leader "
+            f"move under way, writes switched off, or a partition added by an expansion that no "
+            f"consumer has subscribed to yet{channels}")
 
 
 def choose_target(route: TopicRoute, op: Publish[Any], avoid_parts: set[int] | None,
