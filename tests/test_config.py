@@ -116,6 +116,21 @@ def test_parse_tcp_address_rejects(addr: str) -> None:
         parse_tcp_address(addr)
 
 
+@pytest.mark.parametrize(("addr", "named"), [
+    ("tcp://127.0.0.1:4150", "without a scheme"),
+    ("http://127.0.0.1:4150", "without a scheme"),
+    (" 127.0.0.1:4150", "no spaces or slashes"),
+    ("127.0.0.1:4150\n", "no spaces or slashes"),
+    ("host/path:4150", "no spaces or slashes"),
+])
+def test_a_tcp_address_with_a_scheme_space_or_slash_is_refused_at_once(addr: str,
+                                                                      named: str) -> None:
+    """They passed and failed about a second later at the dial, with the resolver's "Name or
+    service not known" (``--nsqd tcp://h:p`` on the command line, a config file's space)."""
+    with pytest.raises(ConfigError, match=f"invalid address .*{named}"):
+        parse_tcp_address(addr)
+
+
 @pytest.mark.parametrize(("addr", "expected"), [
     ("127.0.0.1:4161", "http://127.0.0.1:4161"),
     ("http://h:1/", "http://h:1"),

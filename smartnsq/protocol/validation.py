@@ -81,6 +81,12 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
     """``host:port`` (IPv6 as ``[::1]:port``) → (host, port)."""
     if not isinstance(address, str) or not address:
         raise ConfigError(f"invalid address {address!r}: expected host:port")
+    if "://" in address:
+        raise ConfigError(f"invalid address {address!r}: expected host:port, without a "
+                          "scheme (nsqd's TCP port speaks no URL)")
+    if any(c.isspace() or c == "/" for c in address):
+        raise ConfigError(f"invalid address {address!r}: expected host:port (no spaces or "
+                          "slashes)")
     host, sep, port_s = address.rpartition(":")
     if not sep or not host or not port_s.isdigit():
         raise ConfigError(f"invalid address {address!r}: expected host:port")
