@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
@@ -100,6 +101,33 @@ def spawn_cli(args: Sequence[str], stdin: int | None = None) -> subprocess.Popen
     return subprocess.Popen([sys.executable, "-m", "smartnsq", *args], stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run a bash pipeline as a user types it (pipefail: every command's exit counts); a
+    pipeline still running after the bound is killed whole (its own process group) and fails
+    the test."""
+    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", script],
+                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(input, timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"still running after {WAIT} s: {script}\n{err.decode()}") \
+            from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+async def eventually(what: str, check: Callable[[], bool], bound: float = WAIT) -> None:
+    """Until ``check()`` holds (state without an event of its own: a server's counters, a
+    file); fails naming ``what`` after ``bound`` seconds."""
+    deadline = time.monotonic() + bound
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {bound} s"
+        await asyncio.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -20,7 +19,7 @@ import pytest
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
-from tests.cli_support import WAIT, closed_port, finish_process, send_signal, smartnsq
+from tests.cli_support import WAIT, closed_port, eventually, finish_process, send_signal, smartnsq
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -61,12 +60,6 @@ async def http_pub(nsqd_http: str, topic: str, body: bytes, **params: str) -> No
                    data=body) as r:
         assert r.status == 200, await r.text()
 
-
-async def eventually(what: str, check: Callable[[], bool], bound: float = WAIT) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {bound} s"
-        await asyncio.sleep(0.05)
 
 
 # -- help ------------------------------------------------------------------------------------

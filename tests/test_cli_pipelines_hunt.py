@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,32 +27,17 @@ from tests.cli_support import (
     channel_stats,
     closed_port,
     cluster_fixture,
+    eventually,
     finish_process,
     send_signal,
+    sh,
 )
 from tests.silent_server import Silent, silent_servers
-from tests.test_cli_connect import eventually
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
 
 stock = cluster_fixture("stock", nodes=1)
 
-
-def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run a bash script as a user types it; one still running after the bound is killed
-    whole (its own process group) and fails the test."""
-    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", script],
-                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(input, timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"still running after {WAIT} s: {script}\n{err.decode()}") \
-            from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_a_closed_stderr_keeps_diagnostics_out_of_stdout(stock: ClusterThread) -> None:

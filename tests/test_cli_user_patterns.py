@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shlex
 import signal
 import struct
@@ -26,6 +25,7 @@ from tests.cli_support import (
     cluster_fixture,
     lines,
     send_signal,
+    sh,
 )
 
 SMARTNSQ = f"{shlex.quote(sys.executable)} -m smartnsq"
@@ -38,22 +38,6 @@ stock = cluster_fixture("stock", nodes=1)
 
 yz = cluster_fixture("youzan", nodes=2)
 
-
-def sh(script: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run a bash pipeline as a user types it (pipefail: every command's exit counts); a
-    pipeline still running after the bound is killed whole and fails the test."""
-    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", script],
-                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(input, timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the pipeline's own process group
-        out, err = proc.communicate()
-        raise AssertionError(f"still running after {WAIT} s: {script}\n{err.decode()}") \
-            from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def channel(ct: ClusterThread, topic: str) -> dict[str, Any]:
