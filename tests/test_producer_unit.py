@@ -47,6 +47,9 @@ from smartnsq.protocol.commands import mpub, mpub_size
     (TopicNotExistError(), Action.REFRESH),
     (PubFailedError(fatal=False), Action.RETRY),
     (MPubFailedError(fatal=False), Action.RETRY),
+    # an nsqd shutting down (stock's text, youzan's): its partitions' next leader takes it
+    (PubFailedError("PUB failed exiting"), Action.REFRESH),
+    (MPubFailedError("exiting", fatal=False), Action.REFRESH),
     (BadMessageError(), Action.RAISE),
     (BadPartitionError(), Action.RAISE),
     (ExtNotSupportError(fatal=False), Action.RAISE),

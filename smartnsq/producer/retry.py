@@ -15,7 +15,10 @@ Every failed publish attempt is classified into one :class:`Action`:
   is retried on another healthy nsqd (stock) or on the partition's leader after a refresh
   (youzan).
 * ``RETRY`` — a transient server failure (E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED,
-  E_PUB_TOO_MUCH_WAITING, youzan's connection limit): retry after the delay.
+  E_PUB_TOO_MUCH_WAITING, youzan's connection limit): retry after the delay. One whose text
+  says the nsqd is ``exiting`` (a graceful shutdown: stock's "PUB failed exiting", youzan's
+  "exiting" for the second or so before a leader hands its partitions over) is a
+  ``REFRESH``: the same node will not take it again, the next leader will.
 
 ``FAILOVER`` and ``RETRY`` attempts are bounded by ``ProducerConfig.max_attempts`` (default 3,
 as youzan go-nsq) and by the call's deadline. ``REFRESH`` is not an attempt that counts, and
@@ -60,6 +63,10 @@ from smartnsq.errors import (
 )
 
 
+#: what an nsqd that is shutting down says in a failed publish's error text
+_EXITING = "exiting"
+
+
 class Action(enum.Enum):
     RAISE = "raise"
     REFRESH = "refresh"
@@ -91,7 +98,7 @@ class RetryPolicy:
 def classify(exc: BaseException) -> Action:
     """What to do after ``exc`` ended a publish attempt (see the module docstring)."""
     if isinstance(exc, ServerError):
-        if exc.refresh_lookup:
+        if exc.refresh_lookup or (exc.retryable and _EXITING in exc.text):
             return Action.REFRESH
         if exc.retryable:
             return Action.RETRY
