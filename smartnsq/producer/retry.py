@@ -62,7 +62,6 @@ from smartnsq.errors import (
     TLSError,
 )
 
-
 #: what an nsqd that is shutting down says in a failed publish's error text
 _EXITING = "exiting"
 
