@@ -456,6 +456,32 @@ async def test_consumer_before_the_topic_exists_says_so_and_then_consumes(
         assert any("the topic appeared" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_topic_whose_nsqd_went_is_waited_for_to_come_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its only nsqd stopped: the lookup lists no nsqd for a topic the consumer was reading.
+    The warning said "no nsqd has topic 't' yet; waiting for it to appear", as for a topic
+    not created yet."""
+    async with DevCluster(nodes=1, flavour="stock") as cluster:
+        cluster.create_topic("went", channels=["app"])
+        config = ConsumerConfig(lookupd_poll_interval=0.2)
+
+        async def handle(m: Message) -> None:
+            pass
+
+        with caplog.at_level(logging.INFO, logger="smartnsq.consumer"):
+            async with Consumer("went", "app", handle, lookupd=cluster.lookupd_http_addresses,
+                                config=config) as c:
+                assert len(c.stats().subscriptions) == 1
+                await cluster.stop_node(0)
+                async with asyncio.timeout(STEP):
+                    while not any("waiting for it" in r.getMessage()  # noqa: ASYNC110
+                                  for r in caplog.records):
+                        await asyncio.sleep(0.05)
+        (said,) = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
+        assert said.endswith("waiting for it to come back"), said
+        assert "no nsqd has topic 'went'" in said and " yet" not in said
+
+
 # ---------------------------------------------------------------------- ordered defaults
 
 

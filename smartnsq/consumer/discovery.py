@@ -270,7 +270,7 @@ class LookupDiscovery(Discovery):
         if self._partitions is not None:
             return (f"no nsqd leads partition(s) {sorted(self._partitions)} of topic "
                     f"{self._topic!r} (lookupds: {where})")
-        return f"no nsqd has topic {self._topic!r} yet (lookupds: {where})"
+        return f"no nsqd has topic {self._topic!r} (lookupds: {where})"
 
     async def still_wanted(self, endpoint: Endpoint) -> bool:
         if self._closed:

@@ -83,6 +83,8 @@ class SubscriptionSet:
         self._discovery = discovery
         #: the last topology had nothing to subscribe to (said once, and when it ends)
         self._waiting = False
+        #: a topology had endpoints once (an empty one later means they went)
+        self._had_endpoints = False
         #: the consumer's metrics, set at start when they are on
         self.meters: ConsumerMeters | None = None
 
@@ -118,13 +120,18 @@ class SubscriptionSet:
         self.check_topology(topology)
         if not topology.endpoints:
             if not self._waiting:
-                log.warning("consumer of %s/%s: %s; waiting for it to appear", self.topic,
-                            self.channel, self._discovery.describe_empty())
+                # a topic whose every nsqd went (a leader lost) is not one still to come
+                log.warning("consumer of %s/%s: %s; waiting for it to %s", self.topic,
+                            self.channel, self._discovery.describe_empty(),
+                            "come back" if self._had_endpoints else "appear")
             self._waiting = True
-        elif self._waiting:
-            self._waiting = False
-            log.info("consumer of %s/%s: the topic appeared (%d endpoint(s))", self.topic,
-                     self.channel, len(topology.endpoints))
+        else:
+            if self._waiting:
+                self._waiting = False
+                log.info("consumer of %s/%s: the topic %s (%d endpoint(s))", self.topic,
+                         self.channel, "came back" if self._had_endpoints else "appeared",
+                         len(topology.endpoints))
+            self._had_endpoints = True
         self.conns.reconcile(topology)
 
     def start_bound(self) -> float | None:
