@@ -130,16 +130,33 @@ async def eventually(what: str, check: Callable[[], bool], bound: float = WAIT) 
         await asyncio.sleep(0.05)
 
 
-@contextlib.contextmanager
-def killed_at_end(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    """``proc`` for the block; still running after it (the block failed), it is killed and
-    reaped, its pipes drained and closed: a failed test leaves no command behind."""
-    try:
-        yield proc
-    finally:
+class killed_at_end:
+    """``with killed_at_end(popen):`` or ``async with killed_at_end(process):`` around what a
+    test does with a command's process: still running after the block (the block failed),
+    it is killed and reaped, its pipes drained: a failed test leaves no command behind."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        proc = self.proc
+        assert isinstance(proc, subprocess.Popen)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+    async def __aenter__(self) -> None:
+        pass
+
+    async def __aexit__(self, *exc: object) -> None:
+        proc = self.proc
+        assert isinstance(proc, asyncio.subprocess.Process)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def send_signal(proc: asyncio.subprocess.Process | subprocess.Popen[bytes], sig: int) -> None:
@@ -172,13 +189,9 @@ async def smartnsq(*args: str, bound: float = WAIT) -> tuple[int, bytes, bytes]:
 async def finish_process(proc: asyncio.subprocess.Process) -> tuple[int, bytes]:
     """The rest of a CLI process's stderr and its exit code; killed if it outlives WAIT."""
     assert proc.stderr is not None
-    try:
+    async with killed_at_end(proc):
         rest = await asyncio.wait_for(proc.stderr.read(), WAIT)
         code = await asyncio.wait_for(proc.wait(), WAIT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     return code, rest
 
 

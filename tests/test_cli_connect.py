@@ -19,7 +19,15 @@ import pytest
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
-from tests.cli_support import WAIT, closed_port, eventually, finish_process, send_signal, smartnsq
+from tests.cli_support import (
+    WAIT,
+    closed_port,
+    eventually,
+    finish_process,
+    killed_at_end,
+    send_signal,
+    smartnsq,
+)
 from tests.real_servers import (  # noqa: F401  (the fixtures)
     StockServer,
     YouzanCluster,
@@ -133,7 +141,7 @@ async def test_a_lost_connection_is_retried_with_a_warning(command: str,
             sys.executable, "-m", "smartnsq", *args, "--channel", "c",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None
-        try:
+        async with killed_at_end(proc):
             await http_pub(http, "lost", b"one")
             if command == "tail":
                 line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
@@ -158,10 +166,6 @@ async def test_a_lost_connection_is_retried_with_a_warning(command: str,
                                  lambda: (archived(tmp_path) == ["one", "two"]))
                 send_signal(proc, signal.SIGINT)
             out, err = await asyncio.wait_for(proc.communicate(), WAIT)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
         assert proc.returncode == 0, err
         assert b"error" not in err and b"Traceback" not in err, err
         if command == "tail":
@@ -229,15 +233,11 @@ async def test_to_file_ordered_archives_each_partition_in_order(
         sys.executable, "-m", "smartnsq", "to-file", topic.name, "--output-dir",
         str(tmp_path), "--lookupd", youzan.lookupd, "--channel", "archive", "--ordered",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
+    async with killed_at_end(proc):
         await eventually("30 messages archived",
                          lambda: (len(archived(tmp_path)) >= 30), youzan.settle_seconds)
         send_signal(proc, signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), WAIT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert proc.returncode == 0, err
     assert b"archived 30 message(s)" in err, err
     files = archive_files(tmp_path)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import assert_one_line_error, invoke, send_signal
+from tests.cli_support import assert_one_line_error, invoke, killed_at_end, send_signal
 
 #: bound on the cluster printing "ready", and on its stop after SIGINT
 BOUND = 20.0
@@ -51,12 +51,8 @@ async def run_until_ready(*argv: str) -> tuple[asyncio.subprocess.Process, list[
 async def stop_with_sigint(proc: asyncio.subprocess.Process) -> None:
     began = time.monotonic()
     send_signal(proc, signal.SIGINT)
-    try:
+    async with killed_at_end(proc):
         assert await asyncio.wait_for(proc.wait(), BOUND) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert time.monotonic() - began < 10.0
 
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tests.cli_support import send_signal
+from tests.cli_support import killed_at_end, send_signal
 from tests.silent_server import Silent, silent_servers
 
 ENTRY_POINTS = {
@@ -46,7 +46,7 @@ async def test_ctrl_c_while_importing_ends_quietly_with_130(
         nsqd.address, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     seen: list[bytes] = []
-    try:
+    async with killed_at_end(proc):
         async with asyncio.timeout(20):
             while not (seen and imported(seen[-1]).startswith("click")):
                 line = await proc.stderr.readline()
@@ -62,10 +62,6 @@ async def test_ctrl_c_while_importing_ends_quietly_with_130(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 0.01)
             out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     text = err.decode()
     assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
     assert proc.returncode == 130, (proc.returncode, sent, text[-3000:])

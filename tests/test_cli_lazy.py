@@ -15,7 +15,7 @@ import click
 import pytest
 
 from smartnsq.cli.app import COMMANDS, cli
-from tests.cli_support import WAIT, closed_port, send_signal
+from tests.cli_support import WAIT, closed_port, killed_at_end, send_signal
 
 #: what a user's ``smartnsq --help`` must not wait for
 HEAVY = ("aiohttp", "pydantic", "smartnsq.consumer", "smartnsq.producer", "smartnsq.lookup",
@@ -107,7 +107,7 @@ async def test_ctrl_c_while_a_command_imports_ends_quietly_with_130() -> None:
             sys.executable, "-X", "importtime", "-m", "smartnsq", "tail", "orders", "--nsqd",
             closed_port(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert proc.stderr is not None
-        try:
+        async with killed_at_end(proc):
             async with asyncio.timeout(WAIT):
                 # -X importtime writes a line as each import ends: the group's is done
                 line = b""
@@ -121,10 +121,6 @@ async def test_ctrl_c_while_a_command_imports_ends_quietly_with_130() -> None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(proc.wait(), 0.005)
                 _, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
         said = [ln for ln in err.decode().splitlines() if not ln.startswith("import time:")]
         assert proc.returncode == 130, said
         assert said[-1:] == ["smartnsq: interrupted"], said

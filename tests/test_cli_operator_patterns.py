@@ -332,12 +332,8 @@ async def test_two_demos_at_once() -> None:
             sys.executable, "-m", "smartnsq.demo", "--messages", "1000", "--keys", "10",
             "--no-spark", "--timeout", "30", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
-        try:
+        async with killed_at_end(proc):
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
         assert proc.returncode is not None
         return proc.returncode, out
 

@@ -29,6 +29,7 @@ from tests.cli_support import (
     cluster_fixture,
     eventually,
     finish_process,
+    killed_at_end,
     send_signal,
     sh,
 )
@@ -82,7 +83,7 @@ async def test_an_nsqd_that_never_answers_beside_one_that_does_is_named() -> Non
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "smartnsq", "tail", "half", "--nsqd", tcp, "--nsqd", gone,
             "--channel", "c", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
+        async with killed_at_end(proc):
             line = await _stderr_line_naming(proc, gone)
             assert line.startswith(b"smartnsq: warning: cannot subscribe at "), line
             assert line.rstrip().endswith(b"; retrying"), line
@@ -92,10 +93,6 @@ async def test_an_nsqd_that_never_answers_beside_one_that_does_is_named() -> Non
             out = await asyncio.wait_for(proc.stdout.readline(), WAIT)
             send_signal(proc, signal.SIGINT)
             code, rest = await finish_process(proc)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     assert (out, code) == (b"still read\n", 0), rest
     assert b"Traceback" not in rest and b"error" not in rest, rest
 
@@ -110,7 +107,7 @@ async def test_one_of_two_nsqd_lost_later_is_named_while_the_other_carries_on() 
             sys.executable, "-m", "smartnsq", "tail", "lost2", "--nsqd", a, "--nsqd", b,
             "--channel", "c", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert proc.stdout is not None
-        try:
+        async with killed_at_end(proc):
             for addr in (a, b):  # one message through each: both are subscribed
                 async with Producer(nsqd=addr) as p:
                     await p.publish("lost2", addr.encode())
@@ -124,10 +121,6 @@ async def test_one_of_two_nsqd_lost_later_is_named_while_the_other_carries_on() 
             out = await asyncio.wait_for(proc.stdout.readline(), WAIT)
             send_signal(proc, signal.SIGINT)
             code, rest = await finish_process(proc)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     assert (out, code) == (b"after\n", 0), rest
     assert b"Traceback" not in rest, rest
 
@@ -197,17 +190,13 @@ async def _ctrl_c_while_waiting(silent: Silent, cmd: str) -> tuple[int, float, b
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "smartnsq", *cmd.split(), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
+    async with killed_at_end(proc):
         await eventually("waiting for the silent server", lambda: silent.accepted > 0)
         await asyncio.sleep(0.2)
         send_signal(proc, signal.SIGINT)
         began = time.monotonic()
         _, err = await asyncio.wait_for(proc.communicate(), WAIT)
         took = time.monotonic() - began
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert proc.returncode is not None
     return proc.returncode, took, err
 
@@ -238,7 +227,7 @@ async def test_live_stat_waits_for_a_hung_nsqd_once(stock: ClusterThread) -> Non
             "--json", "--interval", "0.3", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         assert proc.stdout is not None
-        try:
+        async with killed_at_end(proc):
             docs = [json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT))]
             began = time.monotonic()
             for _ in range(3):
@@ -246,10 +235,6 @@ async def test_live_stat_waits_for_a_hung_nsqd_once(stock: ClusterThread) -> Non
             took = time.monotonic() - began
             send_signal(proc, signal.SIGINT)
             code, err = await finish_process(proc)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     assert took < 3.0, took
     for doc in docs:
         errors = {n["http_address"]: n["error"] for n in doc["nodes"]}

@@ -19,7 +19,7 @@ import pytest
 from smartnsq.cli.app import build_parser, run_dev
 from smartnsq.devcluster import AdminError, DevCluster, MetaEvent
 from smartnsq.devcluster.meta import YOUZAN_VERSION
-from tests.cli_support import send_signal
+from tests.cli_support import killed_at_end, send_signal
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -440,7 +440,7 @@ async def test_cli_process_runs_until_signalled(sig: signal.Signals) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
-    try:
+    async with killed_at_end(proc):
         lines: list[str] = []
         while not lines or lines[-1] != "ready":
             line = await asyncio.wait_for(proc.stdout.readline(), 20)
@@ -450,10 +450,6 @@ async def test_cli_process_runs_until_signalled(sig: signal.Signals) -> None:
         assert await http("GET", lookupd, "/ping") == (200, b"OK")
         send_signal(proc, sig)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def test_cli_rejects_bad_topic_specs(capsys: pytest.CaptureFixture[str]) -> None:
