@@ -30,6 +30,9 @@ logger = logging.getLogger("smartnsq.producer")
 #: how often (seconds) a cached route is compared with the lookup component's current view,
 #: which the component refreshes in the background every ``poll_interval``
 RECHECK_INTERVAL = 1.0
+#: routes kept before the first sweep of those whose topic the lookup forgot; each sweep sets
+#: the next at twice the routes left, so sweeping costs O(1) per new topic
+SWEEP_MIN = 64
 
 
 class TopicRoute:
@@ -124,6 +127,7 @@ class Routes:
         self._routes: dict[str, TopicRoute] = {}
         self._refreshing: dict[str, asyncio.Future[TopicRoute]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweep_at = SWEEP_MIN
         #: refreshes this producer asked for (each shared by every caller that joined it)
         self.refreshes = 0
 
@@ -134,16 +138,30 @@ class Routes:
         if route is not None and now >= route.recheck_at:
             route.recheck_at = now + RECHECK_INTERVAL
             view = self.lookup.view(topic, "w")
-            if view is not None and view is not route.view:
+            if view is None:
+                # the lookup forgot the idle topic: look it up afresh (tracking it again)
+                del self._routes[topic]
+                return None
+            if view is not route.view:
                 route = self._install(TopicRoute(view, now))
         return route
 
     def _install(self, route: TopicRoute) -> TopicRoute:
         old = self._routes.get(route.topic)
+        if old is None and len(self._routes) >= self._sweep_at:
+            self._sweep()
         self._routes[route.topic] = route
         if old is not None and old.slots != route.slots:
             logger.debug("topic %r: partition leaders now %s", route.topic, route.slots)
         return route
+
+    def _sweep(self) -> None:
+        """Drop the routes of topics the lookup forgot (unused for its ``idle_polls``
+        polls), so generated topic names (per tenant, per day) leave no route behind."""
+        kept = {topic for topic, access in self.lookup.tracked() if access == "w"}
+        for topic in [t for t in self._routes if t not in kept]:
+            del self._routes[topic]
+        self._sweep_at = max(SWEEP_MIN, 2 * len(self._routes))
 
     async def get(self, topic: str) -> TopicRoute:
         """The route, looking the topic up on first use (raises LookupFailedError)."""
