@@ -4,12 +4,18 @@ with every new topic name or every start and stop stay bounded (seconds, not min
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterable
 
+import pytest
+
+import smartnsq.producer.nodes as nodes_module
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
+from smartnsq.errors import NSQConnectionError
 from smartnsq.lookup import Lookup
 from smartnsq.producer import Producer
+from smartnsq.producer.pool import NodePool
 from tests.consumer_support import eventually
 
 
@@ -46,3 +52,41 @@ async def test_lookupd_producer_forgets_the_routes_of_idle_topics() -> None:
             assert p.route(names[0]) is None
             await p.publish(names[0], b"again")
             assert (names[0], "w") in lookup.tracked()
+
+
+async def test_a_down_nsqd_keeps_no_waiter_per_publish_that_waited_for_it() -> None:
+    """Each publish that waited in vain for a down nsqd (``recover`` until its deadline) left
+    a cancelled future in the pool's waiter list, freed only when the node came back: a node
+    down for hours collected one per publish."""
+    with socket.socket() as s:  # a port nobody listens on: every dial is refused
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    pool = NodePool(address, ProducerConfig(reconnect_min=5.0, reconnect_max=5.0))
+    with pytest.raises(NSQConnectionError):
+        await pool.get()  # refused: the node is down for 5 s
+    loop = asyncio.get_running_loop()
+    for _ in range(50):
+        assert not await pool.recover(loop.time() + 0.001)
+    assert not pool._up_waiters, len(pool._up_waiters)
+    await pool.close()
+
+
+async def test_lookupd_producer_forgets_the_pools_of_replaced_nsqd() -> None:
+    """nsqd replaced by new addresses (a rolling restart with new pod IPs, scale-out and in)
+    each left their pool, and 3 connection-gauge series saying 'closed', for the life of a
+    lookupd-mode producer: 24 replacements, 25 pools."""
+    config = ProducerConfig(lookupd_poll_interval=0.1, publish_timeout=5)
+    async with DevCluster(nodes=1, flavour="youzan") as cluster:
+        cluster.create_topic("moving", channels=["c"])
+        async with Producer(lookupd=cluster.lookupd_http_addresses, config=config) as p:
+            await p.publish("moving", b"x")
+            for _ in range(24):
+                new = await cluster.add_node()
+                old = cluster.leader("moving")
+                assert old is not None
+                cluster.move_leader("moving", 0, new)
+                await cluster.remove_node(old)
+                await p.publish("moving", b"x")  # the stale leader is refused: refresh, retry
+            assert len(p.pools) <= nodes_module.SWEEP_MIN, list(p.pools)
+            leader = cluster.nsqd_tcp_addresses[cluster.leader("moving") or 0]
+            assert p.pools[leader].is_up

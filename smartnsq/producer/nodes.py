@@ -5,13 +5,16 @@
 their reconnect backoff and, while another one is connected, those waiting for a redial, and
 lets a publish wait until one comes up again), in lookupd mode one per leader the lookup names
 (made on first use: :meth:`Nodes.target` is the retry engine's way from a route's address to a
-pool). The pools share one reconnect backoff policy, made from the config.
+pool, and forgotten once no route names the nsqd and nothing is under way on it, so nsqd
+replaced by new addresses leave no pool behind). The pools share one reconnect backoff
+policy, made from the config.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Collection, Sequence
 
 from smartnsq.backoff import Backoff
 from smartnsq.config import ProducerConfig
@@ -22,6 +25,10 @@ from smartnsq.producer.router import TopicRoute
 from smartnsq.producer.targets import DirectTargets
 
 __all__ = ["Nodes"]
+
+#: lookupd-mode pools made before the first sweep of those no route names; each sweep sets
+#: the next at twice the pools left, so sweeping costs O(1) per new nsqd
+SWEEP_MIN = 16
 
 
 class Nodes:
@@ -38,6 +45,11 @@ class Nodes:
         self._connect_slots = asyncio.Semaphore(config.max_concurrent_connects)
         #: the producer's metrics (None: off): reconnects are counted into it
         self.obs: PublishMetrics | None = None
+        #: lookupd mode: the nsqd addresses the routes name now (set by the wiring)
+        self.named: Callable[[], Collection[str]] | None = None
+        self._sweep_at = SWEEP_MIN
+        #: swept pools a publish may still hold (closed with the others at the end)
+        self._swept: weakref.WeakSet[NodePool] = weakref.WeakSet()
         listed: list[NodePool] = []
         for address in direct:
             if address not in self.pools:
@@ -61,7 +73,20 @@ class Nodes:
         """The pool of nsqd ``address``: a listed one, or (lookupd mode) made without
         background redials on first use."""
         pool = self.pools.get(address)
-        return pool if pool is not None else self._new(address, auto_reconnect=False)
+        if pool is not None:
+            return pool
+        if self.named is not None and len(self.pools) >= self._sweep_at:
+            self._sweep(self.named())
+        return self._new(address, auto_reconnect=False)
+
+    def _sweep(self, named: Collection[str]) -> None:
+        """Forget the pools of nsqd no route names that have nothing under way."""
+        listed = set(self.direct.targets)
+        for address, pool in list(self.pools.items()):
+            if address not in named and pool not in listed and pool.idle:
+                del self.pools[address]
+                self._swept.add(pool)
+        self._sweep_at = max(SWEEP_MIN, 2 * len(self.pools))
 
     def _on_up(self, pool: NodePool) -> None:
         self.direct.up()
@@ -84,5 +109,6 @@ class Nodes:
     async def close(self) -> None:
         """Wake every waiter, then close every pool."""
         self.direct.up()
-        await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+        pools = [*self.pools.values(), *self._swept]
+        await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
 

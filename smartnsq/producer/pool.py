@@ -123,6 +123,12 @@ class NodePool:
         return bool(self._up)
 
     @property
+    def idle(self) -> bool:
+        """No connection, dial or waiter: forgetting the pool loses nothing under way."""
+        return not (self._all or self._dialing is not None or self._tasks or
+                    self._up_waiters)
+
+    @property
     def connections(self) -> tuple[Connection, ...]:
         return tuple(self._up)
 
@@ -168,7 +174,13 @@ class NodePool:
                 raise ClientClosedError(f"the pool for nsqd {self.address} is closed")
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._up_waiters.append(fut)
-            await fut
+            try:
+                await fut
+            finally:
+                # one that timed out leaves nothing behind (a node down for hours would
+                # keep one per publish that waited for it); a woken one is gone already
+                with contextlib.suppress(ValueError):
+                    self._up_waiters.remove(fut)
 
     async def recover(self, deadline: float) -> bool:
         """Wait until a connection is up again (woken at once) or the backoff ends, at most

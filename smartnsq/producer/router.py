@@ -155,6 +155,14 @@ class Routes:
             logger.debug("topic %r: partition leaders now %s", route.topic, route.slots)
         return route
 
+    def addresses(self) -> set[str]:
+        """Every nsqd address a route names (partition leaders and legacy nodes)."""
+        out: set[str] = set()
+        for route in self._routes.values():
+            out.update(a for a in route.slots if a is not None)
+            out.update(route.legacy)
+        return out
+
     def _sweep(self) -> None:
         """Drop the routes of topics the lookup forgot (unused for its ``idle_polls``
         polls), so generated topic names (per tenant, per day) leave no route behind."""

@@ -48,4 +48,5 @@ def wire(config: ProducerConfig, source: Source) -> Wiring:
     lookup, own = lookup_of(source, poll_interval=config.lookupd_poll_interval,
                             poll_jitter=config.lookupd_poll_jitter)
     router = Router(lookup, policy.backoff)
+    nodes.named = router.routes.addresses
     return Wiring(nodes, TcpEngine(policy, router=router, endpoints=nodes), lookup, own, router)
