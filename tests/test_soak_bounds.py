@@ -1,5 +1,6 @@
 """Bounds found by soaking the clients the way a service runs for days: structures that grew
-with every new topic name or every start and stop stay bounded (seconds, not minutes)."""
+with every generated topic name, every replaced nsqd or every wait for a down one stay bounded
+(each test takes seconds, not minutes)."""
 
 from __future__ import annotations
 
