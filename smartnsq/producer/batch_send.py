@@ -36,6 +36,7 @@ from smartnsq.protocol.commands import mpub_body
 
 __all__ = ["BatchSender", "send_many", "too_big_for_mpub"]
 
+
 def mpub_size(bodies: list[bytes], extra: int) -> int:
     """The MPUB body size of ``bodies`` (``extra``: bytes per element besides its size field
     and body)."""
