@@ -10,7 +10,6 @@ the source of truth; ``commit`` only moves the private channel so lag shows in n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -159,9 +158,10 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lag: dict[int, PartitionLag] | None = None
         #: the lag gauges (registered with the first figures, removed at stop)
         self._gauges: list[Registration] = []
-        #: the driver's channel for finding the exact ends of limited batches
+        #: the driver's channel for finding the exact ends of limited batches (and reading
+        #: the lag), and the partitions where it may exist now
         self._probe = self.channel[:58] + "_probe"
-        self._probed = False
+        self._probed: set[int] = set()
 
     # -- driver ------------------------------------------------------------------------
 
@@ -214,6 +214,16 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         snap = self._snapshot()
+        try:
+            return self._latest(start, limit, snap)
+        finally:
+            # Spark ends the reader's process without calling stop() when a query ends, and
+            # a channel left behind keeps every message published after it (its depth grows
+            # forever): the probe goes after each use
+            self._drop_probe(snap)
+
+    def _latest(self, start: dict[str, Any], limit: ReadLimit, snap: Snapshot
+                ) -> dict[str, int]:
         begin = self._effective_start(decode_offsets(start), snap)
         latest = {p: s.end for p, s in snap.partitions.items()}
         for p, off in begin.items():
@@ -235,8 +245,8 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offsets(latest)
 
     def _measure_lag(self, snap: Snapshot, ends: dict[int, int]) -> None:
-        if any(ends.get(p, st.end) < st.end for p, st in snap.partitions.items()):
-            self._probed = True  # the probe channel is moved to the batch's end
+        # the probe channel is moved to the batch's end where the query is behind
+        self._probed.update(p for p, st in snap.partitions.items() if ends.get(p, st.end) < st.end)
         self._lag = asyncio.run(measure_lag(self.opts.topic, snap.partitions, ends,
                                             self._probe))
         if not self._gauges:
@@ -285,7 +295,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return list(await asyncio.gather(*(find_boundary(t) for t in probes)))
 
         if probes:
-            self._probed = True
+            self._probed.update(t.partition for t in probes)
             for task, boundary in zip(probes, asyncio.run(probe_all()), strict=True):
                 out[task.partition] = boundary
         return out
@@ -338,20 +348,31 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for gauge in self._gauges:
             gauge.close()
         self._gauges = []
-        if self._probed:
+        if self._probed:  # a delete that failed after the last use
             try:
-                asyncio.run(self._drop_probe_channel())
+                self._drop_probe(self._snapshot())
             except NSQError as exc:
                 log.warning("could not delete probe channel %s: %s", self._probe, exc)
 
-    async def _drop_probe_channel(self) -> None:
-        snap = await snapshot(self.opts)
+    def _drop_probe(self, snap: Snapshot) -> None:
+        if self._probed:
+            asyncio.run(self._drop_probe_channel(snap))
+
+    async def _drop_probe_channel(self, snap: Snapshot) -> None:
         async with NsqdHttpClient() as http:
-            for p, st in sorted(snap.partitions.items()):
-                # a partition never probed has no such channel
-                with contextlib.suppress(NSQError):
+            for p in sorted(self._probed):
+                st = snap.partitions.get(p)
+                if st is None:
+                    continue  # no leader now: tried again after the next use, or at stop
+                try:
+                    # nsqd answers a delete of a channel it does not have with success
                     await http.channel(st.leader_http, "delete", self.opts.topic, self._probe,
                                        p)
+                except NSQError as exc:
+                    log.warning("could not delete probe channel %s of partition %d: %s",
+                                self._probe, p, exc)
+                    continue
+                self._probed.discard(p)
 
 
 class YouzanBatchReader(DataSourceReader):
