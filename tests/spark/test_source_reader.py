@@ -115,17 +115,24 @@ def test_data_loss_fails_or_resumes(tc: ThreadedCluster) -> None:
     assert (plan[0].task.partition, plan[0].task.start) == (0, 0)
 
 
-def test_stop_removes_the_probe_channel(tc: ThreadedCluster) -> None:
+def test_a_limited_batch_leaves_no_probe_channel(tc: ThreadedCluster) -> None:
+    """The driver's probe channel finds a limited batch's end, and goes once it has: Spark
+    ends the reader's process without calling stop(), and a channel left behind keeps every
+    message published after it (its depth grows for ever)."""
     publish(tc, 0, 30)
     r = reader(tc, startingOffsets="earliest", maxMessagesPerTrigger="5")
-    r.latestOffset(r.initialOffset(), ReadMaxRows(5))
 
     def channels() -> set[str]:
         return {name for node in tc.cluster.nodes
                 for name in node.store.partition(TOPIC, 0).channels}
 
-    assert r._probe in channels()
-    r.stop()
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(5))
+    assert end["0"] > start["0"]  # a batch was found (the probe was used)
+    assert r._probe not in channels()
+    r.latestOffset(end, ReadMaxRows(5))
+    assert r._probe not in channels()
+    r.stop()  # nothing left to do
     assert r._probe not in channels()
 
 
