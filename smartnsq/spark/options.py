@@ -19,20 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
+from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
 from smartnsq.spark.sink_options import SinkOptions, unknown_option_hint
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
            "parse_source_options"]
 
 
-#: spelling shown in messages and docs; Spark lower-cases keys on the way in
-SOURCE_OPTION_NAMES: tuple[str, ...] = (
-    "lookupd", "topic", "channel", "flavour",
-    "startingOffsets", "startingTimestamp", "endingOffsets", "failOnDataLoss",
-    "maxMessagesPerTrigger", "maxBytesPerTrigger", "minPartitions", "commitToChannel",
-    "readTimeoutSeconds", "consume", "maxMessages", "maxWaitSeconds", "triggerWaitSeconds",
-    "messageTimeoutSeconds",
-)
+#: the spelling shown in messages and docs, by the lower-cased key Spark hands over
 _CANONICAL = {n.lower(): n for n in SOURCE_OPTION_NAMES}
 #: keys Spark itself may put into a read's option map; they mean nothing to NSQ
 _SPARK_INTERNAL = frozenset({"path"})

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
+from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
 
 __all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
            "unknown_option_hint"]
@@ -52,9 +53,6 @@ def unknown_option_hint(key: str, known: tuple[str, ...],
 
 def _sink_hint(key: str, known: tuple[str, ...]) -> str:
     """:func:`unknown_option_hint`, or that ``key`` is a source option (given to a write)."""
-    # imported here: the source's options module imports this one
-    from smartnsq.spark.options import SOURCE_OPTION_NAMES
-
     source = {n.lower(): n for n in SOURCE_OPTION_NAMES}
     if key.lower() in source:
         return (f" (a source option: {source[key.lower()]} belongs to spark.read / "
