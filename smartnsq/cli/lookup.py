@@ -139,7 +139,8 @@ async def lookup_doc(lk: Lookup, topic: str, access: str) -> dict[str, Any]:
 async def replicas(lk: Lookup, topic: str) -> dict[str, list[str]]:
     """Partition → nsqds (HTTP addresses) holding a replica that is not the leader. lookupd
     only names leaders; each nsqd's ``/stats`` says which partitions it holds."""
-    from smartnsq.cli.stat import build_doc, take_sample
+    from smartnsq.cli.stat import build_doc
+    from smartnsq.cli.stat_sample import take_sample
     from smartnsq.nsqd_http import NsqdHttpClient
 
     nodes = sorted({n.http_address for n in await lk.admin.nodes() if n.http_port})
