@@ -67,7 +67,7 @@ async def test_a_fresh_producer_per_request_leaves_nothing_behind(stock: DevClus
 
 async def test_a_shared_producer_through_an_nsqd_restart(stock: DevCluster) -> None:
     """1,000 gathered publishes while the one nsqd is stopped and started again: the calls
-    that fail say the nsqd was unreachable, the ones that returned are stored once each."""
+    that fail name the nsqd, the ones that returned are stored once each."""
     stock.create_topic("bounce", channels=["c"])
 
     async def bounce() -> None:
@@ -87,12 +87,21 @@ async def test_a_shared_producer_through_an_nsqd_restart(stock: DevCluster) -> N
             asyncio.gather(*(one(i) for i in range(1000)), return_exceptions=True), WAIT)
         await restart
     assert time.monotonic() - started < FAST.publish_timeout + 1
-    failed = [r for r in results if r is not None]
-    assert all(isinstance(r, PublishError) and "no nsqd reachable" in str(r) for r in failed)
+    # a failure names the nsqd: mostly a refused dial ("no nsqd reachable"); under load also
+    # a connection lost after the write, or the deadline reached while it redials
+    addr = stock.nsqd_tcp_addresses[0]
+    failed = {b"m%04d" % i: r for i, r in enumerate(results) if r is not None}
+    odd = collections.Counter(f"{type(r).__name__}: {r}"[:160] for r in failed.values()
+                              if not (isinstance(r, PublishError) and addr in str(r)))
+    assert not odd, odd
     ok = {b"m%04d" % i for i, r in enumerate(results) if r is None}
     assert len(ok) + len(failed) == 1000 and len(ok) > 500
-    # nothing that failed was stored (refused dials), nothing that returned twice
-    assert await read_back(stock, "bounce", len(ok)) == dict.fromkeys(ok, 1)
+    # each one that returned is stored once; one that failed after its write may be stored
+    # too (at-least-once), at most once per attempt; nothing else is
+    got = await read_back(stock, "bounce", stored(stock, "bounce"))
+    assert all(got[body] == 1 for body in ok)
+    assert all(got[body] <= FAST.max_attempts for body in failed)
+    assert set(got) <= ok | set(failed)
 
 
 # ---------------------------------------------------------------- cancellation
