@@ -22,12 +22,12 @@ from smartnsq.metrics.catalog import address_label
 from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.pool import NodePool, reconnect_backoff
 from smartnsq.producer.router import TopicRoute
+from smartnsq.producer.sweeps import SweepSchedule
 from smartnsq.producer.targets import DirectTargets
 
 __all__ = ["Nodes"]
 
-#: lookupd-mode pools made before the first sweep of those no route names; each sweep sets
-#: the next at twice the pools left, so sweeping costs O(1) per new nsqd
+#: lookupd-mode pools made before the first sweep of those no route names
 SWEEP_MIN = 16
 
 
@@ -47,7 +47,7 @@ class Nodes:
         self.obs: PublishMetrics | None = None
         #: lookupd mode: the nsqd addresses the routes name now (set by the wiring)
         self.named: Callable[[], Collection[str]] | None = None
-        self._sweep_at = SWEEP_MIN
+        self._sweeps = SweepSchedule(SWEEP_MIN)
         #: swept pools a publish may still hold (closed with the others at the end)
         self._swept: weakref.WeakSet[NodePool] = weakref.WeakSet()
         listed: list[NodePool] = []
@@ -75,7 +75,7 @@ class Nodes:
         pool = self.pools.get(address)
         if pool is not None:
             return pool
-        if self.named is not None and len(self.pools) >= self._sweep_at:
+        if self.named is not None and self._sweeps.due(len(self.pools)):
             self._sweep(self.named())
         return self._new(address, auto_reconnect=False)
 
@@ -86,7 +86,7 @@ class Nodes:
             if address not in named and pool not in listed and pool.idle:
                 del self.pools[address]
                 self._swept.add(pool)
-        self._sweep_at = max(SWEEP_MIN, 2 * len(self.pools))
+        self._sweeps.swept(len(self.pools))
 
     def _on_up(self, pool: NodePool) -> None:
         self.direct.up()

@@ -24,14 +24,14 @@ from collections.abc import Iterable
 
 from smartnsq.errors import Flavour, LookupFailedError
 from smartnsq.lookup import Lookup, TopicView
+from smartnsq.producer.sweeps import SweepSchedule
 
 logger = logging.getLogger("smartnsq.producer")
 
 #: how often (seconds) a cached route is compared with the lookup component's current view,
 #: which the component refreshes in the background every ``poll_interval``
 RECHECK_INTERVAL = 1.0
-#: routes kept before the first sweep of those whose topic the lookup forgot; each sweep sets
-#: the next at twice the routes left, so sweeping costs O(1) per new topic
+#: routes kept before the first sweep of those whose topic the lookup forgot
 SWEEP_MIN = 64
 
 
@@ -127,7 +127,7 @@ class Routes:
         self._routes: dict[str, TopicRoute] = {}
         self._refreshing: dict[str, asyncio.Future[TopicRoute]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._sweep_at = SWEEP_MIN
+        self._sweeps = SweepSchedule(SWEEP_MIN)
         #: refreshes this producer asked for (each shared by every caller that joined it)
         self.refreshes = 0
 
@@ -148,7 +148,7 @@ class Routes:
 
     def _install(self, route: TopicRoute) -> TopicRoute:
         old = self._routes.get(route.topic)
-        if old is None and len(self._routes) >= self._sweep_at:
+        if old is None and self._sweeps.due(len(self._routes)):
             self._sweep()
         self._routes[route.topic] = route
         if old is not None and old.slots != route.slots:
@@ -169,7 +169,7 @@ class Routes:
         kept = {topic for topic, access in self.lookup.tracked() if access == "w"}
         for topic in [t for t in self._routes if t not in kept]:
             del self._routes[topic]
-        self._sweep_at = max(SWEEP_MIN, 2 * len(self._routes))
+        self._sweeps.swept(len(self._routes))
 
     async def get(self, topic: str) -> TopicRoute:
         """The route, looking the topic up on first use (raises LookupFailedError)."""
