@@ -37,6 +37,16 @@ MAX_SUGGEST_LOAD = 10000
 LEADER_ATTEMPTS = 3
 
 
+def _record(health: HealthBook, lookupd: str, path: str, exc: LookupdError | None) -> None:
+    """Enter a write's outcome in the health book that orders and demotes lookupds: no
+    answer, a 5xx or a 2xx that does not parse count against the lookupd; a 4xx (bad
+    argument, topic exists, not the leader) is an answer about the call, not the lookupd."""
+    if exc is not None and not (exc.status is not None and 400 <= exc.status < 500):
+        health.failure(lookupd, f"{path}: {exc.detail}")
+    else:
+        health.success(lookupd)
+
+
 def _int_in(name: str, value: int, lo: int, hi: int) -> str:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ConfigError(f"{name} must be an int within {lo}..{hi}, got {value!r}")
@@ -200,8 +210,8 @@ class LookupAdmin:
                 return await self._write_everywhere(path, params, since)
             try:
                 await client.post(leader, path, params)
-                return (leader,)
             except LookupdError as exc:
+                _record(lk.health, leader, path, exc)
                 moved = exc.status == 400 and "NOT_LEADER" in exc.reason.upper()
                 # no HTTP answer at all: the leader may be gone; another lookupd names the
                 # new one (we only retry if it really is a different lookupd, so a write
@@ -210,6 +220,9 @@ class LookupAdmin:
                 if not (moved or unreachable) or attempt >= LEADER_ATTEMPTS:
                     raise
                 failed = exc
+            else:
+                _record(lk.health, leader, path, None)
+                return (leader,)
             log.info("%s: lookupd leader %s %s; asking /listlookup", path, leader,
                      "moved" if moved else f"unreachable ({failed.detail})")
             attempt += 1
@@ -239,7 +252,9 @@ class LookupAdmin:
             try:
                 await client.post(addr, path, params)
             except LookupdError as exc:
+                _record(lk.health, addr, path, exc)
                 return exc
+            _record(lk.health, addr, path, None)
             return None
 
         results = await asyncio.gather(*(one(a) for a in targets))
