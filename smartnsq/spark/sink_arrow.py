@@ -433,7 +433,9 @@ class BatchPlan:
         cur = ExtBatch(topic, partition, [])
         size = 4
         for i, (body, pairs) in enumerate(zip(bodies, headers, strict=True)):
-            hdr: dict[str, Any] = dict(pairs) if pairs else {}
+            # a null value (map('k', col) with a null col) means the key is absent: sent as
+            # JSON null it read back as the string "null"
+            hdr: dict[str, Any] = {k: v for k, v in pairs or () if v is not None}
             if tids is not None:
                 hdr["##trace_id"] = str(tids[i])
             try:
