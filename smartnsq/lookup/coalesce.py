@@ -37,7 +37,13 @@ class Coalescer(Generic[T]):
     def busy(self) -> bool:
         return self._task is not None
 
-    async def __call__(self) -> T:
+    @property
+    def queued(self) -> bool:
+        """A round is queued and has not started: a caller joining now shares it."""
+        return self._queued is not None
+
+    def request(self) -> asyncio.Future[T]:
+        """Join (or queue) the next round at once; its result, without waiting for it."""
         if self._queued is None:
             fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             fut.add_done_callback(_consume)
@@ -45,7 +51,10 @@ class Coalescer(Generic[T]):
         queued = self._queued
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
-        return await asyncio.shield(queued)
+        return queued
+
+    async def __call__(self) -> T:
+        return await asyncio.shield(self.request())
 
     async def _loop(self) -> None:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -326,12 +327,15 @@ class Lookup:
             return
         for mode in modes:
             state = self._topics.get((topic, mode), use=True)
-            if state is None:
+            if state is None or state.coalescer.queued:
+                # a round that has not started yet answers this report too: every
+                # connection of a restarted nsqd reporting at once costs one task
                 continue
             where = f" partition {partition}" if partition is not None else ""
             log.info("stale leader reported for topic %r%s (access=%s); refreshing",
                      topic, where, mode)
-            self._spawn(state.coalescer, f"refresh of topic {topic!r} (access={mode})")
+            self._spawn(functools.partial(asyncio.shield, state.coalescer.request()),
+                        f"refresh of topic {topic!r} (access={mode})")
 
     def subscribe(self, topic: str, access: str = "r", callback: ChangeCallback | None = None,
                   *, metainfo: bool = True, maxsize: int = 1000) -> Subscription:

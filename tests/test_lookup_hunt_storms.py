@@ -1,0 +1,34 @@
+"""Hunt findings on bursts the lookup meets in production: stale-leader reports from every
+connection at once, and many topics refreshed together (scripted lookupds on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from smartnsq.lookup import Lookup
+from tests.lookup_fakes import FakeLookupd, TopicSpec, quick_config
+
+
+async def test_a_burst_of_stale_reports_is_one_round_and_one_task(
+        fakes: list[FakeLookupd]) -> None:
+    # a consumer whose 1000 partition connections all drop at once reports each of them
+    fake = await FakeLookupd("stock").start()
+    fakes.append(fake)
+    fake.topics["t"] = TopicSpec(legacy=[4150])
+    async with Lookup(quick_config(fake.url)) as lk:
+        await lk.lookup("t")
+        before_tasks = len(asyncio.all_tasks())
+        before = fake.count("/lookup")
+        asked = fake.path_event("/lookup")
+        for p in range(1000):
+            lk.report_stale("t", p, access="r")
+        # one round runs for all of them: not a task per report (100k reports took 4 s
+        # and 138 MB of tasks that all joined the same round)
+        assert len(asyncio.all_tasks()) - before_tasks <= 2
+        await asyncio.wait_for(asked.wait(), 5)
+        # a report while that round runs gets a round that starts after it, which a
+        # refresh now joins (rounds of one topic are 0.1 s apart)
+        lk.report_stale("t")
+        await asyncio.wait_for(lk.refresh("t"), 5)
+        assert fake.count("/lookup") - before == 2
+        assert lk.rounds("t") == 3
