@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import pytest
+
+import smartnsq.spark
+from tests.spark.conftest import ThreadedCluster
+from tests.spark.test_hunt_user_patterns import WAIT, lookupd, topic
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
 
@@ -21,3 +28,30 @@ def test_a_null_ext_value_leaves_its_key_out() -> None:
                      ).units({})
     assert isinstance(u, ExtBatch)
     assert u.items == [(b'{"k":"v"}', b"a"), (b"{}", b"b")]
+
+
+def test_a_write_from_another_thread_finds_nsq_after_register(
+        spark: Any, youzan_cluster: ThreadedCluster) -> None:
+    # a thread pool writing DataFrames: Spark looks Python data sources up in the thread's
+    # active session, which a new thread lacks (DATA_SOURCE_NOT_FOUND); register(spark) in
+    # that thread is the documented way (it did not set the thread's session)
+    tc = youzan_cluster
+    name = topic(tc, "hunt_thread_write")
+    df = spark.range(3).selectExpr("cast(id as string) as value")
+
+    def write() -> None:
+        df.write.format("nsq").mode("append").option("lookupd", lookupd(tc)) \
+            .option("topic", name).save()
+
+    def registered_write() -> None:
+        smartnsq.spark.register(df.sparkSession, check_workers=False)
+        write()
+
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(Exception, match="DATA_SOURCE_NOT_FOUND"):
+            pool.submit(write).result(WAIT)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(registered_write).result(WAIT)
+    got = spark.read.format("nsq").option("lookupd", lookupd(tc)).option("topic", name) \
+        .load().selectExpr("cast(body as string) as v").collect()
+    assert sorted(r.v for r in got) == ["0", "1", "2"]
