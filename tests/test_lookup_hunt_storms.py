@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from smartnsq.errors import LookupFailedError
 from smartnsq.lookup import Lookup
-from tests.lookup_fakes import FakeLookupd, TopicSpec, quick_config
+from tests.lookup_fakes import FakeLookupd, TopicSpec, closed_port_url, quick_config
 
 
 async def test_a_burst_of_stale_reports_is_one_round_and_one_task(
@@ -32,3 +33,17 @@ async def test_a_burst_of_stale_reports_is_one_round_and_one_task(
         await asyncio.wait_for(lk.refresh("t"), 5)
         assert fake.count("/lookup") - before == 2
         assert lk.rounds("t") == 3
+
+
+async def test_a_burst_of_failures_demotes_without_blowing_the_backoff() -> None:
+    # 20 topics refreshed together while the lookupd restarts (its port refuses)
+    dead = closed_port_url()
+    async with Lookup(quick_config(dead, demoted_retry_min=0.5, demoted_retry_max=60)) as lk:
+        results = await asyncio.gather(*(lk.refresh(f"t{i}") for i in range(20)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, LookupFailedError) for r in results)
+        (status,) = lk.lookupds()
+        assert status.demoted and status.consecutive_failures >= 20
+        # probed again after the first backoff, not after the cap: the 17 requests already
+        # in flight when it was demoted are not 17 failed probes (it was 60 s)
+        assert status.retry_in <= 0.5

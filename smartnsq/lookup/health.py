@@ -42,6 +42,10 @@ class _Health:
     backoff: float = 0.0
     retry_at: float = 0.0
     last_error: str | None = None
+    #: a probe of the demoted lookupd was claimed (plan): from then on its failures double
+    #: the backoff; before, they are requests sent while it was healthy, which a burst of
+    #: rounds makes many (20 rounds at once took the backoff from 1 s to its 60 s cap)
+    probed: bool = False
     #: the failure last logged as a warning, and when (kept across answers: a lookupd that
     #: answers /listlookup but refuses /lookup would otherwise warn every poll)
     warned: str | None = None
@@ -109,6 +113,7 @@ class HealthBook:
             due = demoted[:1]
         for h in due:
             h.retry_at = now + h.backoff
+            h.probed = True
         return healthy, [h.address for h in due]
 
     def success(self, address: str) -> None:
@@ -122,6 +127,7 @@ class HealthBook:
         h.demoted = False
         h.backoff = 0.0
         h.retry_at = 0.0
+        h.probed = False
         h.last_error = None
 
     def failure(self, address: str, reason: str) -> bool:
@@ -133,6 +139,8 @@ class HealthBook:
         h.failures += 1
         h.last_error = reason
         if h.demoted:
+            if not h.probed:
+                return False
             h.backoff = min(h.backoff * 2, self._retry_max)
             h.retry_at = now + h.backoff
             # with no healthy lookupd a demoted one is asked on every round, not only when due
