@@ -8,6 +8,7 @@ import asyncio
 from smartnsq.errors import LookupFailedError
 from smartnsq.lookup import Lookup
 from tests.lookup_fakes import FakeLookupd, TopicSpec, closed_port_url, quick_config
+from tests.silent_server import silent_servers
 
 
 async def test_a_burst_of_stale_reports_is_one_round_and_one_task(
@@ -47,3 +48,38 @@ async def test_a_burst_of_failures_demotes_without_blowing_the_backoff() -> None
         # probed again after the first backoff, not after the cap: the 17 requests already
         # in flight when it was demoted are not 17 failed probes (it was 60 s)
         assert status.retry_in <= 0.5
+
+
+async def test_many_topics_refreshed_at_once_do_not_demote_a_healthy_lookupd(
+        fakes: list[FakeLookupd]) -> None:
+    # a producer's 201 topics refreshed together (after a long pause of the loop, every
+    # refresher is due at once) on a lookupd that takes 0.12 s to answer each
+    fake = await FakeLookupd("stock").start()
+    fakes.append(fake)
+    fake.topics = {f"t{i}": TopicSpec(legacy=[4150]) for i in range(201)}
+    fake.delay = 0.12
+    async with Lookup(quick_config(fake.url, request_timeout=0.3)) as lk:
+        views = await asyncio.wait_for(
+            asyncio.gather(*(lk.refresh(f"t{i}") for i in range(201))), 10)
+        # 100 of them failed with "no answer within 0.3s" while they waited for a pooled
+        # connection, and the lookupd was demoted
+        assert all(v.nodes for v in views)
+        (status,) = lk.lookupds()
+        assert not status.demoted and status.consecutive_failures == 0
+        assert fake.count("/lookup") == 201
+
+
+async def test_requests_queued_behind_a_silent_lookupd_fail_with_the_first() -> None:
+    async with silent_servers() as make:
+        silent = await make()
+        async with Lookup(quick_config(silent.address, request_timeout=0.3)) as lk:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            results = await asyncio.wait_for(asyncio.gather(
+                *(lk.refresh(f"t{i}") for i in range(100)), return_exceptions=True), 10)
+            took = loop.time() - start
+        # the 68 requests queued behind the first 32 do not wait a timeout each batch
+        assert all(isinstance(r, LookupFailedError) for r in results)
+        assert took < 1.0
+        assert silent.accepted <= 33  # 32 slots (+ the /listlookup pass before them)
+        assert any("not sent" in str(r) for r in results)

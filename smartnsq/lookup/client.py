@@ -27,6 +27,23 @@ HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 LOOKUPD_ONLY_PATHS = ("/lookup", "/nodes", "/topics", "/channels")
 #: how the reason of a request that timed out begins
 NO_ANSWER = "no answer within"
+#: requests in flight to one lookupd at a time; the others wait for a slot before their
+#: request timeout starts, so a lookupd is judged by how it answers, not by our own queue
+#: (300 topics refreshed at once queued in aiohttp's pool of 100 connections, timed out
+#: there and demoted a lookupd that answered each request in 0.2 s)
+PER_LOOKUPD = 32
+
+
+class _Gate:
+    """One lookupd's request slots, and its latest request that got no answer."""
+
+    __slots__ = ("last_silence", "silences", "slots", "users")
+
+    def __init__(self) -> None:
+        self.slots = asyncio.Semaphore(PER_LOOKUPD)
+        self.users = 0
+        self.silences = 0
+        self.last_silence: LookupdError | None = None
 
 
 class LookupdClient:
@@ -36,6 +53,8 @@ class LookupdClient:
     def __init__(self, session: aiohttp.ClientSession, timeout: float) -> None:
         self._session = session
         self._timeout = timeout
+        #: lookupd → its gate, while requests to it are in flight or waiting
+        self._gates: dict[str, _Gate] = {}
         #: ``LOOKUP_QUERIES`` (None: metrics off)
         self.queries: CounterFamily | None = None
 
@@ -67,6 +86,32 @@ class LookupdClient:
 
     async def _request(self, method: str, lookupd: str, path: str,
                        params: Mapping[str, str] | None) -> object:
+        gate = self._gates.get(lookupd)
+        if gate is None:
+            gate = self._gates[lookupd] = _Gate()
+        gate.users += 1
+        silences = gate.silences
+        try:
+            async with gate.slots:
+                if gate.silences != silences and gate.last_silence is not None:
+                    # a request sent while this one waited got no answer: waiting for this
+                    # one too would make a round wait a request timeout per queued batch
+                    raise LookupdError(f"{gate.last_silence.reason} (a request sent before "
+                                       "this one); not sent", lookupd=lookupd, path=path)
+                try:
+                    return await self._send(method, lookupd, path, params)
+                except LookupdError as exc:
+                    if exc.status is None:
+                        gate.silences += 1
+                        gate.last_silence = exc
+                    raise
+        finally:
+            gate.users -= 1
+            if not gate.users:
+                del self._gates[lookupd]
+
+    async def _send(self, method: str, lookupd: str, path: str,
+                    params: Mapping[str, str] | None) -> object:
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._session.request(

@@ -143,7 +143,9 @@ class Lookup:
             return
         self._started = True
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # no pool limit of its own: the client's per-lookupd slots bound the connections,
+            # and a request queued in the pool would spend its timeout there
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._client = LookupdClient(self._session, self._config.request_timeout)
         self.meters.start(self._client, self._health, self._topics)
         self._roster = LookupdRoster(self._seeds, self._health, self._client,
