@@ -11,7 +11,9 @@ The thread can also end without :meth:`~BackgroundLoop.stop`: code on the loop c
 re-raises both out of ``run_forever``). The loop records why (:attr:`~BackgroundLoop.ended_by`,
 logged once), every call waits with the thread's end in view (one submitted as the thread
 ends is dropped with the loop, and would be waited for ever), and each call made or cut
-short afterwards names that cause in its :class:`EventLoopError`.
+short afterwards names that cause in its :class:`EventLoopError`. The clients it was told
+to :meth:`~BackgroundLoop.track` are stopped then (their connections closed, not left to the
+garbage collector: nobody can stop them any more).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import time
+import weakref
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from smartnsq.errors import ClientClosedError, EventLoopError
 
@@ -34,6 +38,13 @@ log = logging.getLogger("smartnsq.loop_thread")
 
 #: seconds a call cut short by the thread's own end waits for the loop's clean-up
 _CLEANUP_WAIT = 2.0
+
+
+class Client(Protocol):
+    """What :meth:`BackgroundLoop.track` stops: an asyncio client, whose ``stop(0)`` closes
+    its connections without waiting for work in progress."""
+
+    def stop(self, timeout: float | None = None, /) -> Awaitable[None]: ...
 
 
 def check_blocking_allowed(what: str) -> None:
@@ -66,6 +77,8 @@ class BackgroundLoop:
         self.ended_by: str | None = None
         #: done once the thread has ended, for whatever reason
         self._end: concurrent.futures.Future[None] = concurrent.futures.Future()
+        #: the clients stopped if the thread ends by itself (weak: a client dropped is gone)
+        self._clients: weakref.WeakSet[Client] = weakref.WeakSet()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -80,10 +93,39 @@ class BackgroundLoop:
             if not self._stopping:
                 self._ended("loop.stop() was called by code running on it", None)
         try:
+            if self.ended_by is not None:
+                self._stop_clients()
             self._finish_tasks()
             self.loop.close()
         finally:
             self._end.set_result(None)
+
+    def track(self, client: Client) -> None:
+        """Stop ``client`` (``stop(0)``) if the thread ends by itself with it still open."""
+        self._clients.add(client)
+
+    def _stop_clients(self) -> None:
+        """The thread ended by itself: close the tracked clients' connections now, within
+        :data:`_CLEANUP_WAIT` (the work they had in progress fails, as it would anyway)."""
+        clients = list(self._clients)
+        if not clients:
+            return
+
+        async def stop_all() -> None:
+            async with asyncio.timeout(_CLEANUP_WAIT):
+                await asyncio.gather(*(c.stop(0) for c in clients), return_exceptions=True)
+
+        task = self.loop.create_task(stop_all())
+        for _ in range(2):  # a loop.stop() still queued ends the first wait early
+            try:
+                self.loop.run_until_complete(task)
+                return
+            except TimeoutError:
+                log.warning("%s: its clients did not stop within %ss; their connections are "
+                            "left to the garbage collector", self._label, _CLEANUP_WAIT)
+                return
+            except RuntimeError as exc:
+                log.debug("%s: stopping its clients cut short (%s), once more", self._label, exc)
 
     def _finish_tasks(self) -> None:
         """Cancel and await what still runs, so that closing the loop warns about no pending
@@ -143,11 +185,12 @@ class BackgroundLoop:
         return EventLoopError(f"{self._label} has stopped")
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *,
-            from_running_loop: bool = False) -> T:
+            from_running_loop: bool = False, hold_interrupt: bool = False) -> T:
         """Run ``coro`` on the loop and wait for it, at most ``timeout`` seconds (then
         :class:`TimeoutError`, the coroutine cancelled); not callable from the loop's thread.
         A thread that runs an event loop of its own is refused (it would block that loop)
-        unless ``from_running_loop`` says the call is short and meant (a test's fixture)."""
+        unless ``from_running_loop`` says the call is short and meant (a test's fixture).
+        ``hold_interrupt``: see :meth:`_wait`."""
         if not self.in_this_process:
             coro.close()
             raise EventLoopError(
@@ -174,10 +217,10 @@ class BackgroundLoop:
             coro.close()
             raise self._gone(cut_short=False) from None
         try:
-            either: tuple[concurrent.futures.Future[Any], ...] = (fut, self._end)
-            concurrent.futures.wait(either, timeout,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            held = self._wait(fut, timeout, hold_interrupt)
             if fut.done():
+                if held is not None:
+                    raise held
                 return fut.result()
         except concurrent.futures.CancelledError:
             # the thread's end cancels what still runs on the loop, after recording why
@@ -192,6 +235,28 @@ class BackgroundLoop:
             coro.close()  # never started: no "never awaited" warning
             raise self._gone(cut_short=True)
         raise TimeoutError(f"the call did not complete within {timeout}s")
+
+    def _wait(self, fut: concurrent.futures.Future[Any], timeout: float | None,
+              hold_interrupt: bool) -> KeyboardInterrupt | None:
+        """Wait for ``fut`` or the thread's end, at most ``timeout`` seconds. With
+        ``hold_interrupt`` a first Ctrl-C (KeyboardInterrupt, only ever raised in the main
+        thread) lets the call end, and is returned to be raised then: a client's stop cut in
+        the middle leaves its connections to the garbage collector. A second one cuts the
+        call short."""
+        held: KeyboardInterrupt | None = None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                concurrent.futures.wait((fut, self._end), left,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                return held
+            except KeyboardInterrupt as exc:
+                if not hold_interrupt or held is not None:
+                    raise
+                held = exc
+                log.warning("%s: Ctrl-C held back until the stop under way ends (press it "
+                            "again to cut the stop short)", self._label)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the loop and wait for its thread (at most ``timeout`` seconds); idempotent."""

@@ -263,6 +263,7 @@ class Consumer:
         except BaseException:
             self._shutdown_resources()
             raise
+        self._loop.track(self._async)  # closed if the loop's thread ends by itself
         _running.add(self)
         at_main_thread_end(_stop_running_at_exit)
 

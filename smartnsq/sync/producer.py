@@ -76,6 +76,7 @@ class Producer:
             release(loop)
             raise
         self._loop = loop
+        loop.track(self._async)  # closed if the loop's thread ends by itself
         # a producer dropped without stop() (a careless app makes one per request) would
         # keep its connections for the life of the process: closed once nobody can call it
         self._dropped = weakref.finalize(self, _stop_dropped, self._async, loop)
@@ -169,7 +170,8 @@ class Producer:
             if not loop.in_this_process:
                 return
             try:
-                loop.run(self._async.stop(timeout))
+                # a Ctrl-C meanwhile is raised once the connections are closed
+                loop.run(self._async.stop(timeout), hold_interrupt=True)
             except EventLoopError:
                 if not loop.ended:
                     raise
