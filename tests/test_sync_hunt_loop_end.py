@@ -112,3 +112,31 @@ def test_ctrl_c_in_producer_stop_lets_the_stop_close_the_connections(
     assert lines[:3] == ["interrupted", "published", "0"], child.stdout + child.stderr
     assert float(lines[3]) < 3.0, child.stdout
     assert "Ctrl-C held back" in child.stderr
+
+
+CONSUMER_LEFT = textwrap.dedent("""
+    import asyncio, sys
+    import smartnsq.sync
+    from smartnsq.sync import _loop
+    c = smartnsq.sync.Consumer("t", "c", lambda msg: None, nsqd=sys.argv[1])
+    c.start()
+    async def stop_the_loop():
+        asyncio.get_running_loop().stop()
+    loop = _loop._shared
+    asyncio.run_coroutine_threadsafe(stop_the_loop(), loop.loop)
+    loop.thread.join(5)
+    print(loop.alive, flush=True)
+    # no c.stop(): the interpreter exits with the consumer left on its dead loop
+""")
+
+
+def test_interpreter_exit_after_the_loop_ended_under_a_consumer_is_quiet(
+        stock_one: ClusterThread) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", CONSUMER_LEFT, stock_one.cluster.nsqd_tcp_addresses[0]],
+        capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["False"]
+    # before: "stop at interpreter exit failed: RuntimeError('Event loop is closed')" and
+    # "RuntimeWarning: coroutine 'Consumer.stop' was never awaited"
+    assert "failed" not in child.stderr and "never awaited" not in child.stderr, child.stderr

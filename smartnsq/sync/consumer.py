@@ -346,6 +346,9 @@ class Consumer:
         loop = self._loop
         if loop is None or self._closed:
             return
+        if loop.ended:  # its thread ended by itself and stopped it then: only let go of it
+            self._shutdown_resources(wait=False)
+            return
         self._exiting = True
         if self._pool is not None:
             # queued handler calls are dropped; their messages are requeued by _in_thread
