@@ -407,6 +407,7 @@ class Lookup:
                 return exc
             answer = not_found_answer(reason, lookupd=lookupd, received_at=self._clock())
         self._health.success(lookupd)
+        answer = state.hold_empty(answer, self._clock(), 2 * self._config.poll_interval)
         state.answers[lookupd] = answer
         return answer
 
@@ -470,9 +471,10 @@ class Lookup:
         merged = list(answers.values()) + [state.answers[a] for a in carried]
         view = merge_answers(state.topic, state.access, merged, leader=self.leader,
                              built_at=self._clock(), carried=carried, failed=failed)
-        for a in list(state.answers):
-            if a not in self._health or self._health.is_demoted(a):
-                del state.answers[a]
+        # a demoted lookupd's answer is kept (never carried): hold_empty compares with it
+        for a in [a for a in state.answers if a not in self._health]:
+            del state.answers[a]
+            state.emptied.pop(a, None)
         previous, state.view, state.last_error = state.view, view, None
         events = diff_views(previous, view)
         if events:

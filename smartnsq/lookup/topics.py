@@ -32,6 +32,11 @@ log = logging.getLogger("smartnsq.lookup")
 #: pauses 100 ms after a forced re-query)
 MIN_ROUND_SPACING = 0.1
 
+#: how long an answer listing no nsqd for a topic whose nsqds the lookupd listed before is not
+#: believed: a restarted lookupd knows no nsqd until they register again (each pings every
+#: 15 s and registers all its topics when it reconnects)
+REGISTRATION_GRACE = 30.0
+
 Key = tuple[str, Access]
 Spawn = Callable[[Callable[[], Awaitable[Any]], str], None]
 
@@ -52,6 +57,30 @@ class TopicState:
     subscribers: list[Subscription] = field(default_factory=list)
     #: when someone last asked for the topic (the Lookup's clock)
     last_used: float = 0.0
+    #: lookupd → when it first listed no nsqd after listing some (see hold_empty)
+    emptied: dict[str, float] = field(default_factory=dict)
+
+    def hold_empty(self, answer: LookupAnswer, now: float, max_age: float) -> LookupAnswer:
+        """``answer``, or the lookupd's previous one while ``answer`` lists no nsqd though
+        the previous one (at most ``max_age`` old) did, for :data:`REGISTRATION_GRACE` from
+        the first such answer: a restarted lookupd would otherwise remove every nsqd of the
+        topic from the view and every consumer would unsubscribe from them."""
+        lookupd = answer.lookupd
+        previous = self.answers.get(lookupd)
+        if (not _lists_nothing(answer) or previous is None or _lists_nothing(previous)
+                or now - previous.received_at > max_age):
+            self.emptied.pop(lookupd, None)
+            return answer
+        since = self.emptied.setdefault(lookupd, now)
+        if now - since >= REGISTRATION_GRACE:
+            del self.emptied[lookupd]
+            return answer
+        if since == now:
+            log.info("lookupd %s lists no nsqd for topic %r (access=%s) but listed %d before "
+                     "(restarted?); its previous answer is used for up to %gs while the nsqds "
+                     "register again", lookupd, self.topic, self.access,
+                     len(previous.partitions) + len(previous.legacy), REGISTRATION_GRACE)
+        return previous
 
     def failed_again(self, err: LookupFailedError, now: float) -> bool:
         """Record ``err`` as the last error; True when it repeats the one before, so the
@@ -89,6 +118,10 @@ class TopicState:
     def notify(self, change: TopicChange) -> None:
         for sub in list(self.subscribers):
             sub.deliver(change)
+
+
+def _lists_nothing(answer: LookupAnswer) -> bool:
+    return answer.not_found is not None or not (answer.partitions or answer.legacy)
 
 
 def refused(err: LookupdError) -> bool:
