@@ -73,6 +73,9 @@ _ROUND_ROBIN_WIDTH = 4
 _DPUB_WINDOW = 128
 #: what a publish still gets when a failed lookup used its time (the producer needs > 0)
 _MIN_TIMEOUT = 0.001
+#: what an MPUB of one row adds to the row: the count, and an MPUB_EXT element's size fields
+#: and largest header (an MPUB_TRACE element adds less); a row of maxMessageBytes must fit
+_ONE_ROW_MPUB_EXTRA = 4 + 6 + 0xFFFF
 
 PartitionKey = tuple[str, int | None]
 
@@ -352,7 +355,8 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
         # one connection per nsqd: a lane's pipelined MPUBs are stored in the order sent
         more["connections_per_nsqd"] = 1
     config = ProducerConfig(publish_timeout=opts.publishTimeout, max_attempts=opts.maxAttempts,
-                            max_body_size=max(opts.maxBatchBytes, opts.maxMessageBytes),
+                            max_body_size=max(opts.maxBatchBytes,
+                                              opts.maxMessageBytes + _ONE_ROW_MPUB_EXTRA),
                             max_msg_size=opts.maxMessageBytes, **more)
     producer = Producer(nsqd=opts.nsqd, config=config) if opts.nsqd is not None else \
         Producer(lookupd=opts.lookupd, config=config)

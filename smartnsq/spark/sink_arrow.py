@@ -240,15 +240,21 @@ class BatchPlan:
         self.values = values
         lengths = pc.binary_length(values)
         self.lengths = lengths
+        # nsqd counts an MPUB_TRACE element's trace id in the message size (an MPUB_EXT
+        # row carries its trace id in the header instead)
+        traced = (trace_base is not None or "trace_id" in names) and "ext" not in names
+        limit = opts.maxMessageBytes - (8 if traced else 0)
         if self.rows:
             mm = pc.min_max(lengths).as_py()
-            if mm["min"] == 0 or mm["max"] > opts.maxMessageBytes:
-                bad = pc.or_(pc.equal(lengths, 0), pc.greater(lengths, opts.maxMessageBytes))
+            if mm["min"] == 0 or mm["max"] > limit:
+                bad = pc.or_(pc.equal(lengths, 0), pc.greater(lengths, limit))
                 i = _first_true(bad)
                 try:
-                    check_body(values[i].as_py(), opts.maxMessageBytes)
+                    check_body(values[i].as_py(), limit)
                 except ConfigError as exc:
-                    raise ConfigError(f"row {row_base + i} of the task: {exc}") from exc
+                    why = (f" (maxMessageBytes {opts.maxMessageBytes} less the 8-byte trace id "
+                           "nsqd counts in)") if traced and mm["min"] else ""
+                    raise ConfigError(f"row {row_base + i} of the task: {exc}{why}") from exc
         # topics: the option wins; else the column, checked once per distinct name
         self.topic_col = None
         if opts.topic is None:
@@ -311,8 +317,7 @@ class BatchPlan:
         if top is None or top < partition_num:
             return
         i = _first_true(pc.fill_null(pc.greater_equal(parts, partition_num), False))
-        row = i if idx is None else idx[i].as_py()
-        raise ConfigError(f"row {self._row_base + row} of the task: partition "
+        raise ConfigError(f"row {self._row_base + self._row(i, idx)} of the task: partition "
                           f"{parts[i].as_py()} out of range: topic {topic!r} has "
                           f"{partition_num} partitions")
 
@@ -442,8 +447,15 @@ class BatchPlan:
                 # an empty header is refused (docs/protocol.md §5.7)
                 h = encode_ext_header(hdr) or b"{}"
             except ConfigError as exc:
-                row = i if idx is None else idx[i].as_py()
-                raise ConfigError(f"row {self._row_base + row} of the task: {exc}") from None
+                raise ConfigError(f"row {self._row_base + self._row(i, idx)} of the task: "
+                                  f"{exc}") from None
+            # nsqd counts the header and its 2-byte length in the message size
+            if 2 + len(h) + len(body) > self.opts.maxMessageBytes:
+                raise ConfigError(
+                    f"row {self._row_base + self._row(i, idx)} of the task: message body of "
+                    f"{len(body)} bytes with its ext header of {len(h)} bytes (and 2 for its "
+                    f"length, which nsqd counts in) exceeds maxMessageBytes "
+                    f"{self.opts.maxMessageBytes}")
             item = 6 + len(h) + len(body)
             if cur.items and size + item > self.opts.maxBatchBytes:
                 units.append(cur)
@@ -454,6 +466,12 @@ class BatchPlan:
         if cur.items:
             units.append(cur)
         return units
+
+
+    @staticmethod
+    def _row(i: int, idx: Any) -> int:
+        """The batch index of the ``i``-th row of a group (``idx``: the group's indices)."""
+        return i if idx is None else int(idx[i].as_py())
 
 
 def plan_batches(batches: Sequence[Any], opts: SinkOptions,

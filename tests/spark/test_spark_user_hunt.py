@@ -14,6 +14,8 @@ from tests.spark.test_hunt_user_patterns import WAIT, lookupd, topic
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
 
+from smartnsq.errors import ConfigError  # noqa: E402
+from smartnsq.spark.sink import publish_task  # noqa: E402
 from smartnsq.spark.sink_arrow import BatchPlan, ExtBatch  # noqa: E402
 from smartnsq.spark.sink_options import parse_sink_options  # noqa: E402
 
@@ -54,3 +56,45 @@ def test_a_write_from_another_thread_finds_nsq_after_register(
     got = spark.read.format("nsq").option("lookupd", lookupd(tc)).option("topic", name) \
         .load().selectExpr("cast(body as string) as v").collect()
     assert sorted(r.v for r in got) == ["0", "1", "2"]
+
+
+def test_a_row_of_max_message_bytes_is_published(youzan_cluster: ThreadedCluster) -> None:
+    # a row of exactly maxMessageBytes (1 MiB, nsqd's default --max-msg-size) passed the row
+    # check, and its MPUB (count and size fields on top) failed the task with "body of
+    # 1048584 bytes exceeds max_body_size (1048576)", naming no row
+    tc = youzan_cluster
+    name = topic(tc, "hunt_max_row", partitions=1)
+    big = 1 << 20
+    batch = pa.record_batch({"value": pa.array([b"a" * big, b"b", b"c" * big], pa.binary())})
+    message = publish_task(parse_sink_options({"lookupd": lookupd(tc), "topic": name}),
+                           iter([batch]))
+    assert message.rows == 3
+    # nsqd counts a trace id in the message size: with trace ids such a row is named, where
+    # nsqd refused its MPUB_TRACE ("message too big 1048584 > 1048576") after retries
+    opts = parse_sink_options({"lookupd": lookupd(tc), "topic": name,
+                               "deterministicTraceIds": "true"})
+    with pytest.raises(ConfigError, match=r"row 1 of the task: message body of 1048576 bytes "
+                       r"exceeds max_msg_size \(1048568 bytes\) \(maxMessageBytes 1048576 less "
+                       "the 8-byte trace id"):
+        publish_task(opts, iter([batch.slice(1)]), batch_id=0)
+
+
+def test_an_ext_row_over_max_message_bytes_with_its_header_is_named(
+        youzan_cluster: ThreadedCluster) -> None:
+    # nsqd counts an ext header (and its 2-byte length) in the message size: a 1 MiB row with
+    # a header failed its task with nsqd's "MPUB message too big 1048686 > 1048576", naming
+    # no row; without a header (an all-null ext column) the row is a plain one and goes out
+    tc = youzan_cluster
+    name = "hunt_ext_max_row"
+    tc.sync(tc.cluster.create_topic, name, partition_num=1, ext=True, channels=["app"])
+    big = 1 << 20
+    maps = pa.map_(pa.string(), pa.string())
+    opts = parse_sink_options({"lookupd": lookupd(tc), "topic": name})
+    plain = pa.record_batch({"value": pa.array([b"a" * big], pa.binary()),
+                             "ext": pa.array([None], maps)})
+    assert publish_task(opts, iter([plain])).rows == 1
+    headed = pa.record_batch({"value": pa.array([b"b", b"c" * big], pa.binary()),
+                              "ext": pa.array([[("k", "v")], [("k", "v")]], maps)})
+    with pytest.raises(ConfigError, match=r"row 1 of the task: message body of 1048576 bytes "
+                       r"with its ext header of 9 bytes .* exceeds maxMessageBytes 1048576"):
+        publish_task(opts, iter([headed]))
