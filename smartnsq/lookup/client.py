@@ -112,6 +112,7 @@ class LookupdClient:
 
     async def _send(self, method: str, lookupd: str, path: str,
                     params: Mapping[str, str] | None) -> object:
+        began: int | None = None  # the status of an answer whose body is being read
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._session.request(
@@ -119,6 +120,7 @@ class LookupdClient:
                     timeout=aiohttp.ClientTimeout(total=self._timeout),
                     allow_redirects=False,
                 ) as resp:
+                    began = resp.status
                     try:
                         body = await read_body(resp, server=f"lookupd {lookupd}", path=path,
                                                limit=LOOKUPD_LIMIT)
@@ -131,7 +133,9 @@ class LookupdClient:
                 raise LookupdWrongPortError(lookupd, path, NSQD_HTTP, 404) from None
             raise
         except TimeoutError:
-            raise LookupdError(f"{NO_ANSWER} {self._timeout:g}s", lookupd=lookupd,
+            # a body that never ends (a proxy, a half-written answer) is told from silence
+            part = f" (HTTP {began} came, its body did not end)" if began is not None else ""
+            raise LookupdError(f"{NO_ANSWER} {self._timeout:g}s{part}", lookupd=lookupd,
                                path=path) from None
         except aiohttp.ClientConnectorError as exc:
             raise LookupdError(f"cannot connect: {exc.os_error.strerror or exc.os_error}",
