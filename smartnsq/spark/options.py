@@ -20,7 +20,7 @@ from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
 from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
-from smartnsq.spark.sink_options import SinkOptions, unknown_option_hint
+from smartnsq.spark.sink_options import SinkOptions, python_text_hint, unknown_option_hint
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
            "parse_source_options"]
@@ -166,7 +166,8 @@ def _offsets(name: str, value: str, topic: str, allowed: tuple[str, ...]) -> Sta
     try:
         parsed = parse_offsets_json(text, topic)
     except ValueError as exc:
-        raise SourceOptionError(f"option {name}={value!r}: {exc}") from None
+        raise SourceOptionError(f"option {name}={value!r}: {exc}"
+                                f"{python_text_hint(text)}") from None
     bad = [p for p, o in parsed.items() if o < EARLIEST or (name == "endingOffsets"
                                                             and o == EARLIEST)]
     if bad:
@@ -210,7 +211,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
                 try:
                     parse_http_address(a)
                 except ValueError as exc:
-                    raise SourceOptionError(f"option lookupd={value!r}: {exc}") from None
+                    raise SourceOptionError(f"option lookupd={value!r}: {exc}"
+                                            f"{python_text_hint(value)}") from None
             values[field] = addrs
         elif name in ("topic", "channel", "flavour"):
             values[field] = value.strip().lower() if name == "flavour" else value.strip()

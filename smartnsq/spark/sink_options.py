@@ -17,7 +17,7 @@ from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
 from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
 
-__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
+__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options", "python_text_hint",
            "unknown_option_hint"]
 
 #: keys Spark itself may put into the options map of a write; they mean nothing to NSQ
@@ -49,6 +49,19 @@ def unknown_option_hint(key: str, known: tuple[str, ...],
         # a known name inside the key (lookupdAddresses, topicName) is as good a guess
         close = [n for n in lowered if len(n) > 3 and n in low][:1]
     return f" (did you mean {lowered[close[0]]}?)" if close else ""
+
+
+def python_text_hint(value: str) -> str:
+    """What to give instead when ``value`` is the text of a Python list, tuple or dict:
+    pyspark's ``option()`` takes ``str(value)`` of anything, and neither text parses."""
+    v = value.strip()
+    if v[:1] in ("[", "("):
+        return ("; this is the text of a Python list (option() takes str(value)): give one "
+                "comma-separated string, e.g. ','.join(addresses)")
+    if v[:1] == "{" and "'" in v:
+        return ("; this is the text of a Python dict (option() takes str(value)): give JSON, "
+                "e.g. json.dumps(offsets)")
+    return ""
 
 
 def _sink_hint(key: str, known: tuple[str, ...]) -> str:
@@ -171,7 +184,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         name = str(first["loc"][0]) if first["loc"] else "?"
         value = given.get(name, "")
         msg = str(first["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"nsq sink option {name}={value!r}: {msg}") from None
+        raise ConfigError(f"nsq sink option {name}={value!r}: {msg}"
+                          f"{python_text_hint(str(value))}") from None
     if (opts.lookupd is None) == (opts.nsqd is None):
         raise ConfigError("the nsq sink needs exactly one of the options lookupd (nsqlookupd "
                           "HTTP addresses) or nsqd (nsqd TCP addresses)"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,7 +15,8 @@ from tests.spark.test_hunt_user_patterns import WAIT, lookupd, topic
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
 
-from smartnsq.errors import ConfigError  # noqa: E402
+from smartnsq.errors import ConfigError, SourceOptionError  # noqa: E402
+from smartnsq.spark.options import parse_source_options  # noqa: E402
 from smartnsq.spark.sink import publish_task  # noqa: E402
 from smartnsq.spark.sink_arrow import BatchPlan, ExtBatch  # noqa: E402
 from smartnsq.spark.sink_options import parse_sink_options  # noqa: E402
@@ -98,3 +100,26 @@ def test_an_ext_row_over_max_message_bytes_with_its_header_is_named(
     with pytest.raises(ConfigError, match=r"row 1 of the task: message body of 1048576 bytes "
                        r"with its ext header of 9 bytes .* exceeds maxMessageBytes 1048576"):
         publish_task(opts, iter([headed]))
+
+
+@pytest.mark.parametrize(("name", "value", "said"), [
+    # pyspark's option() takes str(value): a list of addresses was refused as an "Invalid
+    # IPv6 URL", a dict of offsets as "not valid JSON (Expecting property name ...)"
+    ("lookupd", ["127.0.0.1:4161", "127.0.0.1:4162"], "','.join"),
+    ("lookupd", ("127.0.0.1:4161",), "','.join"),
+    ("startingOffsets", {"0": 5, "1": -2}, "json.dumps"),
+    ("endingOffsets", {"0": 5}, "json.dumps"),
+])
+def test_a_python_list_or_dict_given_as_an_option_says_what_to_give(
+        name: str, value: object, said: str) -> None:
+    from pyspark.sql.readwriter import to_str
+
+    text = to_str(value)
+    options = {"lookupd": "127.0.0.1:4161", "topic": "t", name: text}
+    with pytest.raises(SourceOptionError, match=f"option {name}=.*Python.*{re.escape(said)}"):
+        parse_source_options(options, streaming=name != "endingOffsets")
+    if name == "lookupd":
+        with pytest.raises(ConfigError, match=f"option lookupd=.*Python.*{re.escape(said)}"):
+            parse_sink_options({"lookupd": text, "topic": "t"})
+        with pytest.raises(ConfigError, match=f"option nsqd=.*Python.*{re.escape(said)}"):
+            parse_sink_options({"nsqd": text, "topic": "t"})
