@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from aiohttp import web
+
 from smartnsq.errors import LookupFailedError
 from smartnsq.lookup import Lookup
 from tests.lookup_fakes import FakeLookupd, TopicSpec, closed_port_url, quick_config
@@ -83,3 +86,33 @@ async def test_requests_queued_behind_a_silent_lookupd_fail_with_the_first() -> 
         assert took < 1.0
         assert silent.accepted <= 33  # 32 slots (+ the /listlookup pass before them)
         assert any("not sent" in str(r) for r in results)
+
+
+class OneSlowTopic(FakeLookupd):
+    """Answers topic ``slow`` 1 s later than the others."""
+
+    async def _respond(self, request: web.Request, path: str,
+                       params: dict[str, str]) -> web.Response:
+        if params.get("topic") == "slow":
+            await asyncio.sleep(1.0)
+        return await super()._respond(request, path, params)
+
+
+async def test_one_request_timing_out_does_not_fail_those_queued_behind_it(
+        fakes: list[FakeLookupd]) -> None:
+    fake = await OneSlowTopic("stock").start()
+    fakes.append(fake)
+    fake.topics = {f"t{i}": TopicSpec(legacy=[4150]) for i in range(100)}
+    fake.topics["slow"] = TopicSpec(legacy=[4150])
+    fake.delay = 0.1  # the 100 queue behind 31 free slots for 0.4 s, past the slow one's end
+    async with Lookup(quick_config(fake.url, request_timeout=0.3)) as lk:
+        await lk.discover()
+        slow = asyncio.ensure_future(lk.refresh("slow"))
+        await asyncio.wait_for(fake.path_event("/lookup").wait(), 5)
+        views = await asyncio.wait_for(
+            asyncio.gather(*(lk.refresh(f"t{i}") for i in range(100))), 10)
+        assert all(v.nodes for v in views)
+        with pytest.raises(LookupFailedError, match=r"no answer within 0\.3s"):
+            await slow
+        (status,) = lk.lookupds()
+        assert not status.demoted

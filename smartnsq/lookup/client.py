@@ -35,15 +35,25 @@ PER_LOOKUPD = 32
 
 
 class _Gate:
-    """One lookupd's request slots, and its latest request that got no answer."""
+    """One lookupd's request slots, its latest request that got no answer (and when that
+    was sent), and when it last answered anything."""
 
-    __slots__ = ("last_silence", "silences", "slots", "users")
+    __slots__ = ("answered", "last_silence", "silence_sent", "silences", "slots", "users")
 
     def __init__(self) -> None:
         self.slots = asyncio.Semaphore(PER_LOOKUPD)
         self.users = 0
         self.silences = 0
         self.last_silence: LookupdError | None = None
+        self.silence_sent = 0.0
+        self.answered = 0.0
+
+    def silent_since(self, silences: int) -> LookupdError | None:
+        """The error of a request that got no answer since the gate had ``silences``, when
+        nothing was answered after it was sent (the lookupd is silent, not one request)."""
+        if self.silences == silences or self.answered > self.silence_sent:
+            return None
+        return self.last_silence
 
 
 class LookupdClient:
@@ -93,18 +103,25 @@ class LookupdClient:
         silences = gate.silences
         try:
             async with gate.slots:
-                if gate.silences != silences and gate.last_silence is not None:
-                    # a request sent while this one waited got no answer: waiting for this
-                    # one too would make a round wait a request timeout per queued batch
-                    raise LookupdError(f"{gate.last_silence.reason} (a request sent before "
-                                       "this one); not sent", lookupd=lookupd, path=path)
+                silent = gate.silent_since(silences)
+                if silent is not None:
+                    # the lookupd went silent while this request waited: waiting for it too
+                    # would make a round wait a request timeout per queued batch
+                    raise LookupdError(f"{silent.reason} (a request sent before this one); "
+                                       "not sent", lookupd=lookupd, path=path)
+                loop = asyncio.get_running_loop()
+                sent = loop.time()
                 try:
-                    return await self._send(method, lookupd, path, params)
+                    result = await self._send(method, lookupd, path, params)
                 except LookupdError as exc:
                     if exc.status is None:
                         gate.silences += 1
-                        gate.last_silence = exc
+                        gate.last_silence, gate.silence_sent = exc, sent
+                    else:
+                        gate.answered = loop.time()
                     raise
+                gate.answered = loop.time()
+                return result
         finally:
             gate.users -= 1
             if not gate.users:
