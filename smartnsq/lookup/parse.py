@@ -9,6 +9,7 @@ A partition count beyond what youzan can have is refused outright: everything do
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from smartnsq.errors import LookupdError
+from smartnsq.errors import ConfigError, LookupdError
 from smartnsq.lookup.envelope import quote
 from smartnsq.lookup.models import (
     MAX_PARTITION_NUM,
@@ -29,7 +30,7 @@ from smartnsq.lookup.models import (
     join_host_port,
 )
 from smartnsq.lookup.view import LookupAnswer, Node, TopicMeta
-from smartnsq.protocol.validation import MAX_PARTITION
+from smartnsq.protocol.validation import MAX_PARTITION, parse_tcp_address
 
 log = logging.getLogger("smartnsq.lookup")
 
@@ -78,8 +79,10 @@ def _node(entry: object) -> Node:
     except ValidationError as exc:
         raise ValueError(_problems(exc)) from None
     host = peer.broadcast_address or peer.address or ""
+    address = join_host_port(host, peer.tcp_port)
+    _check_host(host, address)
     return Node(
-        address=join_host_port(host, peer.tcp_port),
+        address=address,
         broadcast_address=host,
         tcp_port=peer.tcp_port,
         http_port=peer.http_port,
@@ -87,6 +90,20 @@ def _node(entry: object) -> Node:
         version=peer.version,
         distributed_id=peer.distributed_id,
     )
+
+
+def _check_host(host: str, address: str) -> None:
+    """ValueError unless ``host`` (nsqd's broadcast address) is a host name or an IP address:
+    one set to ``host:port`` or with a space failed at every connect on a name no resolver
+    knows, or as a ConfigError that blamed the caller's configuration."""
+    bare = host.removeprefix("[").removesuffix("]")
+    try:
+        parse_tcp_address(address)
+        if ":" in bare:
+            ipaddress.IPv6Address(bare)
+    except (ConfigError, ValueError):
+        raise ValueError(f"broadcast_address {quote(host)!r} is no host name or IP address"
+                         + (" (a host:port?)" if ":" in bare else "")) from None
 
 
 def _show(entry: object) -> str:
