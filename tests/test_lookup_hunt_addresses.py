@@ -12,7 +12,7 @@ from smartnsq import Producer
 from smartnsq.config import ProducerConfig
 from smartnsq.errors import LookupRefusedError, PublishError
 from smartnsq.lookup import Lookup
-from smartnsq.lookup.parse import parse_lookup
+from smartnsq.lookup.parse import parse_listlookup, parse_lookup
 from tests.lookup_fakes import V1_HEADERS, FakeLookupd, peer, quick_config
 
 L = "http://127.0.0.1:4161"
@@ -61,3 +61,16 @@ async def test_a_publish_through_a_lookupd_naming_only_bad_hosts_fails_naming_th
                 await producer.publish("t", b"x")
         finally:
             await producer.stop()
+
+
+@pytest.mark.parametrize("host", ["10.0.0.2:4161", "lookupd 2"])
+def test_a_listed_lookupd_whose_node_ip_is_no_host_is_skipped(
+        host: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "smartnsq.lookup")
+    entry = {"ID": "x", "NodeIP": "10.0.0.1", "TcpPort": "4160", "HttpPort": "4161",
+             "RpcPort": "4162", "Epoch": 1}
+    doc = {"lookupdnodes": [entry, {**entry, "NodeIP": host}], "lookupdleader": entry}
+    listed = parse_listlookup(doc, lookupd=L)
+    # it was asked every round as "http://[10.0.0.2:4161]:4161" and demoted
+    assert listed is not None and listed.lookupds == ("http://10.0.0.1:4161",)
+    assert repr(host) in caplog.text

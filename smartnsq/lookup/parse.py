@@ -92,17 +92,18 @@ def _node(entry: object) -> Node:
     )
 
 
-def _check_host(host: str, address: str) -> None:
-    """ValueError unless ``host`` (nsqd's broadcast address) is a host name or an IP address:
-    one set to ``host:port`` or with a space failed at every connect on a name no resolver
-    knows, or as a ConfigError that blamed the caller's configuration."""
+def _check_host(host: str, address: str, name: str = "broadcast_address") -> None:
+    """ValueError unless ``host`` (nsqd's broadcast address, a listed lookupd's NodeIP) is a
+    host name or an IP address: one set to ``host:port`` or with a space failed at every
+    connect on a name no resolver knows, or as a ConfigError that blamed the caller's
+    configuration."""
     bare = host.removeprefix("[").removesuffix("]")
     try:
         parse_tcp_address(address)
         if ":" in bare:
             ipaddress.IPv6Address(bare)
     except (ConfigError, ValueError):
-        raise ValueError(f"broadcast_address {quote(host)!r} is no host name or IP address"
+        raise ValueError(f"{name} {quote(host)!r} is no host name or IP address"
                          + (" (a host:port?)" if ":" in bare else "")) from None
 
 
@@ -209,11 +210,18 @@ class ClusterLookupds:
 
 
 def _lookupd_url(node: LookupdNodeModel, *, lookupd: str) -> str | None:
-    if not node.NodeIP or not _PORT.match(node.HttpPort) or not 0 < int(node.HttpPort) < 65536:
-        log.warning("lookupd %s: skipping /listlookup entry with NodeIP=%r HttpPort=%r",
-                    lookupd, quote(node.NodeIP), quote(node.HttpPort))
-        return None
-    return "http://" + join_host_port(node.NodeIP, int(node.HttpPort))
+    why = ""
+    if node.NodeIP and _PORT.match(node.HttpPort) and 0 < int(node.HttpPort) < 65536:
+        address = join_host_port(node.NodeIP, int(node.HttpPort))
+        try:
+            _check_host(node.NodeIP, address, "NodeIP")
+        except ValueError as exc:
+            why = f" ({exc})"
+        else:
+            return "http://" + address
+    log.warning("lookupd %s: skipping /listlookup entry with NodeIP=%r HttpPort=%r%s",
+                lookupd, quote(node.NodeIP), quote(node.HttpPort), why)
+    return None
 
 
 def parse_listlookup(payload: object, *, lookupd: str) -> ClusterLookupds | None:
