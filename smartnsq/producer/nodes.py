@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from smartnsq.backoff import Backoff
 from smartnsq.config import ProducerConfig
+from smartnsq.errors import ClientClosedError
 from smartnsq.metrics.catalog import address_label
 from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.pool import NodePool, reconnect_backoff
@@ -75,6 +76,9 @@ class Nodes:
         pool = self.pools.get(address)
         if pool is not None:
             return pool
+        if self.direct.closed:
+            # a publish retrying after the producer stopped must not dial a new nsqd
+            raise ClientClosedError(f"the producer is stopped (no pool for nsqd {address})")
         if self.named is not None and self._sweeps.due(len(self.pools)):
             self._sweep(self.named())
         return self._new(address, auto_reconnect=False)
@@ -106,9 +110,10 @@ class Nodes:
                     ((nsqd, "closed"), closed)]
         return out
 
-    async def close(self) -> None:
-        """Wake every waiter, then close every pool."""
-        self.direct.up()
+    async def close(self, within: float | None = None) -> None:
+        """Wake every waiter, then close every pool (``within``: see
+        :meth:`NodePool.close`)."""
+        self.direct.close()
         pools = [*self.pools.values(), *self._swept]
-        await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
+        await asyncio.gather(*(p.close(within) for p in pools), return_exceptions=True)
 

@@ -185,7 +185,10 @@ class NodePool:
     async def recover(self, deadline: float) -> bool:
         """Wait until a connection is up again (woken at once) or the backoff ends, at most
         until loop time ``deadline``; True if a dial failed meanwhile and left the node
-        down."""
+        down. ClientClosedError once the pool is closed (it will not come up again: a
+        publish retrying it would go round without a pause until its deadline)."""
+        if self._closed:
+            raise ClientClosedError(f"the pool for nsqd {self.address} is closed")
         seen = self.dial_failures
         until = min(deadline, self._retry_at)
         if asyncio.get_running_loop().time() < until:
@@ -374,9 +377,9 @@ class NodePool:
 
     # ------------------------------------------------------------------ closing
 
-    async def close(self) -> None:
-        """Close every connection, letting outstanding publishes be answered first (bounded
-        by the connection's ``close_timeout``)."""
+    async def close(self, within: float | None = None) -> None:
+        """Close every connection, letting outstanding publishes be answered first, for
+        ``within`` seconds (None: the connection's ``close_timeout``; 0: not at all)."""
         self._closed = True
         for w in self._up_waiters:
             if not w.done():
@@ -394,4 +397,4 @@ class NodePool:
         conns = list(self._all)
         self._up.clear()
         self._all.clear()
-        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        await asyncio.gather(*(c.close(within) for c in conns), return_exceptions=True)

@@ -67,8 +67,8 @@ from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.ops import DPub, Op, Pub, check_trace_id, one_op
 from smartnsq.producer.pool import NodePool
 from smartnsq.producer.router import TopicRoute
-from smartnsq.producer.settle import settle
 from smartnsq.producer.sharded import ShardSender
+from smartnsq.producer.stop import ProducerStop
 from smartnsq.producer.trace import TraceSwitch, log_receipt
 from smartnsq.producer.trace import switch as default_switch
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
@@ -131,6 +131,10 @@ class Producer:
                                     timeout=self._timeout)
         shards = ShardSender(self._run, self._router, self._batcher, self._is_traced)
         self._lanes = ShardLanes(shards.send)
+        self._stop = ProducerStop(self._lanes, self._batcher, self._engine,
+                                  self._router.routes if self._router is not None else None,
+                                  self._nodes, self.instruments,
+                                  self._lookup if self._own_lookup else None)
         self._topics_ok: set[str] = set()
         self._closed = False
         self._started = False
@@ -190,25 +194,21 @@ class Producer:
         the connections (outstanding answers are awaited up to the connections'
         ``close_timeout``) and the lookup component if this producer made it. A publish still
         unanswered then (batched and ordered ones too) fails with :class:`ClientClosedError`
-        (nsqd may have stored it). Idempotent."""
+        (nsqd may have stored it). Idempotent: a second call waits for the first. Cancelled
+        while it waits, it cuts the stop short: what is unanswered fails at once and the
+        connections close without waiting for answers."""
         # checked before anything changes: a bad value must not leave a half-closed producer
         limit = self.config.publish_timeout if timeout is None else check_duration(
             timeout, "timeout")
-        if self._closed:
-            return
         if not self._started:
             self._closed = True  # nothing was opened
+            return
+        if self._stop.done:
             return
         self._on_loop()
         self._closed = True
         self._open_in = 0
-        await settle(self._lanes, self._batcher, self._engine, limit)
-        if self._router is not None:
-            await self._router.routes.close()
-        await self._nodes.close()
-        self.instruments.close()
-        if self._lookup is not None and self._own_lookup:
-            await self._lookup.stop()
+        await self._stop.run(limit)
 
     # ------------------------------------------------------------------ introspection
 

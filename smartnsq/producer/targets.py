@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-from smartnsq.errors import NSQConnectionError, NSQError
+from smartnsq.errors import ClientClosedError, NSQConnectionError, NSQError
 from smartnsq.producer.observe import PublishMetrics
 from smartnsq.producer.router import TopicRoute
 
@@ -109,6 +109,8 @@ class DirectTargets(Generic[T_co]):
         self._waiters: set[asyncio.Future[None]] = set()
         #: the engine's metrics (None: off): failed dials a waiting publish counts
         self.obs: PublishMetrics | None = None
+        #: the producer stopped: no target will come up again
+        self.closed = False
 
     def pick(self, avoid: set[str] | None, now: float) -> T_co | None:
         """The next target not in its backoff, preferring those not in ``avoid`` and those
@@ -135,17 +137,28 @@ class DirectTargets(Generic[T_co]):
         for fut in self._waiters:
             _wake(fut)
 
+    def close(self) -> None:
+        """The producer stopped: the publishes waiting for a target fail now, with
+        ClientClosedError, rather than at their deadline."""
+        self.closed = True
+        self.up()
+
     async def wait(self, until: float) -> None:
-        """Until some target comes up or the loop time ``until``, whichever is first."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        handle = loop.call_at(until, _wake, fut)
-        self._waiters.add(fut)
-        try:
-            await fut
-        finally:
-            handle.cancel()
-            self._waiters.discard(fut)
+        """Until some target comes up or the loop time ``until``, whichever is first;
+        ClientClosedError once :meth:`close` was called."""
+        if not self.closed:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            handle = loop.call_at(until, _wake, fut)
+            self._waiters.add(fut)
+            try:
+                await fut
+            finally:
+                handle.cancel()
+                self._waiters.discard(fut)
+        if self.closed:
+            raise ClientClosedError("the producer stopped before nsqd answered the publish "
+                                    "(nsqd may have stored it)")
 
     def dial_failures(self) -> int:
         """Failed dials so far over the listed targets (each one counts as an attempt)."""
