@@ -2,7 +2,9 @@
 
 A source offset is ``{"<partition>": <byte offset>}``: per partition, the position in the
 partition's virtual queue (the disk-queue byte offset a message frame carries). Keys are
-strings in sorted order because offsets travel as JSON and Spark compares them as text.
+strings in sorted order because offsets travel as JSON and Spark compares them as text. The
+stream hands Spark (its checkpoint and progress) the offsets under the topic's name, as
+Kafka's source does: ``{"<topic>": {"<partition>": <byte offset>}}``.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from smartnsq.errors import SourceOptionError
+
 __all__ = [
-    "EARLIEST", "LATEST", "DataLoss", "PartitionState", "check_data_loss", "decode_offsets",
-    "encode_offsets", "parse_offsets_json", "split_budget", "split_range",
+    "EARLIEST", "LATEST", "DataLoss", "PartitionState", "check_data_loss",
+    "checkpoint_offsets", "decode_offsets", "encode_offsets", "parse_offsets_json",
+    "read_checkpoint_offsets", "split_budget", "split_range",
 ]
 
 #: Kafka's markers in JSON offsets: -2 the earliest retained position, -1 the end
@@ -55,6 +60,29 @@ def decode_offsets(doc: Mapping[str, object]) -> dict[int, int]:
             raise ValueError(f"partition {partition} is negative")
         out[partition] = value
     return out
+
+
+def checkpoint_offsets(offsets: Mapping[int, int], topic: str) -> dict[str, dict[str, int]]:
+    """The stream's offsets as Spark keeps them: under the topic's name, so that a checkpoint
+    restarted on another topic is refused instead of read at that topic's byte positions."""
+    return {topic: encode_offsets(offsets)}
+
+
+def read_checkpoint_offsets(doc: Mapping[str, object], topic: str) -> dict[int, int]:
+    """The inverse of :func:`checkpoint_offsets`. A flat ``{"<partition>": offset}`` (a
+    checkpoint written before offsets named their topic) is taken as ``topic``'s; another
+    topic's offsets raise SourceOptionError."""
+    if len(doc) == 1:
+        ((name, inner),) = doc.items()
+        if isinstance(inner, Mapping):
+            if name != topic:
+                raise SourceOptionError(
+                    f"option topic={topic!r}: this query's checkpoint holds the offsets of topic "
+                    f"{name!r} (Spark resumes a query from its checkpoint, whatever its "
+                    "startingOffsets); a checkpointLocation serves one topic: give this query "
+                    "its own")
+            return decode_offsets(inner)
+    return decode_offsets(doc)
 
 
 def parse_offsets_json(text: str, topic: str) -> dict[int, int]:

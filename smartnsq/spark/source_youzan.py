@@ -40,8 +40,8 @@ from smartnsq.spark.lag import PartitionLag, measure_lag, progress_offsets
 from smartnsq.spark.offsets import (
     PartitionState,
     check_data_loss,
-    decode_offsets,
-    encode_offsets,
+    checkpoint_offsets,
+    read_checkpoint_offsets,
     split_budget,
     split_range,
 )
@@ -168,11 +168,16 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _snapshot(self) -> Snapshot:
         return asyncio.run(snapshot(self.opts))
 
-    def initialOffset(self) -> dict[str, int]:
+    def _in(self, doc: Mapping[str, Any]) -> dict[int, int]:
+        return read_checkpoint_offsets(doc, self.opts.topic)
+
+    def _out(self, offsets: Mapping[int, int]) -> dict[str, dict[str, int]]:
+        return checkpoint_offsets(offsets, self.opts.topic)
+
+    def initialOffset(self) -> dict[str, dict[str, int]]:
         snap = self._snapshot()
         probe = self.opts.channel_for("ts")[:50] + "_" + uuid.uuid4().hex[:8]
-        return encode_offsets(asyncio.run(starting_positions(self.opts, snap, "latest",
-                                                             probe)))
+        return self._out(asyncio.run(starting_positions(self.opts, snap, "latest", probe)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_messages_per_trigger is not None:
@@ -212,7 +217,8 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out[p] = loss.resumed_at
         return out
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit
+                     ) -> dict[str, dict[str, int]]:
         snap = self._snapshot()
         try:
             return self._latest(start, limit, snap)
@@ -223,8 +229,8 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._drop_probe(snap)
 
     def _latest(self, start: dict[str, Any], limit: ReadLimit, snap: Snapshot
-                ) -> dict[str, int]:
-        begin = self._effective_start(decode_offsets(start), snap)
+                ) -> dict[str, dict[str, int]]:
+        begin = self._effective_start(self._in(start), snap)
         latest = {p: s.end for p, s in snap.partitions.items()}
         for p, off in begin.items():
             # leaderless for now: no new data this batch, but its offset stays in the map
@@ -236,13 +242,13 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMinRows):
             # only bytes are known up front: wait until the backlog may hold min_rows
             if sum(backlog.values()) < limit.min_rows * MIN_RECORD and self._target is None:
-                unchanged = decode_offsets(start)
+                unchanged = self._in(start)
                 self._measure_lag(snap, unchanged)
-                return encode_offsets(unchanged)
+                return self._out(unchanged)
         elif isinstance(limit, ReadMaxRows | ReadMaxBytes):
             latest = self._limited(begin, latest, backlog, snap, limit)
         self._measure_lag(snap, latest)
-        return encode_offsets(latest)
+        return self._out(latest)
 
     def _measure_lag(self, snap: Snapshot, ends: dict[int, int]) -> None:
         # the probe channel is moved to the batch's end where the query is behind
@@ -301,7 +307,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[NsqRange]:
-        s, e = decode_offsets(start), decode_offsets(end)
+        s, e = self._in(start), self._in(end)
         if s == e:
             return []
         snap = self._snapshot()
@@ -317,7 +323,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not self.opts.commit_to_channel:
             return
         try:
-            asyncio.run(self._move_channel(decode_offsets(end)))
+            asyncio.run(self._move_channel(self._in(end)))
         except NSQError as exc:
             # informational only: the checkpoint, not the channel, is the truth
             log.warning("could not move channel %s to the committed offsets: %s",

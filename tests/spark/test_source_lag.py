@@ -58,7 +58,7 @@ def source_progress(q: Any) -> list[dict[str, Any]]:
 def lag(source: dict[str, Any]) -> dict[int, tuple[int, int]]:
     """(messages, bytes) behind, per partition, after the batch."""
     latest = json.loads(source["latestOffset"])
-    end = json.loads(source["endOffset"])
+    (end,) = json.loads(source["endOffset"]).values()  # {"<topic>": {"<partition>": offset}}
     out = {}
     for p, st in latest.items():
         # the bytes behind are the distance from the batch's end to the latest offset

@@ -57,22 +57,22 @@ def test_limits_split_by_backlog_and_land_on_boundaries(tc: ThreadedCluster) -> 
     r = reader(tc, startingOffsets="earliest", maxMessagesPerTrigger="40")
     assert r.getDefaultReadLimit() == ReadMaxRows(40)
     start = r.initialOffset()
-    assert start == {"0": 0, "1": 0}
+    assert start == {TOPIC: {"0": 0, "1": 0}}
     end = r.latestOffset(start, ReadMaxRows(40))
     # 40 messages split 3:1 like the backlogs; each end is a message boundary
-    assert end == {"0": p0[30].offset, "1": p1[10].offset}
+    assert end == {TOPIC: {"0": p0[30].offset, "1": p1[10].offset}}
     ends = {"0": p0[-1].offset + p0[-1].raw_size, "1": p1[-1].offset + p1[-1].raw_size}
     # the progress's latestOffset: the queue ends, and what this batch leaves behind them
     assert r.reportLatestOffset() == {
-        "0": {"offset": ends["0"], "lagMessages": 30, "lagBytes": ends["0"] - end["0"]},
-        "1": {"offset": ends["1"], "lagMessages": 10, "lagBytes": ends["1"] - end["1"]}}
+        "0": {"offset": ends["0"], "lagMessages": 30, "lagBytes": ends["0"] - end[TOPIC]["0"]},
+        "1": {"offset": ends["1"], "lagMessages": 10, "lagBytes": ends["1"] - end[TOPIC]["1"]}}
     # a byte budget: never more than the budget (here three records of partition 0)
     size = p0[0].raw_size
     by_bytes = r.latestOffset(end, ReadMaxBytes(4 * size + size // 2))
-    assert by_bytes == {"0": p0[33].offset, "1": p1[11].offset}
+    assert by_bytes == {TOPIC: {"0": p0[33].offset, "1": p1[11].offset}}
     # Spark may ask for everything regardless of the default limit
     everything = r.latestOffset(start, ReadAllAvailable())
-    assert everything == ends
+    assert everything == {TOPIC: ends}
     assert r.reportLatestOffset() == {p: {"offset": e, "lagMessages": 0, "lagBytes": 0}
                                       for p, e in ends.items()}
     parts = r.partitions(start, end)
@@ -97,7 +97,7 @@ def test_leaderless_partition_keeps_its_offset(tc: ThreadedCluster) -> None:
     try:
         publish(tc, 0, 3)
         end = r.latestOffset(start, ReadAllAvailable())
-        assert end["1"] == start["1"] and end["0"] > start["0"]
+        assert end[TOPIC]["1"] == start[TOPIC]["1"] and end[TOPIC]["0"] > start[TOPIC]["0"]
         assert [t.task.partition for t in r.partitions(start, end)] == [0]
     finally:
         tc.call(tc.cluster.start_node(node))
@@ -128,7 +128,7 @@ def test_a_limited_batch_leaves_no_probe_channel(tc: ThreadedCluster) -> None:
 
     start = r.initialOffset()
     end = r.latestOffset(start, ReadMaxRows(5))
-    assert end["0"] > start["0"]  # a batch was found (the probe was used)
+    assert end[TOPIC]["0"] > start[TOPIC]["0"]  # a batch was found (the probe was used)
     assert r._probe not in channels()
     r.latestOffset(end, ReadMaxRows(5))
     assert r._probe not in channels()
@@ -146,13 +146,15 @@ def test_one_task_per_partition_and_pieces_that_cover_it_once(tc: ThreadedCluste
     end = r.latestOffset(start, ReadAllAvailable())
     tasks = [p.task for p in r.partitions(start, end)]
     assert sorted(t.partition for t in tasks) == [0, 1]
-    assert all(not t.align_start and t.start == start[str(t.partition)] for t in tasks)
+    assert all(not t.align_start and t.start == start[TOPIC][str(t.partition)]
+               for t in tasks)
     split = reader(tc, startingOffsets="earliest", minPartitions="5")
     pieces = [p.task for p in split.partitions(start, end)]
     assert len(pieces) == 6  # 3 per partition
     for part in (0, 1):
         mine = [t for t in pieces if t.partition == part]
-        assert mine[0].start == start[str(part)] and mine[-1].end == end[str(part)]
+        assert mine[0].start == start[TOPIC][str(part)]
+        assert mine[-1].end == end[TOPIC][str(part)]
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
         assert [t.align_start for t in mine] == [False, True, True]
         assert len({t.channel for t in mine}) == 3 and all(t.delete_channel for t in mine)

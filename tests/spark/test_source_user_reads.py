@@ -167,5 +167,5 @@ def test_stream_start_inside_a_message_is_reported_at_the_boundary(target: Targe
     reader = YouzanStreamReader(parse_source_options(
         {"lookupd": target.lookupd, "topic": topic, "startingOffsets": json.dumps(inside)},
         streaming=True))
-    assert reader.initialOffset() == {"0": p0[4].offset,
-                                      "1": p1[-1].offset + p1[-1].raw_size}
+    assert reader.initialOffset() == {topic: {"0": p0[4].offset,
+                                              "1": p1[-1].offset + p1[-1].raw_size}}

@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import smartnsq.spark
 from tests.spark.conftest import ThreadedCluster
-from tests.spark.test_hunt_user_patterns import WAIT, lookupd, topic
+from tests.spark.test_hunt_user_patterns import WAIT, lookupd, publish, topic
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
 
 from smartnsq.errors import ConfigError, SourceOptionError  # noqa: E402
+from smartnsq.spark.offsets import checkpoint_offsets, read_checkpoint_offsets  # noqa: E402
 from smartnsq.spark.options import parse_source_options  # noqa: E402
 from smartnsq.spark.sink import publish_task  # noqa: E402
 from smartnsq.spark.sink_arrow import BatchPlan, ExtBatch  # noqa: E402
@@ -123,3 +126,75 @@ def test_a_python_list_or_dict_given_as_an_option_says_what_to_give(
             parse_sink_options({"lookupd": text, "topic": "t"})
         with pytest.raises(ConfigError, match=f"option nsqd=.*Python.*{re.escape(said)}"):
             parse_sink_options({"nsqd": text, "topic": "t"})
+
+
+def test_a_checkpoint_restarted_on_another_topic_is_refused(
+        spark: Any, youzan_cluster: ThreadedCluster, tmp_path: Path) -> None:
+    # a query copied with its checkpointLocation and pointed at another topic: Spark resumes
+    # from the checkpoint (startingOffsets ignored) and the byte offsets carried no topic, so
+    # topic B was read from topic A's positions: 20 of B's 30 messages, the first 10 lost
+    tc = youzan_cluster
+    a, b = topic(tc, "hunt_ckpt_a", 1), topic(tc, "hunt_ckpt_b", 1)
+    publish(tc, a, 0, [b"a%d" % i for i in range(10)])
+    publish(tc, b, 0, [b"b%d" % i for i in range(30)])
+
+    def run(name: str) -> BaseException | None:
+        q = (spark.readStream.format("nsq").option("lookupd", lookupd(tc)).option("topic", name)
+             .option("startingOffsets", "earliest").load().selectExpr("cast(body as string) b")
+             .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True)
+             .start())
+        try:
+            assert q.awaitTermination(WAIT)
+        except Exception as exc:  # the query failed
+            return exc
+        return q.exception()
+
+    assert run(a) is None
+    failed = run(b)
+    assert failed is not None
+    assert f"holds the offsets of topic '{a}'" in str(failed), str(failed)[-2000:]
+    got = sorted(r.b for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert got == sorted(f"a{i}" for i in range(10))
+
+
+def test_checkpoint_offsets_name_their_topic_and_old_ones_still_read() -> None:
+    doc = checkpoint_offsets({1: 96, 0: 1024}, "orders")
+    assert json.dumps(doc) == '{"orders": {"0": 1024, "1": 96}}'
+    assert read_checkpoint_offsets(doc, "orders") == {0: 1024, 1: 96}
+    # a checkpoint written before offsets named their topic
+    assert read_checkpoint_offsets({"0": 1024, "1": 96}, "orders") == {0: 1024, 1: 96}
+    assert read_checkpoint_offsets({"0": 7}, "orders") == {0: 7}
+    with pytest.raises(SourceOptionError, match="checkpoint holds the offsets of topic 'orders'"):
+        read_checkpoint_offsets(doc, "billing")
+
+
+def test_a_checkpoint_with_offsets_of_before_goes_on(
+        spark: Any, youzan_cluster: ThreadedCluster, tmp_path: Path) -> None:
+    # a checkpoint an earlier version wrote ({"<partition>": offset}, no topic) resumes where
+    # it was: nothing read twice, nothing lost
+    tc = youzan_cluster
+    name = topic(tc, "hunt_ckpt_old", 2)
+    publish(tc, name, 0, [b"a%d" % i for i in range(10)])
+    publish(tc, name, 1, [b"b%d" % i for i in range(10)])
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> None:
+        q = (spark.readStream.format("nsq").option("lookupd", lookupd(tc))
+             .option("topic", name).option("startingOffsets", "earliest")
+             .option("maxMessagesPerTrigger", "8").load()
+             .selectExpr("cast(body as string) b").writeStream.format("parquet")
+             .option("path", str(tmp_path / "out")).option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+        assert q.awaitTermination(WAIT) and q.exception() is None
+
+    run()
+    for log in (ckpt / "offsets").glob("[0-9]*"):
+        head, _, last = log.read_text().rstrip("\n").rpartition("\n")
+        log.write_text(f"{head}\n{json.dumps(json.loads(last)[name])}")
+        (ckpt / "offsets" / f".{log.name}.crc").unlink()  # Hadoop checks it on read
+    publish(tc, name, 1, [b"c%d" % i for i in range(5)])
+    run()
+    got = sorted(r.b for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert got == sorted([f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+                         + [f"c{i}" for i in range(5)])
