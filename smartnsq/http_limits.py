@@ -1,5 +1,5 @@
 """How much of an HTTP body the client reads from nsqd and nsqlookupd, and the one reader that
-holds every client to it.
+holds every client to it; how many calls it has in flight to them (:class:`ServerGates`).
 
 Reading a body whole costs its size in memory before anything can look at it, and a server,
 or whatever answers on its port, may send any size. Each endpoint gets a cap far above what a
@@ -12,8 +12,11 @@ nsqd HTTP error) so it reaches users the way every other failure of the same cal
 from __future__ import annotations
 
 import ast
+import asyncio
 import io
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 
@@ -87,3 +90,87 @@ def _quoted(message: str) -> bytes:
 
 #: the answer of a Go HTTP server (nsqd's and nsqlookupd's) to a path it does not serve
 NO_SUCH_PATH = "NOT_FOUND"
+
+
+#: calls in flight to one server, and to all, at a time; the others wait for a slot before
+#: their timeout starts, so a server is judged by how it answers and not by the client's own
+#: queue (aiohttp's pool of 100 connections counted against each call's timeout: 250 calls at
+#: once to an nsqd answering each in 0.2 s, timeout 0.5 s, failed 50 of them)
+PER_SERVER = 32
+IN_FLIGHT = 100
+
+
+class _Gate:
+    """One server's slots, its latest call that got no answer (and when that was sent), and
+    when it last answered anything."""
+
+    __slots__ = ("answered", "last_silence", "silence_sent", "silences", "slots", "users")
+
+    def __init__(self) -> None:
+        self.slots = asyncio.Semaphore(PER_SERVER)
+        self.users = 0
+        self.silences = 0
+        self.last_silence = ""
+        self.silence_sent = 0.0
+        self.answered = 0.0
+
+
+class Turn:
+    """A call's slot (:meth:`ServerGates.turn`): ask :meth:`silent` before sending, and say
+    how it went with :meth:`done`."""
+
+    __slots__ = ("_gate", "_silences", "sent")
+
+    def __init__(self, gate: _Gate, silences: int) -> None:
+        self._gate = gate
+        self._silences = silences
+        self.sent = asyncio.get_running_loop().time()
+
+    def silent(self) -> str | None:
+        """The reason of a call that got no answer while this one waited, when the server
+        answered nothing after that call was sent: it is silent, not slow on one call, and
+        waiting a timeout per queued batch would only repeat it."""
+        gate = self._gate
+        if gate.silences == self._silences or gate.answered > gate.silence_sent:
+            return None
+        return gate.last_silence
+
+    def done(self, no_answer: str | None) -> None:
+        """The call ended: answered (``no_answer`` None), or not, for that reason."""
+        gate = self._gate
+        if no_answer is None:
+            gate.answered = asyncio.get_running_loop().time()
+        else:
+            gate.silences += 1
+            gate.last_silence, gate.silence_sent = no_answer, self.sent
+
+
+class ServerGates:
+    """The slots of one client's calls, by server (a server's gate lives while calls to it
+    are in flight or waiting)."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, _Gate] = {}
+        self._in_flight = asyncio.Semaphore(IN_FLIGHT)
+
+    @asynccontextmanager
+    async def turn(self, server: str) -> AsyncIterator[Turn]:
+        """Wait for a slot to ``server`` (its own first: a busy server does not hold slots
+        others could use) and hold it for the block."""
+        gate = self._gates.get(server)
+        if gate is None:
+            gate = self._gates[server] = _Gate()
+        gate.users += 1
+        silences = gate.silences
+        try:
+            async with gate.slots, self._in_flight:
+                yield Turn(gate, silences)
+        finally:
+            gate.users -= 1
+            if not gate.users:
+                del self._gates[server]
+
+
+#: what a call that was not sent, because the server went silent meanwhile, says after the
+#: silent call's reason
+NOT_SENT = "(a call sent before this one); not sent"

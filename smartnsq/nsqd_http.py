@@ -54,7 +54,14 @@ from smartnsq.errors import (
 )
 from smartnsq.errors.ports import LOOKUPD_HTTP
 from smartnsq.errors.server import SERVER_ERRORS
-from smartnsq.http_limits import NO_SUCH_PATH, not_http, nsqd_limit, read_body
+from smartnsq.http_limits import (
+    NO_SUCH_PATH,
+    NOT_SENT,
+    ServerGates,
+    not_http,
+    nsqd_limit,
+    read_body,
+)
 from smartnsq.lookup.envelope import decode, error_message
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.http import ACCEPT_V1
@@ -141,6 +148,8 @@ class NsqdHttpClient:
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self._timeout = aiohttp.ClientTimeout(total=float(timeout))
         self._session: aiohttp.ClientSession | None = None
+        #: slots per nsqd: each call's timeout starts when it is sent
+        self._gates = ServerGates()
         self._closed = False
         #: one ``async with`` at a time (smartnsq._entry); its session opens on first use,
         #: so there is no started state to refuse
@@ -167,7 +176,11 @@ class NsqdHttpClient:
         if self._session is None:
             if self._closed:
                 raise ClientClosedError("this NsqdHttpClient is closed")
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=HEADERS)
+            # no pool limit of its own: the gates bound the connections, and a call queued
+            # in the pool would spend its timeout there
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers=HEADERS,
+                connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     async def _call(self, method: str, address: str, path: str, params: dict[str, str],
@@ -176,8 +189,24 @@ class NsqdHttpClient:
         base = parse_http_address(address)
         where = base.removeprefix("http://").removeprefix("https://")
         session = self._http()
+        async with self._gates.turn(base) as turn:
+            silent = turn.silent()
+            if silent is not None:
+                raise NsqdUnavailableError(where, path, f"{silent} {NOT_SENT}", None)
+            try:
+                result = await self._send(session, method, base + path, where, path, params,
+                                          body, topic=topic, partition=partition)
+            except NsqdUnavailableError as exc:
+                turn.done(exc.reason if exc.status is None else None)
+                raise
+            turn.done(None)
+            return result
+
+    async def _send(self, session: aiohttp.ClientSession, method: str, url: str, where: str,
+                    path: str, params: dict[str, str], body: bytes | None, *,
+                    topic: str | None, partition: int | None) -> object:
         try:
-            async with session.request(method, base + path, params=params, data=body) as resp:
+            async with session.request(method, url, params=params, data=body) as resp:
                 status = resp.status
                 data = await read_body(resp, server=f"nsqd {where}", path=path,
                                        limit=nsqd_limit(path))

@@ -15,7 +15,14 @@ import aiohttp
 from smartnsq.config import USER_AGENT
 from smartnsq.errors import BodyTooLargeError, LookupdError, LookupdWrongPortError
 from smartnsq.errors.ports import NSQD_HTTP
-from smartnsq.http_limits import LOOKUPD_LIMIT, NO_SUCH_PATH, not_http, read_body
+from smartnsq.http_limits import (
+    LOOKUPD_LIMIT,
+    NO_SUCH_PATH,
+    NOT_SENT,
+    ServerGates,
+    not_http,
+    read_body,
+)
 from smartnsq.lookup.envelope import decode
 from smartnsq.metrics import CounterFamily
 from smartnsq.metrics.catalog import address_label
@@ -27,33 +34,6 @@ HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 LOOKUPD_ONLY_PATHS = ("/lookup", "/nodes", "/topics", "/channels")
 #: how the reason of a request that timed out begins
 NO_ANSWER = "no answer within"
-#: requests in flight to one lookupd at a time; the others wait for a slot before their
-#: request timeout starts, so a lookupd is judged by how it answers, not by our own queue
-#: (300 topics refreshed at once queued in aiohttp's pool of 100 connections, timed out
-#: there and demoted a lookupd that answered each request in 0.2 s)
-PER_LOOKUPD = 32
-
-
-class _Gate:
-    """One lookupd's request slots, its latest request that got no answer (and when that
-    was sent), and when it last answered anything."""
-
-    __slots__ = ("answered", "last_silence", "silence_sent", "silences", "slots", "users")
-
-    def __init__(self) -> None:
-        self.slots = asyncio.Semaphore(PER_LOOKUPD)
-        self.users = 0
-        self.silences = 0
-        self.last_silence: LookupdError | None = None
-        self.silence_sent = 0.0
-        self.answered = 0.0
-
-    def silent_since(self, silences: int) -> LookupdError | None:
-        """The error of a request that got no answer since the gate had ``silences``, when
-        nothing was answered after it was sent (the lookupd is silent, not one request)."""
-        if self.silences == silences or self.answered > self.silence_sent:
-            return None
-        return self.last_silence
 
 
 class LookupdClient:
@@ -63,8 +43,8 @@ class LookupdClient:
     def __init__(self, session: aiohttp.ClientSession, timeout: float) -> None:
         self._session = session
         self._timeout = timeout
-        #: lookupd → its gate, while requests to it are in flight or waiting
-        self._gates: dict[str, _Gate] = {}
+        #: slots per lookupd: the request timeout starts when one is sent
+        self._gates = ServerGates()
         #: ``LOOKUP_QUERIES`` (None: metrics off)
         self.queries: CounterFamily | None = None
 
@@ -96,36 +76,17 @@ class LookupdClient:
 
     async def _request(self, method: str, lookupd: str, path: str,
                        params: Mapping[str, str] | None) -> object:
-        gate = self._gates.get(lookupd)
-        if gate is None:
-            gate = self._gates[lookupd] = _Gate()
-        gate.users += 1
-        silences = gate.silences
-        try:
-            async with gate.slots:
-                silent = gate.silent_since(silences)
-                if silent is not None:
-                    # the lookupd went silent while this request waited: waiting for it too
-                    # would make a round wait a request timeout per queued batch
-                    raise LookupdError(f"{silent.reason} (a request sent before this one); "
-                                       "not sent", lookupd=lookupd, path=path)
-                loop = asyncio.get_running_loop()
-                sent = loop.time()
-                try:
-                    result = await self._send(method, lookupd, path, params)
-                except LookupdError as exc:
-                    if exc.status is None:
-                        gate.silences += 1
-                        gate.last_silence, gate.silence_sent = exc, sent
-                    else:
-                        gate.answered = loop.time()
-                    raise
-                gate.answered = loop.time()
-                return result
-        finally:
-            gate.users -= 1
-            if not gate.users:
-                del self._gates[lookupd]
+        async with self._gates.turn(lookupd) as turn:
+            silent = turn.silent()
+            if silent is not None:
+                raise LookupdError(f"{silent} {NOT_SENT}", lookupd=lookupd, path=path)
+            try:
+                result = await self._send(method, lookupd, path, params)
+            except LookupdError as exc:
+                turn.done(exc.reason if exc.status is None else None)
+                raise
+            turn.done(None)
+            return result
 
     async def _send(self, method: str, lookupd: str, path: str,
                     params: Mapping[str, str] | None) -> object:
