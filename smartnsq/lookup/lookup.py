@@ -82,6 +82,12 @@ def _health_book(config: LookupConfig, seeds: tuple[str, ...],
     return health
 
 
+def _own_session() -> aiohttp.ClientSession:
+    # no pool limit of its own: the client's slots (http_limits.ServerGates) bound the
+    # connections, and a request queued in the pool would spend its timeout there
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
 class Lookup:
     """Discovers lookupds, keeps merged topic views fresh and tells subscribers what changed.
 
@@ -143,9 +149,7 @@ class Lookup:
             return
         self._started = True
         if self._session is None:
-            # no pool limit of its own: the client's per-lookupd slots bound the connections,
-            # and a request queued in the pool would spend its timeout there
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._session = _own_session()
         self._client = LookupdClient(self._session, self._config.request_timeout)
         self.meters.start(self._client, self._health, self._topics)
         self._roster = LookupdRoster(self._seeds, self._health, self._client,
@@ -330,9 +334,7 @@ class Lookup:
         for mode in modes:
             state = self._topics.get((topic, mode), use=True)
             if state is None or state.coalescer.queued:
-                # a round that has not started yet answers this report too: every
-                # connection of a restarted nsqd reporting at once costs one task
-                continue
+                continue  # a round not started yet answers this report too
             where = f" partition {partition}" if partition is not None else ""
             log.info("stale leader reported for topic %r%s (access=%s); refreshing",
                      topic, where, mode)
@@ -471,10 +473,7 @@ class Lookup:
         merged = list(answers.values()) + [state.answers[a] for a in carried]
         view = merge_answers(state.topic, state.access, merged, leader=self.leader,
                              built_at=self._clock(), carried=carried, failed=failed)
-        # a demoted lookupd's answer is kept (never carried): hold_empty compares with it
-        for a in [a for a in state.answers if a not in self._health]:
-            del state.answers[a]
-            state.emptied.pop(a, None)
+        state.drop_answers(self._health)
         previous, state.view, state.last_error = state.view, view, None
         events = diff_views(previous, view)
         if events:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,13 @@ class TopicState:
         if self.view is None:
             raise err
         return self.view
+
+    def drop_answers(self, known: Container[str]) -> None:
+        """Forget the answers of lookupds no longer ``known``; a demoted lookupd's answer
+        stays (it is never carried: :meth:`hold_empty` compares with it)."""
+        for lookupd in [a for a in self.answers if a not in known]:
+            del self.answers[lookupd]
+            self.emptied.pop(lookupd, None)
 
     def notify(self, change: TopicChange) -> None:
         for sub in list(self.subscribers):
