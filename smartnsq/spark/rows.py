@@ -21,8 +21,9 @@ _EXT_TAG = 2
 _TAG_KEY = "##client_dispatch_tag"
 
 
-def ext_map(raw: RawMessage) -> dict[str, str] | None:
-    """The ext header as ``map<string,string>`` (non-string JSON values as JSON text)."""
+def ext_map(raw: RawMessage) -> dict[str, str | None] | None:
+    """The ext header as ``map<string,string>`` (JSON null as a null value, what the sink
+    sends for one; other non-string JSON values as JSON text)."""
     if raw.ext_version is None or raw.ext is None:
         return None
     if raw.ext_version == _EXT_TAG:
@@ -33,7 +34,8 @@ def ext_map(raw: RawMessage) -> dict[str, str] | None:
         except ValueError:
             return {"": raw.ext.decode("utf-8", "replace")}
         if isinstance(doc, dict):
-            return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}
+            return {str(k): v if v is None or isinstance(v, str) else json.dumps(v)
+                    for k, v in doc.items()}
     return None
 
 
@@ -98,7 +100,7 @@ def _repeat(pa: Any, value: object, type_: Any, n: int) -> Any:
     return pa.repeat(pa.scalar(value, type_), n)
 
 
-def _items(d: dict[str, str] | None) -> list[tuple[str, str]] | None:
+def _items(d: dict[str, str | None] | None) -> list[tuple[str, str | None]] | None:
     return None if d is None else list(d.items())
 
 
