@@ -20,7 +20,12 @@ from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
 from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
-from smartnsq.spark.sink_options import SinkOptions, python_text_hint, unknown_option_hint
+from smartnsq.spark.sink_options import (
+    SinkOptions,
+    options_value,
+    python_text_hint,
+    unknown_option_hint,
+)
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
            "parse_source_options"]
@@ -196,8 +201,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raw[name] = str(value)
     for required in ("lookupd", "topic"):
         if not raw.get(required, "").strip():
+            path = options_value(options, "path") if required == "topic" else None
+            hint = "" if path is None else (
+                f"; load(path) gave path={path!r}: the topic goes in "
+                f".option(\"topic\", {json.dumps(path)})")
             raise SourceOptionError(f"option {required} is required (got "
-                                    f"{raw.get(required)!r})")
+                                    f"{raw.get(required)!r}){hint}")
     topic = raw["topic"].strip()
     values: dict[str, object] = {}
     for name, value in raw.items():

@@ -8,6 +8,7 @@ naming the option (as documented) and the value, before any task starts.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -177,6 +178,12 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             f"unknown nsq sink option(s): "
             f"{', '.join(k + _sink_hint(k, known) for k in sorted(unknown))} "
             f"(known: {', '.join(known)})")
+    path = options_value(options, "path")
+    if path is not None and "topic" not in given:
+        # a file format's habit: the path means nothing to NSQ and was dropped unread
+        raise ConfigError(f"the nsq sink takes no path: save(path) gave path={path!r}; the "
+                          f"topic goes in .option(\"topic\", {json.dumps(path)}) (or a topic "
+                          "column, without a path)")
     try:
         opts = SinkOptions.model_validate(given)
     except ValidationError as exc:

@@ -224,3 +224,18 @@ def test_ext_with_nulls_round_trips_through_spark(spark: Any,
         .selectExpr("cast(body as string) b", "ext['tenant'] t", "map_keys(ext) keys").collect()
     assert sorted((r.b, r.t, sorted(r["keys"])) for r in got) == [
         ("a", "t1", ["k", "tenant"]), ("b", None, ["k"])]
+
+
+def test_a_topic_given_as_the_path_says_where_it_goes() -> None:
+    # df.write.format("nsq").save("orders") / spark.read.format("nsq").load("orders"), as with
+    # file formats: the path was dropped unread and the error said only "option topic is
+    # required (got None)" / "needs the topic option or a topic column"
+    given = {"lookupd": "127.0.0.1:4161", "path": "orders"}
+    with pytest.raises(SourceOptionError, match=r"""load\(path\) gave path='orders'.*"""
+                                                r"""\.option\("topic", "orders"\)"""):
+        parse_source_options(given, streaming=False)
+    with pytest.raises(ConfigError, match=r"""save\(path\) gave path='orders'.*"""
+                                          r"""\.option\("topic", "orders"\)"""):
+        parse_sink_options(given)
+    # with the topic option the path means nothing and is let be, as before
+    assert parse_sink_options({**given, "topic": "t"}).topic == "t"
