@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
+import smartnsq.producer.http_targets as http_targets
 import smartnsq.producer.nodes as nodes_module
 from smartnsq.config import ProducerConfig
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import NSQConnectionError
 from smartnsq.lookup import Lookup
-from smartnsq.producer import Producer
+from smartnsq.producer import HttpProducer, Producer
 from smartnsq.producer.pool import NodePool
 from tests.consumer_support import eventually
 
@@ -91,3 +92,21 @@ async def test_lookupd_producer_forgets_the_pools_of_replaced_nsqd() -> None:
             assert len(p.pools) <= nodes_module.SWEEP_MIN, list(p.pools)
             leader = cluster.nsqd_tcp_addresses[cluster.leader("moving") or 0]
             assert p.pools[leader].is_up
+
+
+async def test_lookupd_http_producer_forgets_the_nodes_of_replaced_nsqd() -> None:
+    """The same for the HTTP producer: each replaced nsqd's HTTP node (its address and
+    backoff state) was kept for good: 24 replacements, 25 nodes."""
+    config = ProducerConfig(lookupd_poll_interval=0.1, publish_timeout=5)
+    async with DevCluster(nodes=1, flavour="youzan") as cluster:
+        cluster.create_topic("moving", channels=["c"])
+        async with HttpProducer(lookupd=cluster.lookupd_http_addresses, config=config) as p:
+            await p.publish("moving", b"x")
+            for _ in range(24):
+                new = await cluster.add_node()
+                old = cluster.leader("moving")
+                assert old is not None
+                cluster.move_leader("moving", 0, new)
+                await cluster.remove_node(old)
+                await p.publish("moving", b"x")
+            assert p._nodes.size <= http_targets.SWEEP_MIN

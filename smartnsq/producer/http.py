@@ -110,6 +110,7 @@ class HttpProducer:
                 source, poll_interval=config.lookupd_poll_interval,
                 poll_jitter=config.lookupd_poll_jitter)
             self._router = Router(self._lookup, policy.backoff)
+            self._nodes.named = self._router.routes.http_addresses
             self._engine = RetryEngine(policy, router=self._router, endpoints=self._nodes)
         self._session = session
         self._own_session = session is None

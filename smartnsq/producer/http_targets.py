@@ -16,6 +16,7 @@ it does for a TCP pool in its reconnect backoff.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Collection
 from typing import ClassVar
 
 import aiohttp
@@ -26,6 +27,7 @@ from smartnsq.errors import ClientClosedError, UnsupportedFeatureError
 from smartnsq.producer.http_nsqd import flavour, post, receipt
 from smartnsq.producer.retry import Action, classify
 from smartnsq.producer.router import TopicRoute
+from smartnsq.producer.sweeps import SweepSchedule
 from smartnsq.producer.types import PublishReceipt
 from smartnsq.protocol.validation import parse_http_address
 from smartnsq.sharding import ShardKey, ShardRule
@@ -36,6 +38,9 @@ _WHAT = {"/pubtrace": "traced publish", "/pub_ext": "publish with ext header"}
 #: the metrics' and spans' command of a request to each path
 _COMMAND = {"/pub": "HTTP_PUB", "/mpub": "HTTP_MPUB", "/pubtrace": "HTTP_PUB_TRACE",
             "/pub_ext": "HTTP_PUB_EXT"}
+
+#: nodes kept before the first sweep of those no route names (lookupd mode)
+SWEEP_MIN = 16
 
 
 def node_backoff(config: ProducerConfig) -> Backoff:
@@ -103,16 +108,32 @@ class HttpNode:
 
 class HttpNodes:
     """The HTTP producer's nodes by address: the listed ones, and in lookupd mode those the
-    routes name (:meth:`target`, the engine's endpoints)."""
+    routes name (:meth:`target`, the engine's endpoints). In lookupd mode the nodes no route
+    names any more are swept out as the table grows (:class:`SweepSchedule`): a cluster whose
+    nsqd come and go under new addresses (pods) must not leave one behind each."""
 
     def __init__(self, backoff: Backoff) -> None:
         self.backoff = backoff
         self._nodes: dict[str, HttpNode] = {}
+        #: lookupd mode: the HTTP addresses the routes name now (set by the producer)
+        self.named: Callable[[], Collection[str]] | None = None
+        self._sweeps = SweepSchedule(SWEEP_MIN)
+
+    @property
+    def size(self) -> int:
+        """Nodes kept now."""
+        return len(self._nodes)
 
     def node(self, address: str) -> HttpNode:
         """The node of ``address`` (``http://host:port``), made on first use."""
         node = self._nodes.get(address)
         if node is None:
+            if self.named is not None and self._sweeps.due(len(self._nodes)):
+                named = self.named()
+                for gone in [a for a in self._nodes if a not in named]:
+                    # a publish holding it finishes with it; the next one starts afresh
+                    del self._nodes[gone]
+                self._sweeps.swept(len(self._nodes))
             node = self._nodes[address] = HttpNode(address, self.backoff)
         return node
 

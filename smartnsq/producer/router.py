@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from smartnsq.errors import Flavour, LookupFailedError
 from smartnsq.lookup import Lookup, TopicView
 from smartnsq.producer.sweeps import SweepSchedule
+from smartnsq.protocol.validation import parse_http_address
 
 logger = logging.getLogger("smartnsq.producer")
 
@@ -161,6 +162,18 @@ class Routes:
         for route in self._routes.values():
             out.update(a for a in route.slots if a is not None)
             out.update(route.legacy)
+        return out
+
+    def http_addresses(self) -> set[str]:
+        """The HTTP address (``http://host:port``) of every nsqd a route names that the
+        lookup described (the HTTP producer's nodes)."""
+        out: set[str] = set()
+        for route in self._routes.values():
+            nodes = route.view.nodes
+            for address in (*route.slots, *route.legacy):
+                node = nodes.get(address) if address is not None else None
+                if node is not None:
+                    out.add(parse_http_address(node.http_address))
         return out
 
     def _sweep(self) -> None:
