@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -95,15 +96,24 @@ async def test_a_stopped_leader_not_listed_elsewhere_fails_within_the_timeout() 
             await producer.publish_ordered(TOPIC, "k", b"warm")
             # the only replica stops: no other node can lead the partition
             await cluster.stop_node(0)
+            started = time.monotonic()
             async with asyncio.timeout(20):
-                with pytest.raises(PublishTimeoutError) as info:
+                with pytest.raises(PublishError) as info:
                     await producer.publish_ordered(TOPIC, "k", b"lost", timeout=1.5)
+            assert time.monotonic() - started < 2.0
     text = str(info.value)
-    assert f"topic {TOPIC!r} partition 0" in text and "no writable leader" in text
-    # the last failure names the nsqd and what happened to it
+    assert f"topic {TOPIC!r} partition 0" in text
+    # the last failure names the nsqd and what happened to it. The lookupd's answer without
+    # the node is not believed at once (a restarted lookupd lists no nsqd until they register
+    # again), so the refused dials to the node it listed spend max_attempts; once the answer
+    # is believed, the publish waits for a leader until its timeout ('no writable leader')
     assert address in text
-    assert isinstance(info.value.__cause__, NoLeaderKnownError)
-    assert isinstance(info.value.__cause__.__cause__, NSQConnectionError)
+    cause = info.value.__cause__
+    if isinstance(info.value, PublishTimeoutError):
+        assert "no writable leader" in text
+        assert isinstance(cause, NoLeaderKnownError)
+        cause = cause.__cause__
+    assert isinstance(cause, NSQConnectionError)
 
 
 async def test_a_listed_leader_refusing_connections_still_spends_max_attempts() -> None:
