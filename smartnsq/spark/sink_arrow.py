@@ -467,7 +467,6 @@ class BatchPlan:
             units.append(cur)
         return units
 
-
     @staticmethod
     def _row(i: int, idx: Any) -> int:
         """The batch index of the ``i``-th row of a group (``idx``: the group's indices)."""
