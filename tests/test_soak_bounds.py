@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import pytest
 
@@ -73,6 +73,21 @@ async def test_a_down_nsqd_keeps_no_waiter_per_publish_that_waited_for_it() -> N
     await pool.close()
 
 
+async def replace_the_leader(cluster: DevCluster, publish: Callable[[], Awaitable[object]],
+                             times: int) -> None:
+    """Publish, then ``times`` over: a new node takes the lead of topic ``moving``'s partition
+    0 and the old leader goes (a rolling restart with new addresses), and publish again (the
+    stale leader is refused: refresh, retry)."""
+    await publish()
+    for _ in range(times):
+        new = await cluster.add_node()
+        old = cluster.leader("moving")
+        assert old is not None
+        cluster.move_leader("moving", 0, new)
+        await cluster.remove_node(old)
+        await publish()
+
+
 async def test_lookupd_producer_forgets_the_pools_of_replaced_nsqd() -> None:
     """nsqd replaced by new addresses (a rolling restart with new pod IPs, scale-out and in)
     each left their pool, and 3 connection-gauge series saying 'closed', for the life of a
@@ -81,14 +96,7 @@ async def test_lookupd_producer_forgets_the_pools_of_replaced_nsqd() -> None:
     async with DevCluster(nodes=1, flavour="youzan") as cluster:
         cluster.create_topic("moving", channels=["c"])
         async with Producer(lookupd=cluster.lookupd_http_addresses, config=config) as p:
-            await p.publish("moving", b"x")
-            for _ in range(24):
-                new = await cluster.add_node()
-                old = cluster.leader("moving")
-                assert old is not None
-                cluster.move_leader("moving", 0, new)
-                await cluster.remove_node(old)
-                await p.publish("moving", b"x")  # the stale leader is refused: refresh, retry
+            await replace_the_leader(cluster, lambda: p.publish("moving", b"x"), 24)
             assert len(p.pools) <= nodes_module.SWEEP_MIN, list(p.pools)
             leader = cluster.nsqd_tcp_addresses[cluster.leader("moving") or 0]
             assert p.pools[leader].is_up
@@ -101,12 +109,5 @@ async def test_lookupd_http_producer_forgets_the_nodes_of_replaced_nsqd() -> Non
     async with DevCluster(nodes=1, flavour="youzan") as cluster:
         cluster.create_topic("moving", channels=["c"])
         async with HttpProducer(lookupd=cluster.lookupd_http_addresses, config=config) as p:
-            await p.publish("moving", b"x")
-            for _ in range(24):
-                new = await cluster.add_node()
-                old = cluster.leader("moving")
-                assert old is not None
-                cluster.move_leader("moving", 0, new)
-                await cluster.remove_node(old)
-                await p.publish("moving", b"x")
+            await replace_the_leader(cluster, lambda: p.publish("moving", b"x"), 24)
             assert p._nodes.size <= http_targets.SWEEP_MIN

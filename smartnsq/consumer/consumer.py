@@ -58,6 +58,7 @@ from smartnsq.flow import RdyController
 from smartnsq.message import Message
 from smartnsq.metrics.api import Metrics
 from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.stop_run import StopRun
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -190,9 +191,8 @@ class Consumer:
         # lifecycle
         self._entry = Entry(type(self).__name__)
         self._life = ConsumerLife(f"{self.topic}/{self.channel}")
-        self._stop_task: asyncio.Task[None] | None = None
-        #: a cancelled stop() cutting the stop short (see stop())
-        self._cut_task: asyncio.Future[None] | None = None
+        #: stop(): graceful, cut short when a caller is cancelled while it waits
+        self._stop_run = StopRun(self._cut_short)
 
     # the parts, under the names tests reach for
     @property
@@ -336,31 +336,17 @@ class Consumer:
             self._dispatch.stopping = True
             await self._discovery.close()
             return
-        if self._stop_task is None:
-            timeout = self._config.drain_timeout if drain_timeout is None else drain_timeout
-            assert self._loop is not None
-            self._stop_task = self._loop.create_task(self._shutdown(timeout))
+        timeout = self._config.drain_timeout if drain_timeout is None else drain_timeout
+        self._stop_run.start(lambda: self._shutdown(timeout))
         me = asyncio.current_task()
         if me is not None and me in self._workers:
             return  # a handler stopping its own consumer must not wait for itself
-        try:
-            await asyncio.shield(self._stop_task)
-        except asyncio.CancelledError:
-            # the caller gave up waiting (a timeout around it): rather than a graceful stop
-            # left unwatched, holding messages in flight, the stop is cut short. Another
-            # caller's wait also ends here; not cancelled itself, it returns, stopped.
-            if self._cut_task is None:
-                self._cut_task = asyncio.ensure_future(self._cut_short())
-            await asyncio.shield(self._cut_task)
-            if me is not None and me.cancelling():
-                raise
+        # a caller cancelled while it waits (a timeout around it) cuts the stop short rather
+        # than leave a graceful stop unwatched, holding messages in flight
+        await self._stop_run.wait()
 
     async def _cut_short(self) -> None:
         """End a cancelled stop at once (:meth:`StopSteps.cut_short`)."""
-        task = self._stop_task
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait((task,))
         if self._life.closed:
             return
         await self._stop_steps.cut_short()

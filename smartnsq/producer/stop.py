@@ -1,4 +1,5 @@
-"""A producer's stop: one run however many callers wait for it, graceful unless cut short.
+"""A producer's stop: graceful unless cut short (one run however many callers wait for it,
+:class:`~smartnsq.stop_run.StopRun`).
 
 Graceful: the producer's ordered lanes, its open and outstanding auto-batches and its
 publishes in flight get ``limit`` seconds to be answered; what is still unanswered then is
@@ -8,11 +9,8 @@ if cancelled: a web framework's request as a client disconnect). Then the connec
 (answers still awaited up to their ``close_timeout``), and the lookup component the producer
 made stops.
 
-A caller cancelled while it waits (a timeout around ``stop()``, ``asyncio.run`` ending on
-Ctrl-C) cuts the stop short rather than leaving it unwatched, or half done for a second
-``stop()`` to find finished: what is unanswered is given up as above, at once, and the
-connections close without waiting for answers. The cancellation then goes on; another
-caller's wait ends there too, stopped.
+Cut short (a caller cancelled while it waits): what is unanswered is given up as above, at
+once, and the connections close without waiting for answers.
 
 Caller: :meth:`smartnsq.Producer.stop`.
 """
@@ -30,6 +28,7 @@ from smartnsq.producer.instruments import ProducerInstruments
 from smartnsq.producer.lanes import ShardLanes
 from smartnsq.producer.nodes import Nodes
 from smartnsq.producer.router import Routes
+from smartnsq.stop_run import StopRun
 
 __all__ = ["ProducerStop"]
 
@@ -50,29 +49,18 @@ class ProducerStop:
         self._nodes = nodes
         self._instruments = instruments
         self._lookup = lookup
-        self._graceful: asyncio.Task[None] | None = None
-        self._cut: asyncio.Task[None] | None = None
+        self._run = StopRun(self._cut_short)
 
     @property
     def done(self) -> bool:
         """The stop ran to its end (gracefully or cut short)."""
-        last = self._cut if self._cut is not None else self._graceful
-        return last is not None and last.done()
+        return self._run.done
 
     async def run(self, limit: float) -> None:
         """Stop (``limit``: the seconds accepted publishes get), or wait for the stop under
         way; cancelled, cut it short first."""
-        if self._graceful is None:
-            self._graceful = asyncio.ensure_future(self._stop(limit))
-        try:
-            await asyncio.shield(self._graceful)
-        except asyncio.CancelledError:
-            if self._cut is None:
-                self._cut = asyncio.ensure_future(self._cut_short())
-            await asyncio.shield(self._cut)
-            me = asyncio.current_task()
-            if me is not None and me.cancelling():
-                raise
+        self._run.start(lambda: self._stop(limit))
+        await self._run.wait()
 
     async def _stop(self, limit: float) -> None:
         try:
@@ -87,10 +75,6 @@ class ProducerStop:
         await self._close(None)
 
     async def _cut_short(self) -> None:
-        graceful = self._graceful
-        if graceful is not None and not graceful.done():
-            graceful.cancel()
-            await asyncio.wait((graceful,))
         await self._give_up()
         await self._close(0.0)
         logger.warning("producer: stop() was cancelled; its connections were closed without "
