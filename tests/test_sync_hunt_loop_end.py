@@ -45,12 +45,17 @@ LOOP_ENDS = textwrap.dedent("""
 """)
 
 
+def run_child(script: str, stock: ClusterThread) -> subprocess.CompletedProcess[str]:
+    """``script`` in a Python process of its own, given the nsqd's address; it must exit 0."""
+    child = subprocess.run([sys.executable, "-c", script, stock.cluster.nsqd_tcp_addresses[0]],
+                           capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr
+    return child
+
+
 def test_loop_thread_ending_by_itself_closes_its_clients_sockets(
         stock_one: ClusterThread) -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", LOOP_ENDS, stock_one.cluster.nsqd_tcp_addresses[0]],
-        capture_output=True, text=True, timeout=30)
-    assert child.returncode == 0, child.stderr
+    child = run_child(LOOP_ENDS, stock_one)
     lines = child.stdout.splitlines()
     # both clients are still referenced there: the loop's end closed their connections
     # (before: "False 2", both sockets left to the garbage collector)
@@ -132,10 +137,7 @@ CONSUMER_LEFT = textwrap.dedent("""
 
 def test_interpreter_exit_after_the_loop_ended_under_a_consumer_is_quiet(
         stock_one: ClusterThread) -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", CONSUMER_LEFT, stock_one.cluster.nsqd_tcp_addresses[0]],
-        capture_output=True, text=True, timeout=30)
-    assert child.returncode == 0, child.stderr
+    child = run_child(CONSUMER_LEFT, stock_one)
     assert child.stdout.split() == ["False"]
     # before: "stop at interpreter exit failed: RuntimeError('Event loop is closed')" and
     # "RuntimeWarning: coroutine 'Consumer.stop' was never awaited"
