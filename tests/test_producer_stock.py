@@ -268,3 +268,16 @@ async def test_http_producer_stock(cluster: DevCluster) -> None:
         for i in range(6):
             await p.publish("web", b"fo%d" % i)
     assert stock_count(cluster, 2, "web") == 6
+
+
+async def test_a_new_stock_topic_through_lookupd_says_how_to_publish_it(
+        cluster: DevCluster) -> None:
+    """No lookupd lists an nsqd for a topic nobody published yet: the producer cannot know
+    where to send it. The error said TOPIC_NOT_FOUND and only how youzan topics are made."""
+    config = ProducerConfig(publish_timeout=0.5)
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=config) as p:
+        with pytest.raises(PublishTimeoutError) as info:
+            await p.publish("never_published", b"x")
+    text = str(info.value)
+    assert "'never_published'" in text
+    assert "nsqd=" in text and "smartnsq topic create" in text

@@ -100,6 +100,12 @@ def choose_target(route: TopicRoute, op: Publish[Any], avoid_parts: set[int] | N
     return (route.leader(partition) if partition is not None else None), partition
 
 
+#: what a producer given lookupd= needs for a topic no lookupd lists an nsqd for
+_NEW_TOPIC_HINT = (
+    "a lookupd lists only the nsqd that have the topic: on stock nsqd, publish a new topic's "
+    "first message with nsqd= (or create it: smartnsq topic create); youzan topics are "
+    "created on nsqlookupd and are writable once every partition has a channel")
+
 class Router:
     """Routes bounded by a publish's deadline (see the module docstring); ``backoff``: the
     growing pause between looks at a topic that has no writable partition yet."""
@@ -138,13 +144,11 @@ class Router:
                 if err is not None:
                     reason = f" ({err})"
             cause = TopicNotFoundError(
-                f"no writable partition or nsqd for topic {topic!r}{reason}; youzan topics must "
-                "be created on nsqlookupd and need a channel on every partition before they "
-                "are writable")
+                f"no writable partition or nsqd for topic {topic!r}{reason}")
             cause.__cause__ = last
             err2 = PublishTimeoutError(
                 f"topic {topic!r} had no writable partition or nsqd before the publish timed "
-                f"out{reason}")
+                f"out{reason}; {_NEW_TOPIC_HINT}")
             raise err2 from cause
         await sleep_before(self._backoff.compute(waits), deadline)
         try:
