@@ -249,12 +249,18 @@ class DevCluster:
             raise IndexError(f"no node {i} (the cluster has {len(self._nodes)})")
         return self._nodes[i]
 
+    def _lookupd(self, i: int) -> NsqLookupd:
+        # as _node: a negative index would aim a fault at another lookupd without a word
+        if not 0 <= i < len(self._lookupds):
+            raise IndexError(f"no lookupd {i} (the cluster has {len(self._lookupds)})")
+        return self._lookupds[i]
+
     def register(self, node: int, lookupd: int) -> None:
         """Make node ``node`` register with lookupd ``lookupd``."""
-        self._node(node).info.lookupds.add(self._lookupds[lookupd].id)
+        self._node(node).info.lookupds.add(self._lookupd(lookupd).id)
 
     def unregister(self, node: int, lookupd: int) -> None:
-        self._node(node).info.lookupds.discard(self._lookupds[lookupd].id)
+        self._node(node).info.lookupds.discard(self._lookupd(lookupd).id)
 
     # --- topics ------------------------------------------------------------------------------
 
@@ -267,16 +273,18 @@ class DevCluster:
         ext: bool = False,
         multi_part: bool = False,
         disable_channel_auto_create: bool = False,
-        channels: Iterable[str] = (),
+        channels: str | Iterable[str] = (),
     ) -> TopicMeta | None:
-        """Create a topic as the lookupd leader would, then ``channels`` on every partition.
+        """Create a topic as the lookupd leader would, then ``channels`` (a name or names) on
+        every partition.
 
         youzan: placement as :func:`admin.create_topic` (raises :class:`admin.AdminError` with
         the real server's text); with ``channels`` the topic is writable in lookups at once.
         stock: the topic (and channels) are created on every alive node; returns None.
         """
         check_topic(name)
-        chans = [check_channel(c) for c in channels]
+        # one name is one channel, not one per letter
+        chans = [check_channel(c) for c in ([channels] if isinstance(channels, str) else channels)]
         if self.flavour == "stock":
             for node in self._nodes:
                 if node.running:
@@ -419,7 +427,7 @@ class DevCluster:
     async def lookupd_fault(self, i: int, kind: LookupdFaultKind, seconds: float = 0.0) -> None:
         """Make lookupd ``i`` refuse, hang, answer 500, malformed JSON, wrong JSON types or
         late (``delay`` by ``seconds``) until :meth:`clear_lookupd_fault`."""
-        await self._lookupds[i].set_fault(check_lookupd_fault(kind, seconds))
+        await self._lookupd(i).set_fault(check_lookupd_fault(kind, seconds))
 
     async def clear_lookupd_fault(self, i: int) -> None:
-        await self._lookupds[i].clear_fault()
+        await self._lookupd(i).clear_fault()

@@ -204,10 +204,11 @@ class NsqCluster:
         name: str,
         partitions: int = 1,
         replicas: int = 1,
-        channels: Iterable[str] = (),
+        channels: str | Iterable[str] = (),
         ordered: bool = False,
     ) -> None:
-        """Create a topic and its ``channels`` at once (no wait for lookupd's topic check).
+        """Create a topic and its ``channels`` (a name or names) at once (no wait for lookupd's
+        topic check).
 
         youzan: ``partitions`` partitions with ``replicas`` replicas each, spread over the
         nodes as lookupd places them; ``ordered=True`` makes an ordered topic (for
@@ -220,9 +221,8 @@ class NsqCluster:
         (on youzan a channel made later starts at the end of each partition, like the real
         server).
         """
-        chans = list(channels)
         self.call(lambda: self._cluster.create_topic(
-            name, partition_num=partitions, replica=replicas, ordered=ordered, channels=chans))
+            name, partition_num=partitions, replica=replicas, ordered=ordered, channels=channels))
 
     def create_channel(self, topic: str, channel: str) -> None:
         """Create ``channel`` on an existing topic (every partition, or every nsqd holding it)."""
