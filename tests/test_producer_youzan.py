@@ -17,6 +17,7 @@ import smartnsq.trace
 from smartnsq.config import LookupConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.devcluster import DevCluster
+from smartnsq.devcluster.nsqd import NsqdOptions
 from smartnsq.errors import (
     ConfigError,
     ExtNotSupportError,
@@ -353,3 +354,31 @@ async def test_http_producer_ext_values_arrive_unchanged(youzan: YouzanCluster) 
             m = await anext(aiter(c))
         m.finish()
     assert m.ext == header
+
+
+async def test_what_a_message_carries_counts_in_max_msg_size() -> None:
+    """youzan's nsqd holds a PUB_TRACE's body with its 8-byte trace id, and a PUB_EXT's
+    with its header and the header's 2-byte length, to --max-msg-size as one size (each
+    MPUB element too). A body within max_msg_size but not with them passed the producer's
+    check and nsqd refused it: 'E_BAD_MESSAGE message too big 1032 > 1024' (the connection
+    closed by nsqd). It is refused before any I/O now, naming why;
+    one that fits with them is stored."""
+    limit = 1024
+    async with DevCluster(nodes=1, flavour="youzan",
+                          nsqd_options=NsqdOptions(max_msg_size=limit)) as c:
+        c.create_topic("t", partition_num=1, replica=1, channels=("c",))
+        c.create_topic("e", partition_num=1, replica=1, ext=True, channels=("c",))
+        config = ProducerConfig(publish_timeout=5.0, max_msg_size=limit)
+        async with Producer(lookupd=c.lookupd_http_addresses, config=config) as p:
+            header = {"k": "v"}
+            carried = 2 + len(json.dumps(header, separators=(",", ":")))
+            for publish in (lambda b: p.publish("t", b, trace_id=7),
+                            lambda b: p.publish_many("t", [b"x", b], trace_id=7),
+                            lambda b: p.publish("e", b, ext=header)):
+                with pytest.raises(ConfigError, match="exceeds max_msg_size"):
+                    await publish(b"b" * limit)
+            assert c.store.partition("t", 0).records == []
+            await p.publish("t", b"t" * (limit - 8), trace_id=7)
+            await p.publish_many("t", [b"m" * (limit - 8)], trace_id=8)
+            await p.publish("e", b"e" * (limit - carried), ext=header)
+        assert len(stored(c, "t", 0)) == 2 and len(stored(c, "e", 0)) == 1

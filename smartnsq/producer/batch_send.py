@@ -28,7 +28,15 @@ from smartnsq.producer.batcher import (
 )
 from smartnsq.producer.checks import check_bodies
 from smartnsq.producer.encoded import EncodedMPub, mpub_op
-from smartnsq.producer.ops import MPub, Op, Pub, check_trace_id, ext_header_bytes, one_op
+from smartnsq.producer.ops import (
+    MPub,
+    Op,
+    Pub,
+    check_carried,
+    check_trace_id,
+    ext_header_bytes,
+    one_op,
+)
 from smartnsq.producer.sharded import Run
 from smartnsq.producer.trace import log_receipt
 from smartnsq.producer.types import BatchReceipt, PublishReceipt
@@ -75,6 +83,11 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     # besides the body, each element carries the header or (MPUB_TRACE) its trace id
     extra = 2 + len(header) if header is not None else \
         TRACE_EXTRA if trace_id is not None or traced else 0
+    if header is not None or trace_id is not None:
+        # nsqd holds each element (body and what it carries) to max_msg_size
+        check_carried(max(map(len, checked)), extra,
+                      "ext header and its 2-byte length" if header is not None else
+                      "8-byte trace id", max_msg_size)
     chunks = split_batches(checked, max_body_size, extra)
     receipts: list[PublishReceipt] = []
     partitions: list[int | None] = []
@@ -82,7 +95,8 @@ async def send_many(run: Run, topic: str, bodies: Sequence[bytes], partition: in
     for chunk in chunks:
         op: Op
         if too_big_for_mpub(chunk, extra, max_body_size):
-            op = one_op(topic, partition, chunk[0], trace_id, ext, traced)
+            op = one_op(topic, partition, chunk[0], trace_id, ext, traced,
+                        max_msg_size=max_msg_size)
         else:
             op = mpub_op(topic, partition, chunk, header=header, trace_id=trace_id,
                          traced=traced)

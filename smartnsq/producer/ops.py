@@ -90,16 +90,30 @@ def ext_header_bytes(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
 
 
 def one_op(topic: str, partition: int | None, body: bytes, trace_id: int | None,
-           ext: Mapping[str, Any] | None, traced: bool = False) -> Op:
+           ext: Mapping[str, Any] | None, traced: bool = False, *,
+           max_msg_size: int) -> Op:
     """The op of one :meth:`Producer.publish`: PUB_EXT with ``ext`` (``trace_id`` as its
     ``##trace_id``), PUB_TRACE with ``trace_id``, else a PUB (``traced``: the trace switch
-    is on for the topic)."""
+    is on for the topic). ConfigError when the body and what it carries besides exceed
+    ``max_msg_size`` (:func:`check_carried`)."""
     if ext is not None:
-        return PubExt(topic, partition, body, ext_header_bytes(ext, trace_id),
-                      trace_id is not None)
+        header = ext_header_bytes(ext, trace_id)
+        check_carried(len(body), 2 + len(header), "ext header and its 2-byte length",
+                      max_msg_size)
+        return PubExt(topic, partition, body, header, trace_id is not None)
     if trace_id is not None:
+        check_carried(len(body), 8, "8-byte trace id", max_msg_size)
         return PubTrace(topic, partition, body, check_trace_id(trace_id))
     return Pub(topic, partition, body, traced)
+
+
+def check_carried(size: int, extra: int, what: str, max_msg_size: int) -> None:
+    """youzan's nsqd holds a message's body and what it carries besides (a PUB_TRACE's trace
+    id, a PUB_EXT's header) to ``max_msg_size`` together, as one size on the wire: refuse
+    before any I/O what nsqd would refuse with ``E_BAD_MESSAGE message too big``."""
+    if size + extra > max_msg_size:
+        raise ConfigError(f"message body of {size} bytes with its {what} ({extra} bytes) "
+                          f"exceeds max_msg_size ({max_msg_size} bytes): nsqd counts both")
 
 
 class Op:

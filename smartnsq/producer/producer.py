@@ -342,11 +342,11 @@ class Producer:
         deadline = self._deadline(timeout)
         if self._spans is not None:
             return await self._spans.publish(self._run, self._batcher, self.trace, topic, body,
-                                             partition, trace_id, ext, deadline)
+                                             partition, trace_id, ext, deadline, self._max_msg)
         op: Op
         traced = self.trace.is_on(topic)
         op = Pub(topic, partition, body, traced) if ext is None and trace_id is None else \
-            one_op(topic, partition, body, trace_id, ext)
+            one_op(topic, partition, body, trace_id, ext, max_msg_size=self._max_msg)
         receipt = await self._run(op, deadline)
         if receipt is not None and traced:
             log_receipt(receipt)

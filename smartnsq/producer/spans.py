@@ -67,13 +67,15 @@ def _inject_header(header: bytes, ctx: Context) -> bytes:
 
 async def _send_one(run: Run, batcher: Batcher | None, switch: TraceSwitch, topic: str,
                     body: bytes, partition: int | None, trace_id: int | None,
-                    ext: ExtHeader | None, deadline: float) -> PublishReceipt | None:
+                    ext: ExtHeader | None, deadline: float,
+                    max_msg_size: int) -> PublishReceipt | None:
     """One traced publish once its span started (``batcher``: it joins an auto-batch)."""
     if batcher is not None:
         await batcher.add(topic if partition is None else (topic, partition), body, deadline)
         return None
     traced = switch.is_on(topic)
-    receipt = await run(one_op(topic, partition, body, trace_id, ext, traced), deadline)
+    receipt = await run(one_op(topic, partition, body, trace_id, ext, traced,
+                               max_msg_size=max_msg_size), deadline)
     if receipt is not None and traced:
         log_receipt(receipt)
     return receipt if trace_id is not None else None
@@ -156,7 +158,8 @@ class SendSpans:
 
     async def publish(self, run: Run, batcher: Batcher | None, switch: TraceSwitch,
                       topic: str, body: bytes, partition: int | None, trace_id: int | None,
-                      ext: ExtHeader | None, deadline: float) -> PublishReceipt | None:
+                      ext: ExtHeader | None, deadline: float,
+                      max_msg_size: int) -> PublishReceipt | None:
         """:meth:`Producer.publish <smartnsq.producer.Producer.publish>` after its checks,
         in a span whose context the message carries."""
         if trace_id is not None:
@@ -172,7 +175,7 @@ class SendSpans:
         ext, body = self.carry(ctx, ext, ext_topic, body)
         return await self.within(span, _send_one(
             run, batcher if batched else None, switch, topic, body, partition, trace_id, ext,
-            deadline))
+            deadline, max_msg_size))
 
     async def publish_many(self, send: SendMany, topic: str, bodies: Sequence[bytes],
                            partition: int | None, trace_id: int | None,
