@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_testing_plugin import ENTRY_POINT_LOADED
+from tests.test_testing_plugin import ENTRY_POINT_LOADED, run_user_tests
+
+pytest_plugins = ["pytester"]
 
 USER_TEST = "def test_publish(nsq_stock):\n    assert nsq_stock.is_running\n"
 
@@ -36,3 +38,41 @@ def test_dash_p_smartnsq_loads_the_plugin_with_autoloading_off_or_on(
     if not autoload:
         bare = run()
         assert bare.returncode == 1 and "fixture 'nsq_stock' not found" in bare.stdout
+
+
+def test_a_module_or_class_marker_sizes_its_tests_and_leaves_a_session_test_alone(
+        pytester: pytest.Pytester) -> None:
+    # a module-wide pytestmark sizing the module's clusters errored every test of the module
+    # using a session cluster ("@pytest.mark.nsq sizes only ..."), though the marker was not
+    # on it; a marker on the test itself still does
+    result = run_user_tests(pytester, '''
+import pytest
+
+pytestmark = pytest.mark.nsq(nodes=2)
+
+
+def test_sized(nsq_stock):
+    assert len(nsq_stock.nsqd_tcp_addresses) == 2
+
+
+def test_session_in_the_module(nsq_stock_session):
+    assert len(nsq_stock_session.nsqd_tcp_addresses) == 1
+
+
+@pytest.mark.nsq(nodes=3)
+class TestGroup:
+    def test_sized_by_the_class(self, nsq_stock):
+        assert len(nsq_stock.nsqd_tcp_addresses) == 3
+
+    def test_factory_in_the_class(self, nsq_cluster_factory):
+        assert len(nsq_cluster_factory("stock").nsqd_tcp_addresses) == 1
+
+
+@pytest.mark.nsq(nodes=4)
+def test_marked_itself(nsq_stock_session):
+    pass
+''')
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines([
+        "*@pytest.mark.nsq sizes only nsq_stock / nsq_youzan; test_marked_itself uses "
+        "nsq_stock_session, which it cannot size*"])

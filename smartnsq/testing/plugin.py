@@ -57,10 +57,11 @@ UNSIZED_FIXTURES = ("nsq_stock_session", "nsq_youzan_session", "nsq_cluster_fact
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Fail a test whose ``@pytest.mark.nsq`` would size nothing: it asks for a session
+    """Fail a test whose own ``@pytest.mark.nsq`` would size nothing: it asks for a session
     cluster or the factory, and neither ``nsq_stock`` nor ``nsq_youzan`` (the marker was
-    silently ignored, and the test ran on a cluster of another size)."""
-    if item.get_closest_marker("nsq") is None:
+    silently ignored, and the test ran on a cluster of another size). A module's or class's
+    marker sizes the tests under it that use those two, and leaves the others alone."""
+    if not any(m.name == "nsq" for m in getattr(item, "own_markers", ())):
         return
     names = set(getattr(item, "fixturenames", ()))
     unsized = [n for n in UNSIZED_FIXTURES if n in names]
