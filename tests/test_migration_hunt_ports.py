@@ -355,3 +355,44 @@ def test_gnsq_dead_letter_in_the_sync_handler_the_guide_advises(stock: ClusterTh
     text = guide("gnsq")
     assert "a `sync.Producer` call raises `EventLoopError`" in text
     assert "`max_attempts=0` and `if msg.attempts > 5: producer.publish(" in text
+
+
+def _slow_handlers(stock: ClusterThread, threads: int | None) -> tuple[int, int]:
+    """10 messages, max_in_flight=10, handlers of 0.6 s under a 1 s msg_timeout (gnsq ran
+    each in its own greenlet): (handler calls, distinct messages) once all are finished."""
+    addr = stock.cluster.nsqd_tcp_addresses[0]
+    sent = bodies("slow", 10)
+    stock.call(publish(addr, TOPIC, sent))
+    calls: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(msg: sync.ThreadMessage) -> None:
+        with lock:
+            calls.append(msg.body)
+        time.sleep(0.6)
+
+    config = fast_config(max_in_flight=10, connection={"msg_timeout": 1.0})
+    with sync.Consumer(TOPIC, CHANNEL, handler, nsqd=addr, config=config,
+                       threads=threads) as c:
+        deadline = time.monotonic() + STEP
+        while c.stats().finished < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a redelivery would be handled now
+    return len(calls), len(set(calls))
+
+
+def test_gnsq_greenlet_per_message_port_with_default_threads(stock: ClusterThread) -> None:
+    """Without ``threads=`` a sync consumer has one thread per message in flight (up to 32),
+    as gnsq had a greenlet per message: slow handlers are each called once."""
+    assert _slow_handlers(stock, None) == (10, 10)
+    assert "keep `threads` at least `max_in_flight` (the default, up to 32)" in guide("gnsq")
+
+
+@pytest.mark.xfail(strict=True, reason="sync.Consumer takes max_in_flight messages but runs "
+                   "`threads` at a time: the others wait for a thread untouched and nsqd's "
+                   "msg_timeout redelivers them")
+def test_gnsq_port_with_fewer_threads_than_in_flight_handles_each_message_once(
+        stock: ClusterThread) -> None:
+    """``threads=2`` under ``max_in_flight=10``: the messages waiting for a thread time out
+    on nsqd meanwhile (12 calls for 10 messages)."""
+    assert _slow_handlers(stock, 2) == (10, 10)
