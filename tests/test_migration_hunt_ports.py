@@ -396,3 +396,42 @@ def test_gnsq_port_with_fewer_threads_than_in_flight_handles_each_message_once(
     """``threads=2`` under ``max_in_flight=10``: the messages waiting for a thread time out
     on nsqd meanwhile (12 calls for 10 messages)."""
     assert _slow_handlers(stock, 2) == (10, 10)
+
+
+async def test_pynsq_batching_on_is_starved_port(cluster: DevCluster) -> None:
+    """pynsq's batching reader: ``enable_async()``, hold messages, flush when
+    ``reader.is_starved()``; ported with ``disable_auto_response()`` and
+    ``consumer.is_starved()``: a batch bigger than ``max_in_flight`` is flushed when the
+    held messages use up the RDY, and every message is finished once."""
+    sent = bodies("batch", 25)
+    await publish(cluster.nsqd_tcp_addresses[0], TOPIC, sent)
+    held: list[Message] = []
+    flushed: list[int] = []
+    calls: list[bytes] = []
+    consumer: Consumer | None = None
+
+    async def handler(msg: Message) -> None:
+        msg.disable_auto_response()
+        calls.append(msg.body)
+        held.append(msg)
+        assert consumer is not None
+        if len(held) >= 20 or consumer.is_starved():
+            flushed.append(len(held))
+            for m in held:
+                m.finish()
+            held.clear()
+
+    consumer = Consumer(TOPIC, CHANNEL, handler, nsqd=cluster.nsqd_tcp_addresses,
+                        config=fast_config(max_in_flight=10))
+    async with consumer:
+        # the last few never starve a RDY of 10: a batching reader flushes them on a timer
+        await eventually(lambda: consumer.stats().finished + len(held) == len(sent),
+                         timeout=STEP)
+        assert len(held) < 10
+        for m in held:
+            m.finish()
+        await eventually(lambda: left(cluster) == (0, 0, 0))
+    assert sorted(calls) == sorted(sent)
+    # handlers run concurrently and is_starved() counts the messages not handed to one yet,
+    # so a batch is flushed as soon as the RDY is used up (pynsq's batches were fuller)
+    assert flushed and all(1 <= n <= 10 for n in flushed), flushed
