@@ -19,6 +19,8 @@ from smartnsq.protocol.validation import MAX_DELAY_MS
 
 #: IDENTIFY's user_agent and the HTTP clients' User-Agent: the package's one version
 USER_AGENT = f"smartnsq/{__version__}"
+#: seconds: nsqd's default --msg-timeout, what ``msg_timeout`` 0 means
+DEFAULT_MSG_TIMEOUT = 60.0
 
 
 class _Model(BaseModel):

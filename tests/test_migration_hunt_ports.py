@@ -289,9 +289,6 @@ async def _depth(cluster: DevCluster, topic: str) -> int:
     return 0 if st is None else st.channels["ops"].depth()
 
 
-@pytest.mark.xfail(strict=True, reason="sync.Consumer runs a plain giving_up on the shared "
-                   "loop thread: a sync Producer.publish there raises EventLoopError, the "
-                   "message is requeued and given up again, for ever")
 def test_gnsq_dead_letter_from_giving_up_port(stock: ClusterThread) -> None:
     """gnsq's ``on_giving_up`` receiver that republishes to a dead-letter topic with a
     blocking producer, ported to ``sync.Consumer(giving_up=...)`` as the gnsq guide shows:
@@ -308,10 +305,9 @@ def test_gnsq_dead_letter_from_giving_up_port(stock: ClusterThread) -> None:
         dead, deliveries = _dead_lettered(stock, giving_up, fail, max_attempts=1)
     assert (dead, deliveries) == (1, 1)
     assert stock.call(_left(stock.cluster)) == (0, 0, 0)
+    assert "`giving_up` runs on a handler thread" in guide("gnsq")
 
 
-@pytest.mark.xfail(strict=True, reason="sync.Consumer runs a plain giving_up on the loop "
-                   "thread every sync client of the process shares: a slow one stalls them")
 def test_gnsq_slow_giving_up_port_does_not_stall_other_sync_clients(
         stock: ClusterThread) -> None:
     """A plain ``giving_up`` that blocks 1 s (a database write) must not hold a publish
@@ -337,8 +333,8 @@ def test_gnsq_slow_giving_up_port_does_not_stall_other_sync_clients(
     assert took < 0.5, f"the publish waited {took:.2f} s for giving_up"
 
 
-def test_gnsq_dead_letter_in_the_sync_handler_the_guide_advises(stock: ClusterThread) -> None:
-    """The gnsq guide's way until then: the handler itself dead-letters past the limit
+def test_gnsq_dead_letter_from_the_sync_handler(stock: ClusterThread) -> None:
+    """The other way: the handler itself dead-letters past the limit
     (it runs on a handler thread, where a sync Producer may publish)."""
     stock.cluster.create_topic("orders_dead", channels=["ops"])
     addr = stock.cluster.nsqd_tcp_addresses[0]
@@ -352,9 +348,6 @@ def test_gnsq_dead_letter_in_the_sync_handler_the_guide_advises(stock: ClusterTh
         dead, deliveries = _dead_lettered(stock, None, handler, max_attempts=0)
     assert (dead, deliveries) == (1, 2)
     assert stock.call(_left(stock.cluster)) == (0, 0, 0)
-    text = guide("gnsq")
-    assert "a `sync.Producer` call raises `EventLoopError`" in text
-    assert "`max_attempts=0` and `if msg.attempts > 5: producer.publish(" in text
 
 
 def _slow_handlers(stock: ClusterThread, threads: int | None) -> tuple[int, int]:
@@ -385,17 +378,14 @@ def test_gnsq_greenlet_per_message_port_with_default_threads(stock: ClusterThrea
     """Without ``threads=`` a sync consumer has one thread per message in flight (up to 32),
     as gnsq had a greenlet per message: slow handlers are each called once."""
     assert _slow_handlers(stock, None) == (10, 10)
-    assert "keep `threads` at least `max_in_flight` (the default, up to 32)" in guide("gnsq")
 
 
-@pytest.mark.xfail(strict=True, reason="sync.Consumer takes max_in_flight messages but runs "
-                   "`threads` at a time: the others wait for a thread untouched and nsqd's "
-                   "msg_timeout redelivers them")
 def test_gnsq_port_with_fewer_threads_than_in_flight_handles_each_message_once(
         stock: ClusterThread) -> None:
-    """``threads=2`` under ``max_in_flight=10``: the messages waiting for a thread time out
-    on nsqd meanwhile (12 calls for 10 messages)."""
+    """``threads=2`` under ``max_in_flight=10``: the messages waiting for a thread timed out
+    on nsqd meanwhile (22 calls for 10 messages); they are touched while they wait."""
     assert _slow_handlers(stock, 2) == (10, 10)
+    assert "touched every half `msg_timeout`" in guide("gnsq")
 
 
 async def test_pynsq_batching_on_is_starved_port(cluster: DevCluster) -> None:

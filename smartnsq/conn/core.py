@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from smartnsq._checks import check_duration
-from smartnsq.config import ConnectionConfig
+from smartnsq.config import DEFAULT_MSG_TIMEOUT, ConnectionConfig
 from smartnsq.conn.connecting import Opening, connect_error
 from smartnsq.conn.delegate import ConnectionDelegate
 from smartnsq.conn.handshake import Handshake, Negotiated
@@ -61,7 +61,6 @@ _OTHER = CommandKind.OTHER
 _CONNECTED = State.CONNECTED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
-_DEFAULT_MSG_TIMEOUT = 60.0
 _INF = math.inf
 
 #: the connection its delegate is told about
@@ -148,7 +147,7 @@ class ConnectionCore(Generic[C]):
         n = self.negotiated
         if n is not None and n.identify.msg_timeout > 0:
             return n.identify.msg_timeout / 1000.0
-        return self.config.msg_timeout or _DEFAULT_MSG_TIMEOUT
+        return self.config.msg_timeout or DEFAULT_MSG_TIMEOUT
 
     def require_youzan(self, what: str) -> None:
         """Raise UnsupportedFeatureError unless the server may be youzan nsqd."""

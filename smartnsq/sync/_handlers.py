@@ -13,13 +13,18 @@ thread (a ``sys.exit(3)`` in a handler ends the main thread's ``wait()`` with
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any
 
-__all__ = ["AwaitableReturned", "HandlerExited", "call_plain", "guard_async", "guard_callback",
-           "returns_awaitable"]
+from smartnsq.consumer.arguments import is_async_callable
+
+__all__ = ["AwaitableReturned", "HandlerExited", "ThreadRunner", "call_plain", "guard_async",
+           "guard_callback", "returns_awaitable", "thread_callback", "threads_runner"]
 
 
 class AwaitableReturned(Exception):
@@ -34,12 +39,59 @@ class HandlerExited(Exception):
         self.exc = exc
 
 
-def call_plain(handler: Callable[[Any], Any], arg: Any) -> Any:
-    """Call a plain handler in its thread; an exit it raises is carried, not let through."""
+def call_plain(handler: Callable[..., Any], arg: Any, *rest: Any) -> Any:
+    """Call a plain handler (or callback) in its thread; an exit it raises is carried, not
+    let through."""
     try:
-        return handler(arg)
+        return handler(arg, *rest)
     except (SystemExit, KeyboardInterrupt) as exc:
         raise HandlerExited(exc) from exc
+
+
+#: ``run(callback, msg, *rest)``: the callback called in a handler thread (its message as the
+#: thread sees it), awaited on the loop
+ThreadRunner = Callable[..., Awaitable[Any]]
+
+
+def threads_runner(pool: Executor | None) -> ThreadRunner:
+    """The :data:`ThreadRunner` of ``pool`` (None: the loop's default executor, for a
+    consumer whose handler is async), with the caller's context, as the handler's."""
+    from smartnsq.sync._thread_message import ThreadMessage
+
+    def run(callback: Callable[..., Any], msg: Any, *rest: Any) -> Awaitable[Any]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(pool, contextvars.copy_context().run, call_plain,
+                                    callback, ThreadMessage(msg, loop), *rest)
+
+    return run
+
+
+def thread_callback(callback: Callable[..., Any] | None, run: ThreadRunner,
+                    exited: Callable[[Any, BaseException], None]) -> Callable[..., Any] | None:
+    """A plain consumer callback (``giving_up``, ``dead_letter``, ``on_blocked``,
+    ``on_violation``) run in a handler thread as the handler is, given the message as the
+    thread sees it, and awaited by the consumer: it may block. On the shared loop, a sync
+    Producer's publish in it raised EventLoopError (a dead letter was never stored: the
+    message came back and was given up again on every delivery), and a slow one held every
+    sync client of the process. An async callback stays on the loop
+    (:func:`guard_callback`); exits as :func:`guard_callback` says."""
+    if callback is None or is_async_callable(callback):
+        return guard_callback(callback, exited)
+    cb = callback
+
+    @functools.wraps(cb)
+    async def threaded(msg: Any, *rest: Any) -> Any:
+        try:
+            result = await run(cb, msg, *rest)
+            return await result if inspect.isawaitable(result) else result
+        except HandlerExited as exc:
+            exited(msg, exc.exc)
+            raise
+        except (SystemExit, KeyboardInterrupt) as exc:  # from an awaitable it returned
+            exited(msg, exc)
+            raise HandlerExited(exc) from exc
+
+    return threaded
 
 
 def guard_async(handler: Callable[[Any], Awaitable[Any]],

@@ -6,7 +6,9 @@ may be a plain function, run in a thread pool (``threads`` workers), or an ``asy
 function, run on the loop. A plain handler gets a :class:`ThreadMessage`, whose
 ``finish()`` / ``requeue()`` / ``touch()`` are handed to the loop thread, so they are safe
 to call from the handler's thread. Same rules as the asyncio consumer: returning finishes
-the message, raising requeues it.
+the message, raising requeues it. A message waiting for a free handler thread is touched
+meanwhile (``_waiting.py``). Plain callbacks (``giving_up``, the ordered consumer's
+``dead_letter``, ``on_blocked``, ``on_violation``) run in a handler thread too, and may block.
 
 A consumer that is still running when the main thread ends (the interpreter exits, or a
 multiprocessing worker's task returns; no ``stop()``) is stopped promptly by a hook run then
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Self
 from smartnsq._checks import check_count, check_optional_duration
 from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec
-from smartnsq.config import ConsumerConfig
+from smartnsq.config import DEFAULT_MSG_TIMEOUT, ConsumerConfig
 from smartnsq.consumer.arguments import address_hint as _address_hint
 from smartnsq.consumer.arguments import is_async_callable as _is_async_callable
 from smartnsq.consumer.consumer import Consumer as AsyncConsumer
@@ -54,12 +56,14 @@ from smartnsq.sync._handlers import (
     HandlerExited,
     call_plain,
     guard_async,
-    guard_callback,
     returns_awaitable,
+    thread_callback,
+    threads_runner,
 )
 from smartnsq.sync._loop import acquire, release
 from smartnsq.sync._thread_message import ThreadMessage
 from smartnsq.sync._threads import HandlerThreads
+from smartnsq.sync._waiting import WaitingTouch
 from smartnsq.trace import TraceToggle
 
 if TYPE_CHECKING:
@@ -118,7 +122,7 @@ class Consumer:
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncConsumer(
                 topic, channel, wrapped, nsqd=nsqd, lookupd=lookupd, config=config,
-                giving_up=guard_callback(giving_up, self._handler_exited), start_at=start_at,
+                giving_up=self._callback(giving_up), start_at=start_at,
                 trace=trace, trace_switch=trace_switch,
                 partitions=partitions, metrics=metrics, tracer_provider=tracer_provider,
                 trace_envelope=trace_envelope)
@@ -143,6 +147,8 @@ class Consumer:
             raise ConfigError(f"threads must be an int >= 1, got {threads!r}")
         cfg = config if config is not None else ConsumerConfig()
         self._handler = handler
+        #: a message waiting for a handler thread is touched this often (_waiting.py)
+        self._touch_every = (cfg.connection.msg_timeout or DEFAULT_MSG_TIMEOUT) / 2
         self._pool: HandlerThreads | None = None
         # an exit raised by the handler must not reach the shared loop (_handlers.py)
         wrapped: Callable[[Message], Any] = self._in_thread
@@ -152,6 +158,7 @@ class Consumer:
             n = threads if threads is not None else min(32, max(1, getattr(
                 cfg, "max_in_flight", 1)))
             self._pool = HandlerThreads(n, "smartnsq-handler")
+        self._run_callback = threads_runner(self._pool)
         # validated here, in the caller's thread, before the loop is touched
         self._async: AsyncConsumer
         try:
@@ -171,7 +178,12 @@ class Consumer:
         #: a handler returned False (pynsq's requeue) and it was said once
         self._said_false = False
 
-    def _call_handler(self, tm: ThreadMessage) -> None:
+    def _callback(self, callback: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        """A plain callback runs in a handler thread, as the handler (_handlers.py)."""
+        return thread_callback(callback, self._run_callback, self._handler_exited)
+
+    def _call_handler(self, waiting: WaitingTouch, tm: ThreadMessage) -> None:
+        waiting.started = True
         result = call_plain(self._handler, tm)
         if result is False and not self._said_false:
             # pynsq's handlers return False to requeue: here that message is finished
@@ -207,8 +219,9 @@ class Consumer:
         # the handler thread runs in this task's context (as asyncio.to_thread does), so the
         # process span and the application's context variables are current there too
         run = contextvars.copy_context().run
+        waiting = WaitingTouch(msg, loop, self._touch_every)
         try:
-            await loop.run_in_executor(self._pool, run, self._call_handler,
+            await loop.run_in_executor(self._pool, run, self._call_handler, waiting,
                                        ThreadMessage(msg, loop))
         except asyncio.CancelledError:
             me = asyncio.current_task()
@@ -224,6 +237,8 @@ class Consumer:
                 f"the handler returned a {exc} instead of processing the message; pass an "
                 "async function itself (it is run on the loop), or a plain function that "
                 "does the work"))
+        finally:
+            waiting.cancel()
 
     @property
     def async_consumer(self) -> AsyncConsumer:
@@ -471,9 +486,8 @@ class OrderedConsumer(Consumer):
         def make(wrapped: Callable[[Message], Any]) -> AsyncConsumer:
             return AsyncOrderedConsumer(
                 topic, channel, wrapped, lookupd=lookupd, config=config,
-                on_blocked=guard_callback(on_blocked, self._handler_exited),
-                dead_letter=guard_callback(dead_letter, self._handler_exited),
-                on_violation=guard_callback(on_violation, self._handler_exited), start_at=start_at,
+                on_blocked=self._callback(on_blocked), dead_letter=self._callback(dead_letter),
+                on_violation=self._callback(on_violation), start_at=start_at,
                 trace=trace, trace_switch=trace_switch, partitions=partitions, nsqd=nsqd,
                 metrics=metrics, tracer_provider=tracer_provider, trace_envelope=trace_envelope)
 

@@ -1,0 +1,43 @@
+"""A message waiting for a free handler thread is still in flight on nsqd, whose
+``msg_timeout`` runs meanwhile: with fewer threads than ``max_in_flight`` and slow handlers
+it ran out, and nsqd delivered the message again while it was still queued here (handled
+twice: 22 handler calls for 10 messages with 2 threads, 0.6 s handlers and a 1 s timeout).
+:class:`WaitingTouch` touches it every half timeout until a thread takes it; from then on
+the handler answers it, or touches it, as any handler does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from smartnsq.message import Message
+
+__all__ = ["WaitingTouch"]
+
+
+class WaitingTouch:
+    """Touches ``msg`` every ``every`` seconds until :attr:`started` is set (by the handler
+    thread, first thing) or :meth:`cancel` is called."""
+
+    __slots__ = ("_every", "_handle", "_loop", "_msg", "started")
+
+    def __init__(self, msg: Message, loop: asyncio.AbstractEventLoop, every: float) -> None:
+        self._msg = msg
+        self._loop = loop
+        self._every = every
+        #: set in the handler thread when it takes the message (a plain attribute: the loop
+        #: reading it a touch late only restarts the timeout of a message being handled)
+        self.started = False
+        self._handle: asyncio.TimerHandle | None = loop.call_later(every, self._touch)
+
+    def _touch(self) -> None:
+        self._handle = None
+        if self.started:
+            return
+        self._msg.touch()
+        self._handle = self._loop.call_later(self._every, self._touch)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
