@@ -167,7 +167,8 @@ class OrderedPolicy:
         self._host: PolicyHost | None = None
         self._validators: dict[int, OffsetValidator] = {}
         self._retries: dict[Message, tuple[asyncio.TimerHandle, Sub, bool, RequeueReason]] = {}
-        #: per partition, the last message handed over on the current connection
+        #: per partition, the last message handed over (kept across a reconnect while it is
+        #: unanswered: the new connection redelivers it)
         self._last: dict[int, Message] = {}
         #: further copies of a pending message (see _twin), answered with the first
         self._twins: dict[Message, list[tuple[Sub, Message]]] = {}
@@ -200,11 +201,15 @@ class OrderedPolicy:
     def on_subscribed(self, sub: Sub) -> None:
         if sub.partition is not None:
             self.validator(sub.partition).new_connection(seeked=sub.seeked)
-            self._last.pop(sub.partition, None)
+            last = self._last.get(sub.partition)
+            if last is not None and last._state != PENDING and last not in self._retries:
+                del self._last[sub.partition]
 
     def finished(self, sub: Sub, msg: Message, written: bool) -> None:
         if self._twins:
-            self._answer_twin(msg, fin=True)
+            # a copy on a live connection answered: the position moves even when the first
+            # copy's connection is gone
+            written = self._answer_twin(msg, fin=True) or written
         # a FIN that could not be written does not move the position: the server redelivers
         if written and sub.partition is not None and (position := _position(msg)) is not None:
             self.validator(sub.partition).finished(position)
@@ -222,6 +227,9 @@ class OrderedPolicy:
         check = v.check(position)
         if check.kind is CheckKind.REDELIVERY and check.previous is not None and \
                 self._twin(sub, msg, timed_out=check.previous.attempts != position.attempts):
+            return False
+        if v.last_seen is None and self._twin(sub, msg, timed_out=False, reconnected=True):
+            v.accept(check)  # the new connection's first message: the next one follows it
             return False
         host = self.host
         if check.accepted:
@@ -247,7 +255,8 @@ class OrderedPolicy:
             host.spawn(self._violation(msg, check, error))
         return False
 
-    def _twin(self, sub: Sub, msg: Message, *, timed_out: bool) -> bool:
+    def _twin(self, sub: Sub, msg: Message, *, timed_out: bool,
+              reconnected: bool = False) -> bool:
         """``msg`` repeats the last delivery. With the same attempts it is not a
         redelivery but nsqd's read-ahead copy followed by the tracked one (a channel's
         first ordered reader, or a repositioned channel; docs/protocol.md §13.2.1). With
@@ -255,7 +264,9 @@ class OrderedPolicy:
         was still unanswered: handing it over would run the message twice at once and let
         the next one of the partition start before the first handler ended. Either way
         both carry the same id, so the first copy's answer is all the server needs; the
-        copy never reaches the handler. True when taken in charge."""
+        copy never reaches the handler. ``reconnected``: the first message of a new
+        connection repeats the last one of the old connection, still unanswered (its handler
+        runs, or its retry pause): the same holds. True when taken in charge."""
         assert sub.partition is not None
         first = self._last.get(sub.partition)
         if first is None or first.internal_id != msg.internal_id or first.offset != msg.offset:
@@ -263,7 +274,7 @@ class OrderedPolicy:
         if first.finished:
             self.host.drop(sub, msg)
             return True
-        if first in self._twins and not timed_out:
+        if first in self._twins and not (timed_out or reconnected):
             return False
         if first._state != PENDING and first not in self._retries:
             return False  # the first copy's REQ went out: this one is its retry
@@ -274,6 +285,10 @@ class OrderedPolicy:
                         "msg_timeout",
                         self.host.topic, self.host.channel, sub.partition, msg.id.hex(),
                         msg.attempts)
+        elif reconnected:
+            log.info("%s/%s partition %s: message %s redelivered on a new connection while "
+                     "still unanswered; the redelivery waits for the first copy's answer",
+                     self.host.topic, self.host.channel, sub.partition, msg.id.hex())
         # the first copy is pending, or failed and waits for its retry pause: the copy is
         # answered together with it (with the REQ, when the pause ends), so the in-flight
         # counts stay right
@@ -282,11 +297,15 @@ class OrderedPolicy:
         return True
 
     def _answer_twin(self, first: Message, *, fin: bool,
-                     reason: RequeueReason = APPLICATION) -> None:
+                     reason: RequeueReason = APPLICATION) -> bool:
+        """Answer the copies of ``first``; True when one went to a live connection."""
+        live = False
         for sub, twin in self._twins.pop(first, ()):
+            live = live or (not sub.closed and sub.subscriber is not None)
             log.debug("%s/%s partition %s: answering another copy of message at offset %s",
                       self.host.topic, self.host.channel, sub.partition, twin.offset)
             self.host.answer_copy(sub, twin, fin=fin, reason=reason)
+        return live
 
     async def _violation(self, msg: Message, check: Check,
                          error: OrderViolationError) -> None:
