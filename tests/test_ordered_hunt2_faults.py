@@ -209,3 +209,69 @@ async def test_a_failing_message_across_a_leader_move(cluster: DevCluster) -> No
     bodies = [b for b, _ in calls]
     assert bodies[:5] == [b"k0:0"] + [b"k0:1"] * 4, calls
     assert firsts(bodies) == sent
+
+
+async def test_a_leader_node_stops_and_comes_back(cluster: DevCluster) -> None:
+    """Node 0 stops while publishing and consuming go on (replica 2: its partitions fail
+    over), then starts again."""
+    got = Collector(delay=0.001)
+    third = asyncio.Event()
+    sent: list[bytes] = []
+    async with consumer(cluster, got):
+        pub = asyncio.create_task(publish_all(cluster, 20, sent=sent, during=third))
+        async with asyncio.timeout(10):
+            await third.wait()
+        await cluster.stop_node(0)
+        await pub
+        await cluster.start_node(0)
+        await got.wait_for(lambda: got.distinct >= set(sent), timeout=8)
+        await eventually(lambda: depth(cluster) == 0, timeout=5)
+    assert_per_key_order(got.handled, sent)
+
+
+async def test_slow_answers_from_the_nodes_while_consuming(cluster: DevCluster) -> None:
+    sent = await publish_all(cluster, 10)
+    got = Collector()
+    async with consumer(cluster, got):
+        await got.wait_for(lambda: len(got.handled) >= 30, timeout=5)
+        for node in range(3):
+            cluster.delay_responses(node, 0.3)
+            cluster.drop_client(node, predicate=is_reader)
+        await got.wait_for(lambda: len(got.handled) >= 80, timeout=8)
+        for node in range(3):
+            cluster.delay_responses(node, 0)
+        await got.wait_for(lambda: got.distinct >= set(sent), timeout=8)
+        await eventually(lambda: depth(cluster) == 0, timeout=5)
+    assert_per_key_order(got.handled, sent)
+
+
+async def test_a_failing_message_whose_connection_drops_in_its_retry_pause(
+        cluster: DevCluster) -> None:
+    """k0:1 fails once; its connection drops during the 0.5 s retry pause and the new one
+    redelivers it at once: it is retried, once the pause is over, and k0:2 follows it."""
+    sent: list[bytes] = []
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
+        for seq in range(4):
+            body = f"k0:{seq}".encode()
+            await p.publish_ordered(TOPIC, "k0", body)
+            sent.append(body)
+    calls: list[tuple[bytes, float]] = []
+    failed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def handler(msg: Message) -> None:
+        calls.append((msg.body, loop.time()))
+        if msg.body == b"k0:1" and not failed.is_set():
+            failed.set()
+            raise RuntimeError("refused")
+
+    async with consumer(cluster, handler, config=config(ordered_retry_pause=0.5)) as c:
+        async with asyncio.timeout(5):
+            await failed.wait()
+        assert sum(cluster.drop_client(n, predicate=is_reader) for n in range(3)) >= 1
+        await eventually(lambda: len(firsts(b for b, _ in calls)) == 4 and depth(cluster) == 0,
+                         timeout=6)
+        assert c.skipped == 0
+    bodies = [b for b, _ in calls]
+    assert bodies == [b"k0:0", b"k0:1", b"k0:1", b"k0:2", b"k0:3"], calls
+    assert calls[2][1] - calls[1][1] >= 0.45  # the retry pause was kept
