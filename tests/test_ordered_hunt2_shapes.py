@@ -185,3 +185,55 @@ async def test_a_handler_past_msg_timeout_while_its_leader_moves(
     bodies = [b for b, _ in calls]
     want = [b"u0:0", b"u0:1"] + ([b"u0:1"] if outcome == "raise" else []) + sent[2:]
     assert bodies == want, calls
+
+
+async def test_async_for_holding_a_message_while_its_connection_drops(
+        cluster: DevCluster) -> None:
+    """The user holds u0:1 (iterated, unfinished) while the connection drops: the new
+    connection's redelivery is not yielded a second time; u0:2 comes after u0:1's finish."""
+    sent = await publish(cluster, 4, keys=("u0",))
+    seen: list[bytes] = []
+    async with consumer(cluster, None) as c:
+        async with asyncio.timeout(8):
+            async for msg in c:
+                seen.append(msg.body)
+                if msg.body == b"u0:1" and seen.count(msg.body) == 1:
+                    assert sum(cluster.drop_client(n) for n in range(2)) >= 1
+                    await asyncio.sleep(0.5)  # the consumer reconnects meanwhile
+                msg.finish()
+                if msg.body == b"u0:3":
+                    break
+    assert seen == sent
+    await eventually(lambda: depth(cluster) == 0, timeout=5)
+
+
+async def test_stop_while_a_held_redelivery_waits(cluster: DevCluster) -> None:
+    """u0:1's handler runs 1.5 s, its connection drops (the redelivery is held), then
+    stop() with drain_timeout 0.5 s: stop returns in about that, and the next consumer gets
+    u0:1 again and the rest in order."""
+    sent = await publish(cluster, 3, keys=("u0",))
+    started = asyncio.Event()
+    handled: list[bytes] = []
+
+    async def handler(msg: Message) -> None:
+        if msg.body == b"u0:1" and not started.is_set():
+            started.set()
+            await asyncio.sleep(1.5)
+        handled.append(msg.body)
+
+    c = consumer(cluster, handler, config=config(drain_timeout=0.5))
+    await c.start()
+    async with asyncio.timeout(5):
+        await started.wait()
+    cluster.drop_client(0)
+    cluster.drop_client(1)
+    await asyncio.sleep(0.3)  # the new connection redelivers u0:1
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await c.stop()
+    assert loop.time() - t0 < 1.5
+    got = Collector()
+    async with consumer(cluster, got):
+        await got.wait_for(lambda: set(handled) | got.distinct >= set(sent), timeout=5)
+        await eventually(lambda: depth(cluster) == 0, timeout=5)
+    assert_per_key_order(handled + got.handled, sent)
