@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from smartnsq.config import ConsumerConfig, ProducerConfig
+from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer, Message
 from smartnsq.devcluster import DevCluster
 from smartnsq.errors import NSQError
@@ -34,7 +34,11 @@ TOPIC = "web"
 #: bound on every wait
 WAIT = 15.0
 FAST = ProducerConfig(publish_timeout=3.0, request_timeout=1.0, reconnect_min=0.02,
-                      reconnect_max=0.2)
+                      reconnect_max=0.2,
+                      connection=ConnectionConfig(heartbeat_interval=30.0,
+                                                  handshake_timeout=1.5))
+#: auto-batching: a publish waits up to 50 ms for others to join its MPUB
+LINGER = FAST.model_copy(update={"linger": 0.05})
 PRODUCER = web.AppKey("producer", Producer)
 EVENTS = web.AppKey("events", list)
 
@@ -265,19 +269,24 @@ def counting_app(make: Callable[[], Producer], counting: Counting) -> web.Applic
     return app
 
 
+# auto-batched, the 100 publishes are a few MPUBs: each answer is held longer
+@pytest.mark.parametrize(("config", "delay"), [(FAST, 0.005), (LINGER, 0.3)],
+                         ids=["direct", "linger"])
 @pytest.mark.parametrize("shutdown_timeout", [5.0, 0.05])
 async def test_server_shut_down_while_requests_publish(cluster: DevCluster, leaks: Leaks,
-                                                       shutdown_timeout: float) -> None:
-    """100 requests in flight (each nsqd connection answers one command per 5 ms) when the
+                                                       shutdown_timeout: float,
+                                                       config: ProducerConfig,
+                                                       delay: float) -> None:
+    """100 requests in flight (each nsqd connection answers one command per ``delay``) when the
     server is cleaned up: with a graceful window each is answered 200; with a short one the
     handlers are cancelled and on_cleanup stops the producer. Either way the cleanup ends
     promptly, every 200 is stored once, a client that got no answer saw its connection
     closed, nothing leaks."""
     for i in range(len(cluster.nodes)):
-        cluster.delay_responses(i, 0.005)
+        cluster.delay_responses(i, delay)
     bodies = [b"shut-%03d" % i for i in range(100)]
     counting = Counting(len(bodies))
-    app = counting_app(producer_for(cluster), counting)
+    app = counting_app(producer_for(cluster, config), counting)
     conn = aiohttp.TCPConnector(limit=len(bodies))
     async with aiohttp.ClientSession(connector=conn) as s, asyncio.timeout(WAIT), \
             serve(app, shutdown_timeout=shutdown_timeout) as (url, runner):
@@ -402,7 +411,7 @@ async def test_nsqd_gone_silent_mid_load(one_node: DevCluster, leaks: Leaks) -> 
     outcomes, recovered = await run_fault(one_node, silence, heal)
     await check_outcomes(one_node, outcomes)
     # the emulator keeps sleeping on the responses it held (a real nsqd resumed would answer
-    # them): the redial caught in the silence ends at handshake_timeout (5 s), ~3 s after heal
+    # them): a redial caught in the silence ends at its handshake_timeout
     assert recovered < FAST.connection.handshake_timeout + 1
     assert leaks.problems() == []
 
@@ -546,3 +555,56 @@ async def test_client_disconnect_cancels_a_publish_in_flight(cluster: DevCluster
     assert {b: got[b] for b in after if got[b] != 1} == {}
     assert set(got) <= set(after) | set(hung) and max(got.values()) == 1
     assert leaks.problems() == []
+
+
+@pytest.mark.parametrize("config", [FAST, LINGER], ids=["direct", "linger"])
+async def test_hang_ups_during_the_first_dial_leave_the_producer_working(
+        one_node: DevCluster, leaks: Leaks, config: ProducerConfig) -> None:
+    """The first requests hang up while the producer's first connection is still in its
+    handshake (nsqd holds the IDENTIFY answer), or while their publish waits for its batch;
+    once nsqd answers again the next requests are acknowledged at once."""
+    one_node.delay_responses(0, 0.5)
+    hung = [b"dial-%02d" % i for i in range(20)]
+    after = [b"next-%03d" % i for i in range(100)]
+    counting = Counting(len(hung))
+    app = counting_app(producer_for(one_node, config), counting)
+    async with serve(app, handler_cancellation=True) as (url, _):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.1)) as s:
+            gone = await asyncio.gather(*(post(s, url, b) for b in hung))
+        assert all(isinstance(o.error, TimeoutError) for o in gone), gone[:3]
+        await asyncio.wait_for(counting.all_cancelled.wait(), WAIT)
+        one_node.delay_responses(0, 0)
+        outcomes = await post_many(url, after)
+    assert [o for o in outcomes if o.status != 200] == []
+    slowest = max(o.seconds for o in outcomes)
+    print(f"{one_node.flavour} {config.linger}: slowest after the hang-ups {slowest:.3f} s")
+    # the held handshake answer comes 0.5 s after it was asked for
+    assert slowest < 1.5
+    got = await channel_bodies(one_node)
+    assert {b: got[b] for b in after if got[b] != 1} == {}
+    assert set(got) <= set(after) | set(hung) and max(got.values()) == 1
+
+
+async def test_server_shut_down_while_nsqd_is_silent(one_node: DevCluster,
+                                                     leaks: Leaks) -> None:
+    """The app is stopped while nsqd holds every answer: handlers cut short by the
+    shutdown window, then on_cleanup's producer.stop(); the whole cleanup stays within the
+    documented bounds (stop's publish_timeout, then close_timeout) and nothing leaks."""
+    bodies = [b"mute-%02d" % i for i in range(50)]
+    counting = Counting(len(bodies))
+    app = counting_app(producer_for(one_node), counting)
+    async with aiohttp.ClientSession() as s, asyncio.timeout(WAIT), \
+            serve(app, shutdown_timeout=0.2) as (url, runner):
+        await post(s, url, b"warm")
+        one_node.delay_responses(0, 60)
+        posts = [asyncio.create_task(post(s, url, b)) for b in bodies]
+        await counting.reached.wait()
+        t0 = time.monotonic()
+        await runner.cleanup()
+        cleanup_s = time.monotonic() - t0
+        outcomes = await asyncio.gather(*posts)
+    print(f"{one_node.flavour}: cleanup {cleanup_s:.3f} s,",
+          collections.Counter(o.status or type(o.error).__name__ for o in outcomes))
+    assert cleanup_s < FAST.publish_timeout + FAST.connection.close_timeout + 1
+    assert all(o.status == 503 or isinstance(o.error, aiohttp.ServerDisconnectedError)
+               for o in outcomes)
