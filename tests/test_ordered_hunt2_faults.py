@@ -50,6 +50,17 @@ def depth(cluster: DevCluster) -> int:
                for p in range(PARTS))
 
 
+async def publish_k0(cluster: DevCluster, n: int) -> list[bytes]:
+    """``k0:0`` .. ``k0:<n-1>`` published in order with key ``k0``; returns them."""
+    sent: list[bytes] = []
+    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
+        for seq in range(n):
+            body = f"k0:{seq}".encode()
+            await p.publish_ordered(TOPIC, "k0", body)
+            sent.append(body)
+    return sent
+
+
 def is_reader(info: ClientInfo) -> bool:
     return info.sub_command == "SUB_ORDERED"
 
@@ -141,12 +152,7 @@ async def test_a_slow_handler_whose_connection_drops(cluster: DevCluster) -> Non
     """k0:1's handler runs 1.2 s; its connection drops meanwhile. The redelivery on the
     new connection must not run k0:1 a second time at once, nor k0:2 before the first call
     ended."""
-    sent: list[bytes] = []
-    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
-        for seq in range(4):
-            body = f"k0:{seq}".encode()
-            await p.publish_ordered(TOPIC, "k0", body)
-            sent.append(body)
+    sent = await publish_k0(cluster, 4)
     started = asyncio.Event()
     events: list[str] = []
     running = 0
@@ -183,12 +189,7 @@ async def test_a_slow_handler_whose_connection_drops(cluster: DevCluster) -> Non
 async def test_a_failing_message_across_a_leader_move(cluster: DevCluster) -> None:
     """k0:1 fails 3 times (default on_blocked: retry); meanwhile its leader moves. It is
     retried, never skipped; nothing of its key comes before it succeeds."""
-    sent: list[bytes] = []
-    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
-        for seq in range(5):
-            body = f"k0:{seq}".encode()
-            await p.publish_ordered(TOPIC, "k0", body)
-            sent.append(body)
+    sent = await publish_k0(cluster, 5)
     part = shard_partition("k0", PARTS)
     calls: list[tuple[bytes, int]] = []
     failed = asyncio.Event()
@@ -249,12 +250,7 @@ async def test_a_failing_message_whose_connection_drops_in_its_retry_pause(
         cluster: DevCluster) -> None:
     """k0:1 fails once; its connection drops during the 0.5 s retry pause and the new one
     redelivers it at once: it is retried, once the pause is over, and k0:2 follows it."""
-    sent: list[bytes] = []
-    async with Producer(lookupd=cluster.lookupd_http_addresses, config=PUB) as p:
-        for seq in range(4):
-            body = f"k0:{seq}".encode()
-            await p.publish_ordered(TOPIC, "k0", body)
-            sent.append(body)
+    await publish_k0(cluster, 4)
     calls: list[tuple[bytes, float]] = []
     failed = asyncio.Event()
     loop = asyncio.get_running_loop()

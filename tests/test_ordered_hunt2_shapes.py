@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from smartnsq import Message, OrderedConsumer, Producer
+from smartnsq import Message, Producer
 from smartnsq.devcluster import DevCluster
 from smartnsq.sharding import shard_partition
 from tests.consumer_support import Collector, eventually
+from tests.test_ordered_hunt2_faults import consumer, depth
 from tests.test_ordered_user_patterns import (
     CHANNEL,
     PARTS,
@@ -33,18 +34,6 @@ async def cluster() -> AsyncIterator[DevCluster]:
         c.create_topic(TOPIC, partition_num=PARTS, replica=2, ordered=True,
                        channels=[CHANNEL])
         yield c
-
-
-def consumer(cluster: DevCluster, handler: object, **kw: object) -> OrderedConsumer:
-    cfg = kw.pop("config", None) or config()
-    return OrderedConsumer(TOPIC, CHANNEL, handler,  # type: ignore[arg-type]
-                           lookupd=cluster.lookupd_http_addresses, config=cfg,
-                           **kw)  # type: ignore[arg-type]
-
-
-def depth(cluster: DevCluster) -> int:
-    return sum(cluster.store.partition(TOPIC, p).channels[CHANNEL].depth()
-               for p in range(PARTS))
 
 
 async def publish(cluster: DevCluster, per_key: int, keys: tuple[str, ...] = KEYS,
