@@ -107,15 +107,17 @@ async def test_one_request_timing_out_does_not_fail_those_queued_behind_it(
     fakes.append(fake)
     fake.topics = {f"t{i}": TopicSpec(legacy=[4150]) for i in range(100)}
     fake.topics["slow"] = TopicSpec(legacy=[4150])
-    fake.delay = 0.1  # the 100 queue behind 31 free slots for 0.4 s, past the slow one's end
-    async with Lookup(quick_config(fake.url, request_timeout=0.3)) as lk:
+    # the 100 queue behind 31 free slots for 0.8 s, past the slow one's timeout; each one
+    # answered has 0.4 s of its timeout to spare (a loaded machine)
+    fake.delay = 0.2
+    async with Lookup(quick_config(fake.url, request_timeout=0.6)) as lk:
         await lk.discover()
         slow = asyncio.ensure_future(lk.refresh("slow"))
         await asyncio.wait_for(fake.path_event("/lookup").wait(), 5)
         views = await asyncio.wait_for(
             asyncio.gather(*(lk.refresh(f"t{i}") for i in range(100))), 10)
         assert all(v.nodes for v in views)
-        with pytest.raises(LookupFailedError, match=r"no answer within 0\.3s"):
+        with pytest.raises(LookupFailedError, match=r"no answer within 0\.6s"):
             await slow
         (status,) = lk.lookupds()
         assert not status.demoted
