@@ -251,6 +251,19 @@ def driver_session(args: dict[str, Any]) -> Any:
     return spark
 
 
+def wait_for_executors(spark: Any, count: int, timeout: float = 60.0) -> None:
+    """In a driver: wait until ``count`` executors have registered. Spark schedules on the
+    first one as soon as it is up (a standalone master asks for no minimum), so a test that
+    needs tasks on a given worker waits for them all first."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    # the driver counts among the executor infos
+    while len(tracker.getExecutorInfos()) < count + 1:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {count} executors registered in {timeout}s")
+        time.sleep(0.2)
+
+
 def unfinished_tasks_in(worker_dir: Path) -> set[str]:
     """Task ids the executors under a worker's directory started and have not finished (per
     their logs): the tasks running there now, or lost with it."""

@@ -32,6 +32,7 @@ from tests.spark.cluster import (
     run_driver,
     unfinished_tasks_in,
     unpack,
+    wait_for_executors,
 )
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(TEST_SECONDS)]
@@ -145,6 +146,9 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
 
     spark = driver_session(args)
     smartnsq.spark.register(spark)
+    # with one executor up, every task of the first batches may run on the other worker and
+    # the kill below finds none on the worker to kill
+    wait_for_executors(spark, 2)
 
     def pause(body: str) -> str:
         # each of a batch's two tasks (250 rows) lasts about 0.25 s: the driver's look at the
