@@ -310,7 +310,7 @@ def test_worker_killed_and_leader_moved_during_a_stream(
     finally:
         lost = spark_standalone.unfinished_tasks("worker1")  # before the restart's new logs
         spark_standalone.restart_dead_workers()  # the next tests get two workers again
-    assert worker.poll() is not None, "the worker was not killed"
+    assert worker.poll() is not None, f"the worker was not killed: {got}"
     # it died inside a batch: Spark ran that task again on the other executor
     assert lost, "no task was running on the killed worker"
     print(f"\nfaults: {len(got['batches'])} batches, worker killed after "
