@@ -20,10 +20,12 @@ what it needs (a marker may be indented with its block, inside a tab or an admon
 
 Every example runs in a fresh interpreter (or shell), exactly as written except for the
 addresses: ``127.0.0.1:4150`` (nsqd TCP), ``127.0.0.1:4151`` (nsqd HTTP) and
-``127.0.0.1:4161`` (nsqlookupd HTTP) become the embedded cluster's, and the metrics ports the
+``127.0.0.1:4161`` (nsqlookupd HTTP) become the servers' (:class:`Servers`: the embedded
+cluster's, or real ones in ``tests/test_doc_examples_real.py``), and the metrics ports the
 docs serve on (``9108``, ``9109``) become free ones, so that an exporter already listening
-there cannot fail an example. Commands shown but not run (installs, servers that run until
-Ctrl-C) are ``sh`` blocks, output is ``text``.
+there cannot fail an example. On a shared real server an example's topics may be given names
+of their own (``topics``: :func:`with_topics`). Commands shown but not run (installs, servers
+that run until Ctrl-C) are ``sh`` blocks, output is ``text``.
 
 An example (a shell session: all its blocks together) has :data:`EXAMPLE_TIMEOUT`; the tests
 that run them allow :data:`TEST_TIMEOUT`, so that an example running past its time fails with
@@ -40,9 +42,10 @@ import socket
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from smartnsq import Producer
 from smartnsq.devcluster import DevCluster
@@ -143,14 +146,47 @@ def free_port() -> int:
         return port
 
 
-def with_addresses(code: str, cluster: DevCluster, ports: dict[str, str] | None = None) -> str:
-    """``code`` with the docs' default addresses made the cluster's, in one pass: replacing
-    them one after another would rewrite an address already put in (a TCP port 41515
-    would then have its ``127.0.0.1:4151`` taken for the HTTP address). Then its metrics
-    ports made ``ports``' (:func:`with_metrics_ports`)."""
+class Servers(Protocol):
+    """Where an example runs: a :class:`DevCluster`, or real servers by address."""
+
+    @property
+    def nsqd_tcp_addresses(self) -> list[str]: ...
+
+    @property
+    def nsqd_http_addresses(self) -> list[str]: ...
+
+    @property
+    def lookupd_http_addresses(self) -> list[str]: ...
+
+
+def with_addresses(code: str, cluster: Servers, ports: dict[str, str] | None = None,
+                   topics: Mapping[str, str] | None = None) -> str:
+    """``code`` with its topics renamed (:func:`with_topics`), then the docs' default
+    addresses made the cluster's, in one pass: replacing them one after another would
+    rewrite an address already put in (a TCP port 41515 would then have its
+    ``127.0.0.1:4151`` taken for the HTTP address). Then its metrics ports made ``ports``'
+    (:func:`with_metrics_ports`)."""
     real = {"4150": cluster.nsqd_tcp_addresses[0], "4151": cluster.nsqd_http_addresses[0],
             "4161": cluster.lookupd_http_addresses[0]}
-    return with_metrics_ports(_DOC_ADDRESS.sub(lambda m: real[m.group(1)], code), ports)
+    code = _DOC_ADDRESS.sub(lambda m: real[m.group(1)], with_topics(code, topics or {}))
+    return with_metrics_ports(code, ports)
+
+
+#: a word of a topic name: where it starts and ends (``payments`` is not in ``payments.dead``)
+_NAME_WORD = re.compile(r"[\w.-]+")
+
+
+def with_topics(code: str, topics: Mapping[str, str]) -> str:
+    """``code`` with each topic name of ``topics`` that stands as a whole word (letters,
+    digits, ``_``, ``.``, ``-`` end it) renamed to its value."""
+    if not topics:
+        return code
+    return _NAME_WORD.sub(lambda m: topics.get(m.group(0), m.group(0)), code)
+
+
+def words(code: str) -> set[str]:
+    """The words of ``code`` that could be topic names (as :func:`with_topics` sees them)."""
+    return set(_NAME_WORD.findall(code))
 
 
 def with_metrics_ports(code: str, ports: dict[str, str] | None = None) -> str:
@@ -197,38 +233,86 @@ def cluster_spec(kind: str) -> str:
     return " ".join(w for w in words if not w.startswith("session="))
 
 
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic of a youzan marker (``name:partitions:channels:flags``)."""
+
+    name: str
+    partitions: int
+    channels: tuple[str, ...]
+    ordered: bool
+    ext: bool
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a marker asks for: the cluster, its topics, the messages already in them."""
+
+    flavour: str
+    topics: tuple[TopicSpec, ...]
+    publish: tuple[tuple[str, int], ...]
+
+
+def needs(kind: str) -> Needs:
+    flavour, *specs = cluster_spec(kind).split()
+    assert flavour in ("stock", "youzan"), f"unknown example kind {kind!r}"
+    topics, publish = [], []
+    for spec in specs:
+        if spec.startswith("publish="):
+            topic, count = spec.removeprefix("publish=").split(":")
+            publish.append((topic, int(count)))
+            continue
+        name, partitions, channels, flags = [*spec.split(":"), "", "", ""][:4]
+        kinds = {f for f in flags.split("+") if f}
+        assert kinds <= {"ordered", "ext"}, f"bad topic spec {spec!r}"
+        chans = tuple(c for c in channels.split(",") if c)
+        topics.append(TopicSpec(name, int(partitions or 1), chans, "ordered" in kinds,
+                                "ext" in kinds))
+    return Needs(flavour, tuple(topics), tuple(publish))
+
+
+async def preload(servers: Servers, need: Needs, topics: Mapping[str, str] | None = None
+                  ) -> None:
+    """The marker's ``publish=`` messages, into the topics as ``topics`` names them."""
+    if not need.publish:
+        return
+    # a stock topic is made by its first publish to nsqd; youzan ones exist already
+    producer = (Producer(nsqd=servers.nsqd_tcp_addresses) if need.flavour == "stock"
+                else Producer(lookupd=servers.lookupd_http_addresses))
+    async with producer:
+        for topic, count in need.publish:
+            for i in range(count):     # one by one: round-robin over the partitions
+                await producer.publish(
+                    (topics or {}).get(topic, topic),
+                    b'{"order": %d, "note": "published before the example"}' % i)
+
+
+#: a session's ``smartnsq topic create NAME``
+_TOPIC_CREATE = re.compile(r"\bsmartnsq topic create ([\w.-]+)")
+
+
+def created_topics(blocks: Iterable[Example]) -> list[str]:
+    """The topics a shell session creates itself."""
+    return [name for b in blocks for name in _TOPIC_CREATE.findall(b.code)]
+
+
 @contextlib.asynccontextmanager
 async def example_cluster(kind: str) -> AsyncIterator[DevCluster]:
     """The cluster a marker asks for (see the module docstring)."""
-    flavour, *specs = cluster_spec(kind).split()
-    assert flavour in ("stock", "youzan"), f"unknown example kind {kind!r}"
-    async with DevCluster(nodes=1 if flavour == "stock" else 3, flavour=flavour) as cluster:
-        publish: list[tuple[str, int]] = []
-        for spec in specs:
-            if spec.startswith("publish="):
-                topic, count = spec.removeprefix("publish=").split(":")
-                publish.append((topic, int(count)))
-                continue
-            name, partitions, channels, flags = [*spec.split(":"), "", "", ""][:4]
-            kinds = {f for f in flags.split("+") if f}
-            assert kinds <= {"ordered", "ext"}, f"bad topic spec {spec!r}"
-            cluster.create_topic(name, partition_num=int(partitions or 1), replica=1,
-                                 ordered="ordered" in kinds, ext="ext" in kinds,
-                                 channels=[c for c in channels.split(",") if c])
-        if publish:
-            # a stock topic is made by its first publish to nsqd; youzan ones exist already
-            producer = (Producer(nsqd=cluster.nsqd_tcp_addresses) if flavour == "stock"
-                        else Producer(lookupd=cluster.lookupd_http_addresses))
-            async with producer:
-                for topic, count in publish:
-                    for i in range(count):     # one by one: round-robin over the partitions
-                        await producer.publish(
-                            topic, b'{"order": %d, "note": "published before the example"}' % i)
+    need = needs(kind)
+    async with DevCluster(nodes=1 if need.flavour == "stock" else 3,
+                          flavour=need.flavour) as cluster:
+        for t in need.topics:
+            cluster.create_topic(t.name, partition_num=t.partitions, replica=1,
+                                 ordered=t.ordered, ext=t.ext, channels=list(t.channels))
+        await preload(cluster, need)
         yield cluster
 
 
-async def run_python(cluster: DevCluster, example: Example, cwd: Path | None = None) -> str:
-    return await run_process(sys.executable, "-c", with_addresses(example.code, cluster),
+async def run_python(cluster: Servers, example: Example, cwd: Path | None = None,
+                     topics: Mapping[str, str] | None = None) -> str:
+    return await run_process(sys.executable, "-c",
+                             with_addresses(example.code, cluster, topics=topics),
                              cwd=cwd, what=example.id)
 
 
@@ -238,7 +322,8 @@ def path_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
 
 
-async def run_session(cluster: DevCluster, blocks: Iterable[Example], cwd: Path) -> str:
+async def run_session(cluster: Servers, blocks: Iterable[Example], cwd: Path,
+                      topics: Mapping[str, str] | None = None) -> str:
     """Each block with ``bash -euo pipefail`` in turn, all within :data:`EXAMPLE_TIMEOUT`;
     their outputs, concatenated. The session's blocks share its metrics ports, as a reader's
     commands do."""
@@ -247,7 +332,7 @@ async def run_session(cluster: DevCluster, blocks: Iterable[Example], cwd: Path)
     deadline = time.monotonic() + EXAMPLE_TIMEOUT
     for block in blocks:
         assert block.lang == "bash", f"{block.id}: a cli example is a bash block"
-        code = with_addresses(block.code, cluster, ports)
+        code = with_addresses(block.code, cluster, ports, topics)
         out.append(await run_process("bash", "-euo", "pipefail", "-c", code, cwd=cwd,
                                      what=block.id, env=path_env(),
                                      within=max(1.0, deadline - time.monotonic())))
