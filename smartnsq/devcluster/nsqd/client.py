@@ -576,7 +576,7 @@ class ClientBase(asyncio.Protocol):
         cmd = params[0]
         if cmd == b"IDENTIFY":
             return await self._identify(params)
-        if self.node.options.tls_required and not self.tls:
+        if self.node.options.requires_tls and not self.tls:
             raise ClientError("E_INVALID", f"cannot {go_raw(cmd)} in current state (TLS required)")
         handler = (self.YOUZAN_TABLE if self.youzan else self.STOCK_TABLE).get(cmd)
         if handler is None:

@@ -434,6 +434,9 @@ def _ssl_context(opts: NsqdOptions) -> ssl.SSLContext | None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+    if opts.tls_client_ca_file is not None:
+        ctx.load_verify_locations(cafile=opts.tls_client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 

@@ -48,6 +48,11 @@ class NsqdOptions:
     tls_key: str | None = None
     #: every command but IDENTIFY needs a TLS connection first
     tls_required: bool = False
+    #: PEM file of the CAs that sign client certificates; with it every TLS client must show
+    #: one they signed (nsqd's ``--tls-client-auth-policy=require-verify``), and TLS is
+    #: required as with ``tls_required`` (nsqd turns ``--tls-required`` on for any policy).
+    #: A refused client closes without the TLS alert nsqd sends (asyncio sends none)
+    tls_client_ca_file: str | None = None
     #: auth is enabled when either is set; the callback is asked first
     auth_callback: AuthCallback | None = None
     #: base URL of an nsq auth server (``http://host:port/auth``); queried with
@@ -91,6 +96,10 @@ class NsqdOptions:
     @property
     def auth_enabled(self) -> bool:
         return self.auth_callback is not None or bool(self.auth_http_url)
+
+    @property
+    def requires_tls(self) -> bool:
+        return self.tls_required or self.tls_client_ca_file is not None
 
     @property
     def heartbeat_interval(self) -> float:
