@@ -52,6 +52,11 @@ class Opening:
         """The bytes after the handshake's last frame: ordinary frames."""
         return self._hs.take_buffer()
 
+    def lost_error(self, exc: BaseException | None) -> NSQError | None:
+        """What the connection lost with ``exc`` means at this step, when the handshake
+        knows better than "connection lost" (:meth:`Handshake.lost_error`)."""
+        return self._hs.lost_error(exc)
+
     def fail(self, exc: NSQError) -> None:
         """The connection failed: the handshake waiting for bytes gets ``exc``."""
         waiter = self._waiter
@@ -78,7 +83,8 @@ class Opening:
                 return await negotiate(hs, wire, self._more, failure)
         except TimeoutError:
             raise NSQTimeoutError(f"handshake with nsqd {address} did not complete within "
-                                  f"{cfg.handshake_timeout}s") from None
+                                  f"{cfg.handshake_timeout}s (waiting for "
+                                  f"{hs.waiting_for})") from None
 
     async def _more(self) -> None:
         """Return once more handshake bytes arrived (:meth:`fail` raises instead)."""

@@ -34,7 +34,7 @@ from smartnsq.conn.handshake import Handshake, Negotiated
 from smartnsq.conn.receiver import Receiver
 from smartnsq.conn.state import Lifecycle, State
 from smartnsq.conn.subscriber import Subscriber
-from smartnsq.conn.transport import Wire
+from smartnsq.conn.transport import Wire, tls_context
 from smartnsq.conn.waiters import ResponseQueue
 from smartnsq.errors import (
     ClientClosedError,
@@ -161,8 +161,11 @@ class ConnectionCore(Generic[C]):
         """:meth:`Connection.connect`: dial and handshake, then the receive path gets the
         stream (the bytes after the handshake first); a failure closes the socket."""
         cfg = self.config
-        if cfg.tls.enabled and not cfg.feature_negotiation:
-            raise ConfigError("tls.enabled needs feature_negotiation=True")
+        if cfg.tls.enabled:
+            if not cfg.feature_negotiation:
+                raise ConfigError("tls.enabled needs feature_negotiation=True")
+            # unusable TLS files are a ConfigError before any I/O (the context is cached)
+            tls_context(cfg.tls)
         loop = asyncio.get_running_loop()
         life = self.life
         life.connecting()
@@ -370,10 +373,13 @@ class ConnectionCore(Generic[C]):
         if life.error is None:
             opening = self._opening
             partial = opening.buffered if opening is not None else self.receiver.frames.buffered
+            known = opening.lost_error(exc) if opening is not None and not partial else None
             if partial:
                 err: NSQError = ConnectionClosedError(
                     f"nsqd {self.address} closed the connection in the middle of a frame "
                     f"({partial} bytes of it received)")
+            elif known is not None:
+                err = known
             elif exc is not None:
                 err = ConnectionClosedError(f"connection to nsqd {self.address} lost: {exc}")
             elif life.user_closed:

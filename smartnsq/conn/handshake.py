@@ -148,6 +148,41 @@ class Handshake:
         else:
             raise RuntimeError(f"upgraded() in handshake phase {self._phase}")
 
+    @property
+    def waiting_for(self) -> str:
+        """What the handshake waits for now, for a timeout's message."""
+        phase = self._phase
+        if phase == "identify":
+            return "the IDENTIFY answer"
+        if phase == "tls":
+            return "the TLS handshake"
+        if phase == "tls_ok":
+            return "nsqd's OK after the TLS upgrade"
+        if phase in ("compress", "compress_ok"):
+            return "nsqd's OK after the compression upgrade"
+        if phase == "auth":
+            return "the AUTH answer (nsqd asks its auth server)"
+        return "nothing (the handshake is done)"
+
+    def lost_error(self, exc: BaseException | None) -> NSQError | None:
+        """A TLSError for a connection lost right after the TLS upgrade (before nsqd's OK),
+        None otherwise. With TLS 1.3 our side of the TLS handshake completes before the
+        server checks the client certificate, so a missing or untrusted one ends the
+        connection here (nsqd with a TLS alert, other servers with a bare close), not in
+        StartTLS."""
+        if self._phase != "tls_ok" or not (exc is None or isinstance(exc, ssl.SSLError)):
+            return None
+        tls = self.config.tls
+        if tls.cert_file is None:
+            hint = "does nsqd require a client certificate (tls.cert_file, tls.key_file)?"
+        else:
+            hint = f"does nsqd trust the client certificate tls.cert_file ({tls.cert_file})?"
+        how = f": {exc}" if exc is not None else ""
+        err = TLSError(f"nsqd {self.address} closed the connection right after the TLS "
+                       f"handshake{how}; {hint}")
+        err.__cause__ = exc
+        return err
+
     def next_step(self) -> Step | None:
         """What to do next; None: more bytes are needed (or an upgrade is under way)."""
         if self._phase in ("tls", "compress", "done"):
@@ -286,9 +321,9 @@ async def negotiate(hs: Handshake, wire: Wire, more: Callable[[], Awaitable[None
             wire.write(step.data)
         elif type(step) is StartTLS:
             cfg = hs.config
+            ctx = tls_context(cfg.tls)  # a ConfigError for unusable files passes as it is
             try:
-                await wire.start_tls(tls_context(cfg.tls), step.server_hostname,
-                                     cfg.handshake_timeout)
+                await wire.start_tls(ctx, step.server_hostname, cfg.handshake_timeout)
             except (ssl.SSLError, ssl.CertificateError, OSError, EOFError) as exc:
                 raise TLSError(f"TLS handshake with nsqd {hs.address} failed: {exc}") from exc
             hs.upgraded()

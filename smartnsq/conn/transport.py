@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import cast
 
 from smartnsq.config import TLSConfig
-from smartnsq.errors import CompressionError, NSQTimeoutError, TLSError
+from smartnsq.errors import CompressionError, ConfigError, NSQTimeoutError, TLSError
 from smartnsq.protocol.compression import StreamDecoder, StreamEncoder
 
 #: the transport pauses us above this many unsent bytes; publishers then wait in drain()
@@ -35,18 +35,29 @@ def tls_context(cfg: TLSConfig) -> ssl.SSLContext:
     """Client TLS context for ``cfg`` (cached: a pool opens many connections with one config).
 
     Verification is on unless ``cfg.verify`` is False: the server certificate must chain to
-    ``cfg.ca_file`` (or the system store) and match the host name.
+    ``cfg.ca_file`` (or the system store) and match the host name. A file that cannot be
+    loaded is a :class:`~smartnsq.errors.ConfigError` naming the option and the path.
     """
     try:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.ca_file)
-        if cfg.cert_file is not None:
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise _unusable("tls.ca_file", cfg.ca_file, exc) from exc
+    if cfg.cert_file is not None:
+        try:
             ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    except (OSError, ValueError) as exc:
-        raise TLSError(f"cannot load the TLS files: {exc}") from exc
+        except (OSError, ValueError) as exc:
+            raise _unusable("tls.cert_file / tls.key_file", f"{cfg.cert_file}, {cfg.key_file}",
+                            exc) from exc
     if not cfg.verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def _unusable(option: str, path: str | None, exc: Exception) -> ConfigError:
+    # the OSError of a missing file names no path: say which option and file
+    where = f"{option} ({path})" if path is not None else "the system CA store"
+    return ConfigError(f"TLS: cannot load {where}: {exc}")
 
 
 def host_port(sockname: object) -> str | None:
