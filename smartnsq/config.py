@@ -62,6 +62,12 @@ class TLSConfig(_Model):
     def _pairs(self) -> Self:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file must be given together")
+        given = [f for f in ("ca_file", "cert_file", "key_file", "server_hostname")
+                 if getattr(self, f) is not None]
+        if given and not self.enabled:
+            # else the connection would silently stay plain text
+            raise ValueError(f"{', '.join('tls.' + f for f in given)} given but tls.enabled "
+                             "is False (set enabled=True to use TLS)")
         return self
 
 

@@ -429,3 +429,19 @@ async def test_slow_auth_server_timeout_names_the_auth_step(open_nsqd: Target) -
     with pytest.raises(NSQTimeoutError, match="waiting for the AUTH answer"):
         await connect(t, cfg)
     assert time.monotonic() - started < 1.0 + PROMPT
+
+
+# --- configuration mistakes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["ca_file", "cert_file", "server_hostname"])
+def test_tls_options_without_tls_enabled_are_refused(field: str) -> None:
+    """TLS settings with ``enabled`` left False would connect in plain text silently."""
+    kw = {field: "x.pem"} if field != "cert_file" else {"cert_file": "c", "key_file": "k"}
+    with pytest.raises(ConfigError, match=rf"tls.*{field}.*enabled"):
+        ConnectionConfig(tls=TLSConfig(**kw))
+
+
+def test_snappy_and_deflate_together_are_refused() -> None:
+    with pytest.raises(ConfigError, match="snappy and deflate"):
+        ConnectionConfig(snappy=True, deflate=True)
