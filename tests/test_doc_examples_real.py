@@ -10,9 +10,9 @@ A real server is shared, so that an example sees no other's messages:
 * youzan: the marker's topics are created as an operator does (:class:`YouzanCluster`) under
   names of their own, and so are those a shell session creates itself (``smartnsq topic
   create NAME``); the example runs with its topic names rewritten, and they are deleted after;
-* stock: a marker names no topics, so the example runs with the names it is written with; any
-  topic of one of its words left on nsqd before is deleted first, and every topic that appeared
-  while it ran is deleted after.
+* stock: a marker names no topics, so the example runs with the names it is written with; the
+  topics on nsqd that are words of its code (``"orders"``, ``orders.dead``) are deleted before
+  it (a leftover) and after it.
 """
 
 from __future__ import annotations
@@ -105,16 +105,16 @@ async def _delete_stock_topic(http: aiohttp.ClientSession, name: str) -> None:
 @contextlib.asynccontextmanager
 async def stock_servers(kind: str, code: str) -> AsyncIterator[RealServers]:
     servers = RealServers([REAL_NSQD], [REAL_NSQD_HTTP], [REAL_LOOKUPD])
+    # only topics the example names: another test's topics are none of its business
+    names = words(code)
     async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
-        before = await _stock_topics(http)
-        for stale in before & words(code):
+        for stale in await _stock_topics(http) & names:
             await _delete_stock_topic(http, stale)
-        before -= words(code)
         try:
             await preload(servers, needs(kind))
             yield servers
         finally:
-            for name in await _stock_topics(http) - before:
+            for name in await _stock_topics(http) & names:
                 await _delete_stock_topic(http, name)
 
 
