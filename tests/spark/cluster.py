@@ -151,9 +151,10 @@ class StandaloneCluster:
                          "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
         return "\n".join(parts)
 
-    def unfinished_tasks(self, worker: str) -> set[str]:
-        """Task ids an executor of ``worker`` started and never finished (per its log)."""
-        return unfinished_tasks_in(self.base / worker)
+    def unfinished_tasks(self, worker: str, app: str) -> set[str]:
+        """Task ids an executor of ``worker`` started for application ``app`` and never
+        finished (per its log)."""
+        return unfinished_tasks_in(self.base / worker, app)
 
     def logs(self) -> str:
         parts = []
@@ -264,12 +265,14 @@ def wait_for_executors(spark: Any, count: int, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def unfinished_tasks_in(worker_dir: Path) -> set[str]:
-    """Task ids the executors under a worker's directory started and have not finished (per
-    their logs): the tasks running there now, or lost with it."""
+def unfinished_tasks_in(worker_dir: Path, app: str) -> set[str]:
+    """Task ids the executors of application ``app`` under a worker's directory started and
+    have not finished (per their logs): the tasks running there now, or lost with it. One
+    application's only: task ids start at 0 in each, so an earlier application's finished
+    tasks would hide the running ones of the same ids."""
     started: set[str] = set()
     finished: set[str] = set()
-    for f in worker_dir.glob("app-*/*/stderr"):
+    for f in (worker_dir / app).glob("*/stderr"):
         for line in f.read_text(errors="replace").splitlines():
             if "(TID " in line:
                 tid = line.rsplit("(TID ", 1)[1].split(")", 1)[0]

@@ -165,6 +165,7 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
              .writeStream.format("parquet").option("path", args["out"])
              .option("checkpointLocation", args["checkpoint"])
              .trigger(availableNow=True).start())
+    app = spark.sparkContext.applicationId
     worker_dir = Path(args["worker_dir"])
     killed_after = moved_after = 0
     deadline = time.monotonic() + 400
@@ -172,7 +173,7 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
         done = len([p for p in query.recentProgress if p["numInputRows"]])
         # the kill lands while a task runs on that worker (per its executor's log: an active
         # stage alone may have its tasks on the other executor only)
-        if done >= 1 and not killed_after and unfinished_tasks_in(worker_dir):
+        if done >= 1 and not killed_after and unfinished_tasks_in(worker_dir, app):
             os.kill(args["kill_pid"], signal.SIGKILL)
             killed_after = done
         elif done >= 3 and not moved_after:
@@ -185,7 +186,8 @@ def drive_faults(args: dict[str, Any]) -> dict[str, Any]:
     rows = sorted(r.b for r in spark.read.parquet(args["out"]).collect()) if finished else []
     spark.stop()
     return {"finished": finished, "error": str(error) if error else None, "rows": rows,
-            "batches": batches, "killed_after": killed_after, "moved_after": moved_after}
+            "batches": batches, "killed_after": killed_after, "moved_after": moved_after,
+            "app": app}
 
 
 # --- the tests ------------------------------------------------------------------------------
@@ -308,9 +310,9 @@ def test_worker_killed_and_leader_moved_during_a_stream(
         print(spark_standalone.executor_logs())
         raise
     finally:
-        lost = spark_standalone.unfinished_tasks("worker1")  # before the restart's new logs
         spark_standalone.restart_dead_workers()  # the next tests get two workers again
     assert worker.poll() is not None, f"the worker was not killed: {got}"
+    lost = spark_standalone.unfinished_tasks("worker1", got["app"])
     # it died inside a batch: Spark ran that task again on the other executor
     assert lost, "no task was running on the killed worker"
     print(f"\nfaults: {len(got['batches'])} batches, worker killed after "
