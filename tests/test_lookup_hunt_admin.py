@@ -44,6 +44,20 @@ async def test_a_refused_write_is_the_callers_error_not_the_lookupds(
         assert status.consecutive_failures == 0 and not status.demoted
 
 
+async def test_a_refused_read_is_an_answer_too(fakes: list[FakeLookupd]) -> None:
+    # reads follow the writes' rule: a 400 is an answer about the call, and the lookupd
+    # that gave it is neither counted as failing nor demoted
+    good, picky = await FakeLookupd("stock").start(), await FakeLookupd("stock").start()
+    fakes += [good, picky]
+    good.raw["/channels"] = (200, b'{"channels":["c"]}', V1_HEADERS)
+    picky.raw["/channels"] = (400, b'{"message":"INVALID_ARG_TOPIC"}', V1_HEADERS)
+    async with Lookup(quick_config(good.url, picky.url)) as lk:
+        for _ in range(3):
+            assert await lk.admin.channels("t") == ["c"]
+        status = {s.address: s for s in lk.lookupds()}
+        assert status[picky.url].consecutive_failures == 0 and not status[picky.url].demoted
+
+
 async def test_a_leader_failing_writes_is_recorded_and_a_success_clears_it(
         fakes: list[FakeLookupd]) -> None:
     a, b = await youzan_cluster(2, leader=0)

@@ -38,7 +38,7 @@ LEADER_ATTEMPTS = 3
 
 
 def _record(health: HealthBook, lookupd: str, path: str, exc: LookupdError | None) -> None:
-    """Enter a write's outcome in the health book that orders and demotes lookupds: no
+    """Enter a call's outcome in the health book that orders and demotes lookupds: no
     answer, a 5xx or a 2xx that does not parse count against the lookupd; a 4xx (bad
     argument, topic exists, not the leader) is an answer about the call, not the lookupd."""
     if exc is not None and not (exc.status is not None and 400 <= exc.status < 500):
@@ -91,9 +91,9 @@ class LookupAdmin:
                 payload = await client.get(addr, path, params)
                 result = validate(model, payload, lookupd=addr, path=path)
             except LookupdError as exc:
-                lk.health.failure(addr, f"{path}: {exc.detail}")
+                _record(lk.health, addr, path, exc)
                 return exc
-            lk.health.success(addr)
+            _record(lk.health, addr, path, None)
             return result
 
         # the lookupds known now are asked while the first /listlookup pass runs (a silent
