@@ -83,15 +83,24 @@ def thread_callback(callback: Callable[..., Any] | None, run: ThreadRunner,
     async def threaded(msg: Any, *rest: Any) -> Any:
         try:
             result = await run(cb, msg, *rest)
-            return await result if inspect.isawaitable(result) else result
-        except HandlerExited as exc:
+        except HandlerExited as exc:  # carried from the thread by call_plain
             exited(msg, exc.exc)
             raise
-        except (SystemExit, KeyboardInterrupt) as exc:  # from an awaitable it returned
-            exited(msg, exc)
-            raise HandlerExited(exc) from exc
+        return await _exits_carried(msg, result, exited) if inspect.isawaitable(result) \
+            else result
 
     return threaded
+
+
+async def _exits_carried(msg: Any, pending: Awaitable[Any],
+                         exited: Callable[[Any, BaseException], None]) -> Any:
+    """Await what a callback returned; an exit it raises goes to ``exited(msg, exc)`` and on
+    as :class:`HandlerExited`."""
+    try:
+        return await pending
+    except (SystemExit, KeyboardInterrupt) as exc:
+        exited(msg, exc)
+        raise HandlerExited(exc) from exc
 
 
 def guard_async(handler: Callable[[Any], Awaitable[Any]],
@@ -120,13 +129,6 @@ def guard_callback(callback: Callable[..., Any] | None,
         return None
     cb = callback
 
-    async def awaited(msg: Any, pending: Awaitable[Any]) -> Any:
-        try:
-            return await pending
-        except (SystemExit, KeyboardInterrupt) as exc:
-            exited(msg, exc)
-            raise HandlerExited(exc) from exc
-
     @functools.wraps(cb)
     def guarded(msg: Any, *rest: Any) -> Any:
         try:
@@ -134,7 +136,7 @@ def guard_callback(callback: Callable[..., Any] | None,
         except (SystemExit, KeyboardInterrupt) as exc:
             exited(msg, exc)
             raise HandlerExited(exc) from exc
-        return awaited(msg, result) if inspect.isawaitable(result) else result
+        return _exits_carried(msg, result, exited) if inspect.isawaitable(result) else result
 
     return guarded
 
