@@ -88,7 +88,7 @@ class Opener:
 def make(discovery: Discovery, opener: Opener,
          fatal: list[BaseException] | None = None) -> ConnectionSet:
     errors = fatal if fatal is not None else []
-    return ConnectionSet(discovery, opener, is_fatal=lambda e: isinstance(e, ConfigError),
+    return ConnectionSet(discovery, opener, is_fatal=lambda e, _s: isinstance(e, ConfigError),
                          on_fatal=errors.append, reconnect_min=1.0, reconnect_max=60.0,
                          backoff=ConstantBackoff(0.01))
 
@@ -96,13 +96,13 @@ def make(discovery: Discovery, opener: Opener,
 def test_reconnects_wait_as_the_backoff_policy_says() -> None:
     # the default: equal jitter from reconnect_min up to reconnect_max (the formula itself is
     # tested in test_backoff.py)
-    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e: False,
+    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e, _s: False,
                        on_fatal=lambda e: None, reconnect_min=1.0, reconnect_max=8.0,
                        rng=random.Random(1))
     assert isinstance(cs.backoff, EqualJitterBackoff)
     assert (cs.backoff.base, cs.backoff.cap) == (1.0, 8.0)
     given = ConstantBackoff(0.01)
-    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e: False,
+    cs = ConnectionSet(DirectDiscovery(["127.0.0.1:1"]), Opener(), is_fatal=lambda e, _s: False,
                        on_fatal=lambda e: None, reconnect_min=1.0, reconnect_max=8.0,
                        backoff=given)
     assert cs.backoff is given

@@ -10,6 +10,7 @@ needs and stops them at the end. Under ``make test`` they are skipped and start 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -370,6 +371,75 @@ async def test_auth_refused_or_failing_ends_without_a_reconnect_storm(
         assert len(t.auth.hits) - before == 2
     finally:
         t.auth.failing = False
+
+
+class CutProxy:
+    """A TCP proxy on 127.0.0.1 to ``target``, whose connections :meth:`cut` aborts (a
+    dropped connection, on the double and the real server alike)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = parse_tcp_address(target)
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.address = ""
+
+    async def __aenter__(self) -> CutProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+        self.writers.clear()
+
+
+async def test_auth_failing_after_the_consumer_subscribed_is_retried(
+        open_nsqd: Target) -> None:
+    """nsqd answers an auth server it cannot reach with E_AUTH_FAILED, as it answers an
+    unknown secret. A consumer whose secret was accepted keeps retrying through an auth
+    server's outage and resumes after it; it ended for good on the first reconnect."""
+    t = open_nsqd
+    topic = unique("authdown")
+    cfg = t.conn_config(auth_secret="good")
+    got = Collector()
+    async with Producer(nsqd=t.nsqd, config=ProducerConfig(connection=cfg)) as p, \
+            CutProxy(t.nsqd) as via:
+        await p.publish(topic, b"before")
+        async with Consumer(topic, "ch", got, nsqd=[via.address],
+                            config=consumer_config(cfg)) as c:
+            async with asyncio.timeout(WAIT):
+                await eventually(lambda: got.handled == [b"before"])
+            t.auth.failing = True
+            try:
+                before = len(t.auth.hits)
+                via.cut()
+                # two refused reconnects: the consumer is still trying
+                await eventually(lambda: len(t.auth.hits) - before >= 2)
+                assert c.error is None and not c.is_closed
+            finally:
+                t.auth.failing = False
+            await p.publish(topic, b"after")
+            async with asyncio.timeout(WAIT):
+                await eventually(lambda: got.handled == [b"before", b"after"])
 
 
 async def test_auth_without_the_topic_refuses_pub_and_sub(open_nsqd: Target) -> None:

@@ -81,7 +81,7 @@ class ConnectionSet:
         discovery: Discovery,
         opener: Opener,
         *,
-        is_fatal: Callable[[BaseException], bool],
+        is_fatal: Callable[[BaseException, bool], bool],
         on_fatal: Callable[[BaseException], None],
         reconnect_min: float,
         reconnect_max: float,
@@ -100,6 +100,8 @@ class ConnectionSet:
         self._slots: dict[EndpointKey, Slot] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: a subscription was opened: ``is_fatal``'s second argument
+        self._subscribed = False
         self.topology = Topology()
 
     def __len__(self) -> int:
@@ -178,7 +180,7 @@ class ConnectionSet:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if self._is_fatal(exc):
+                    if self._is_fatal(exc, self._subscribed):
                         self._on_fatal(exc)
                         return
                     slot.failures += 1
@@ -191,6 +193,7 @@ class ConnectionSet:
                     if not slot.first_attempt.done():
                         slot.first_attempt.set_result(None)
                 slot.failures = 0
+                self._subscribed = True
                 slot.session = session
                 try:
                     await session.wait_closed()

@@ -4,8 +4,9 @@ A subscription is opened by connecting, IDENTIFY (and AUTH), then SUB, SUB_ORDER
 SUB_ADVANCED (:mod:`smartnsq.consumer.subscriptions`). What fails there goes to
 :func:`ends_consumer`: an error that reconnecting cannot fix (a configuration the server
 refuses: ordered/ext/channel mismatches, stock nsqd asked for youzan features, bad names,
-auth refused) stops the consumer, which keeps it as ``Consumer.error`` and raises it from
-``start()`` and ``wait_closed()``; everything else (connection refused or lost, a leader that
+auth refused; AUTH failing once the consumer has subscribed is retried) stops the consumer,
+which keeps it as ``Consumer.error`` and raises it from ``start()`` and ``wait_closed()``;
+everything else (connection refused or lost, a leader that
 moved, E_TOPIC_NOT_EXIST, too many connections) is retried with backoff by
 :class:`~smartnsq.consumer.conns.ConnectionSet`. The errors' wording is their own
 (:mod:`smartnsq.errors`); the server's description is kept in each.
@@ -29,7 +30,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
 )
 
-__all__ = ["ENDS_CONSUMER", "ends_consumer"]
+__all__ = ["ENDS_CONSUMER", "RETRIED_ONCE_SUBSCRIBED", "ends_consumer"]
 
 #: errors that reconnecting cannot fix: the consumer stops and reports them
 ENDS_CONSUMER: tuple[type[BaseException], ...] = (
@@ -39,7 +40,17 @@ ENDS_CONSUMER: tuple[type[BaseException], ...] = (
 )
 
 
-def ends_consumer(exc: BaseException) -> bool:
+#: of those, the ones retried once the consumer has subscribed: nsqd answers an auth server
+#: it cannot reach with the same E_AUTH_FAILED as an unknown secret, and a secret accepted
+#: before is no configuration mistake (a reconnect during an auth server's restart ended the
+#: consumer for good)
+RETRIED_ONCE_SUBSCRIBED: tuple[type[BaseException], ...] = (AuthFailedError,)
+
+
+def ends_consumer(exc: BaseException, subscribed: bool = False) -> bool:
     """True when ``exc``, met while subscribing, stops the consumer; False when the
-    subscription is retried."""
+    subscription is retried. ``subscribed``: a subscription of this consumer was opened
+    before."""
+    if subscribed and isinstance(exc, RETRIED_ONCE_SUBSCRIBED):
+        return False
     return isinstance(exc, ENDS_CONSUMER)

@@ -54,7 +54,7 @@ class SubscriptionSet:
                  policy: DeliveryPolicy, dispatch: Dispatcher, driver: RdyDriver,
                  start_at: Mapping[int, OffsetSpec] | OffsetSpec | None,
                  trace: _trace.Tracing, discovery: Discovery, *,
-                 is_fatal: Callable[[BaseException], bool],
+                 is_fatal: Callable[[BaseException, bool], bool],
                  on_fatal: Callable[[BaseException], None], rng: random.Random) -> None:
         self.topic = topic
         self.channel = channel
