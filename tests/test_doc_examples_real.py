@@ -105,13 +105,14 @@ async def _delete_stock_topic(http: aiohttp.ClientSession, name: str) -> None:
 @contextlib.asynccontextmanager
 async def stock_servers(kind: str, code: str) -> AsyncIterator[RealServers]:
     servers = RealServers([REAL_NSQD], [REAL_NSQD_HTTP], [REAL_LOOKUPD])
+    need = needs(kind)
     # only topics the example names: another test's topics are none of its business
-    names = words(code)
+    names = words(code) | {topic for topic, _ in need.publish}
     async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
         for stale in await _stock_topics(http) & names:
             await _delete_stock_topic(http, stale)
         try:
-            await preload(servers, needs(kind))
+            await preload(servers, need)
             yield servers
         finally:
             for name in await _stock_topics(http) & names:
