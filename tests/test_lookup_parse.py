@@ -19,6 +19,7 @@ from smartnsq.lookup.models import (
     TopicsModel,
 )
 from smartnsq.lookup.parse import (
+    MAX_LISTED_LOOKUPDS,
     not_found_answer,
     not_found_reason,
     parse_listlookup,
@@ -563,3 +564,26 @@ def test_any_json_listlookup_is_parsed_or_rejected(doc: Any) -> None:
 def test_deeply_nested_json_is_rejected_not_crashing() -> None:
     with pytest.raises(LookupdError):
         lookup_of(200, b"[" * 100000 + b"]" * 100000, V1)
+
+
+def test_listlookup_of_thousands_keeps_the_first_and_the_leader(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a bug or a hostile server listing 10,000 lookupds (with repeats): every lookup round
+    # asks each known lookupd, so the list is cut, naming how long it was
+    def node(i: int) -> dict[str, object]:
+        ip = f"10.1.{i // 250}.{i % 250 + 1}"
+        return {"ID": ip, "NodeIP": ip, "TcpPort": "4160", "HttpPort": "4161", "Epoch": 7}
+
+    nodes = [node(i % 5000) for i in range(10_000)]
+    doc = {"lookupdnodes": nodes, "lookupdleader": node(9999)}
+    cl = parse_listlookup(doc, lookupd=L)
+    assert cl is not None
+    assert len(cl.lookupds) == MAX_LISTED_LOOKUPDS + 1
+    assert cl.lookupds[:2] == ("http://10.1.0.1:4161", "http://10.1.0.2:4161")
+    assert cl.leader == cl.lookupds[-1] == "http://10.1.39.250:4161"
+    assert "lists 5000 lookupds; using the first 32 (and the leader)" in caplog.text
+    # repeats are one lookupd: a list of 40 entries naming 32 is not cut
+    caplog.clear()
+    doc = {"lookupdnodes": [node(i % 32) for i in range(40)], "lookupdleader": node(0)}
+    cl = parse_listlookup(doc, lookupd=L)
+    assert cl is not None and len(cl.lookupds) == 32 and "using the first" not in caplog.text

@@ -36,6 +36,11 @@ log = logging.getLogger("smartnsq.lookup")
 
 M = TypeVar("M", bound=BaseModel)
 
+#: the most lookupds taken from one ``/listlookup`` answer besides the leader: a youzan
+#: cluster has a handful, and every lookup round asks each known one (an answer listing
+#: thousands, from a bug or a hostile server, made every round thousands of requests)
+MAX_LISTED_LOOKUPDS = 32
+
 _PARTITION_ID = re.compile(r"^[0-9]{1,4}$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
 #: texts with which lookupds say "this topic is unknown (to writers)" (docs/protocol.md §4.3,
@@ -230,19 +235,20 @@ def parse_listlookup(payload: object, *, lookupd: str) -> ClusterLookupds | None
     A standalone youzan lookupd answers an empty body (``{}``) or ``"data": null``.
     """
     model = validate(ListLookupModel, payload, lookupd=lookupd, path="/listlookup")
-    urls: list[str] = []
-    for entry in model.lookupdnodes or []:
-        url = _lookupd_url(entry, lookupd=lookupd)
-        if url is not None and url not in urls:
-            urls.append(url)
+    urls = dict.fromkeys(u for u in (_lookupd_url(e, lookupd=lookupd)
+                                     for e in model.lookupdnodes or []) if u is not None)
+    if len(urls) > MAX_LISTED_LOOKUPDS:
+        log.warning("lookupd %s: /listlookup lists %d lookupds; using the first %d (and the "
+                    "leader)", lookupd, len(urls), MAX_LISTED_LOOKUPDS)
+        urls = dict.fromkeys(list(urls)[:MAX_LISTED_LOOKUPDS])
     leader = None
     epoch = 0
     # A cluster without an elected leader reports a zero-valued leader object.
     if model.lookupdleader is not None and model.lookupdleader.NodeIP:
         leader = _lookupd_url(model.lookupdleader, lookupd=lookupd)
         epoch = model.lookupdleader.Epoch
-    if leader is not None and leader not in urls:
-        urls.append(leader)
+    if leader is not None:
+        urls[leader] = None
     if not urls:
         return None
     return ClusterLookupds(tuple(urls), leader, epoch)

@@ -160,7 +160,4 @@ class LookupdRoster:
 
 
 def _listed(lists: Sequence[ClusterLookupds]) -> list[str]:
-    listed: list[str] = []
-    for cl in lists:
-        listed.extend(a for a in cl.lookupds if a not in listed)
-    return listed
+    return list(dict.fromkeys(a for cl in lists for a in cl.lookupds))
