@@ -29,6 +29,7 @@ does not list it ``TopicNotExistError`` (:meth:`NsqdHttpClient.partition_stats`)
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -36,7 +37,7 @@ from typing import Any, Self
 import aiohttp
 
 from smartnsq._entry import Entry
-from smartnsq.config import USER_AGENT
+from smartnsq.config import USER_AGENT, TLSConfig
 from smartnsq.errors import (
     BodyTooLargeError,
     ClientClosedError,
@@ -73,7 +74,7 @@ from smartnsq.protocol.validation import (
 )
 
 __all__ = ["CHANNEL_ACTIONS", "HEADERS", "TOPIC_ACTIONS", "NsqdHttpClient", "PartitionStats",
-           "ask_again", "error_from_answer", "known_error"]
+           "ask_again", "error_from_answer", "https_context", "known_error"]
 
 #: ``POST /channel/<action>``: nsqd answers them with an empty body
 CHANNEL_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
@@ -85,6 +86,24 @@ HEADERS = {"Accept": ACCEPT_V1, "User-Agent": USER_AGENT}
 #: there means the address is no nsqd (youzan nsqd has no ``/topic/pause``, stock no
 #: ``/channel/setoffset``, nsqlookupd has ``/channel/create``: none of those tell)
 NSQD_ONLY_PATHS = ("/stats", "/channel/pause", "/channel/unpause", "/channel/empty")
+
+
+def https_context(tls: TLSConfig | None) -> ssl.SSLContext | bool:
+    """What an HTTP client's requests to ``https://`` addresses verify with (aiohttp's
+    ``ssl=``): ``tls``'s context (its CA, client certificate, ``verify``) when it is
+    enabled, else the system's CAs (True). Plain ``http://`` addresses stay plain: nsqd
+    serves HTTPS on a port of its own (``--https-address``). A file that cannot be loaded
+    is a :class:`~smartnsq.errors.ConfigError` naming it, raised here, at construction."""
+    if tls is None:
+        return True
+    if not isinstance(tls, TLSConfig):
+        raise ConfigError(f"tls must be a TLSConfig, got {type(tls).__name__}")
+    if not tls.enabled:
+        return True
+    # the one place a TLSConfig becomes an ssl context (the TCP connections' too)
+    from smartnsq.conn.transport import tls_context
+
+    return tls_context(tls)
 
 
 def known_error(message: str, *, address: str, topic: str | None = None,
@@ -139,13 +158,17 @@ class PartitionStats:
 
 class NsqdHttpClient:
     """HTTP calls to any nsqd, given as ``host:port`` (or ``http://host:port``) of its HTTP
-    listener; ``timeout`` bounds each call. Use ``async with NsqdHttpClient() as nsqd:`` or
-    call :meth:`close`; the session is opened by the first call."""
+    listener, or ``https://host:port`` of its HTTPS one (nsqd's ``--https-address``), whose
+    certificate is verified with ``tls`` (:func:`https_context`: its CA file, a client
+    certificate for an nsqd with ``--tls-client-auth-policy``); ``timeout`` bounds each
+    call. Use ``async with NsqdHttpClient() as nsqd:`` or call :meth:`close`; the session
+    is opened by the first call."""
 
-    def __init__(self, *, timeout: float = 5.0) -> None:
+    def __init__(self, *, timeout: float = 5.0, tls: TLSConfig | None = None) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
                 0 < timeout < float("inf")):
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._ssl = https_context(tls)
         self._timeout = aiohttp.ClientTimeout(total=float(timeout))
         self._session: aiohttp.ClientSession | None = None
         #: slots per nsqd: each call's timeout starts when it is sent
@@ -206,7 +229,8 @@ class NsqdHttpClient:
                     path: str, params: dict[str, str], body: bytes | None, *,
                     topic: str | None, partition: int | None) -> object:
         try:
-            async with session.request(method, url, params=params, data=body) as resp:
+            async with session.request(method, url, params=params, data=body,
+                                       ssl=self._ssl) as resp:
                 status = resp.status
                 data = await read_body(resp, server=f"nsqd {where}", path=path,
                                        limit=nsqd_limit(path))

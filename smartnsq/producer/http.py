@@ -36,10 +36,11 @@ import aiohttp
 from smartnsq._checks import check_duration, check_loop
 from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
-from smartnsq.config import ProducerConfig
+from smartnsq.config import ProducerConfig, TLSConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.metrics import Metrics
+from smartnsq.nsqd_http import https_context
 from smartnsq.producer.batch_send import too_big_for_mpub
 from smartnsq.producer.batcher import split_batches
 from smartnsq.producer.checks import check_bodies_type, check_body, deadline
@@ -71,8 +72,15 @@ _U32 = struct.Struct(">I")
 
 class HttpProducer:
     """Publishes over HTTP (see the module docstring). ``nsqd`` are ``host:port`` (or
-    ``http://host:port``) of nsqd's HTTP listener; with ``lookupd`` the nodes' ``http_port``
-    is used. ``session``: an aiohttp session to share (the producer then leaves it open).
+    ``http://host:port``) of nsqd's HTTP listener, or ``https://host:port`` of its HTTPS
+    listener (nsqd's ``--https-address``); with ``lookupd`` the nodes' ``http_port`` is used
+    (the lookupds announce no HTTPS port). ``tls``: how the ``https://`` addresses are
+    verified, the :class:`~smartnsq.config.TLSConfig` of the TCP clients (its ``ca_file``,
+    a client certificate for an nsqd with ``--tls-client-auth-policy``, ``verify``); without
+    it the system's CAs. An enabled ``tls`` without an ``https://`` address would leave every
+    request plain, so it is a :class:`~smartnsq.errors.ConfigError`, as is a file it cannot
+    load. ``session``: an aiohttp session to share (the producer then leaves it open; ``tls``
+    applies to its requests all the same).
     ``metrics``, ``tracer_provider``, ``trace_envelope``: its metrics (commands ``HTTP_PUB``,
     ``HTTP_MPUB`` ...) and spans, resolved at :meth:`start`
     (:mod:`smartnsq.producer.instruments`; an HTTP ``mpub`` has no ext header to carry a
@@ -84,12 +92,18 @@ class HttpProducer:
                  session: aiohttp.ClientSession | None = None,
                  trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
                  tracer_provider: TracerProvider | None = None,
-                 trace_envelope: bool = False) -> None:
+                 trace_envelope: bool = False, tls: TLSConfig | None = None) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
             raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
         source = resolve_source("HttpProducer", nsqd, lookupd, nsqd_kind="http")
+        self._ssl = https_context(tls)
+        if tls is not None and tls.enabled and not any(
+                parse_http_address(a).startswith("https://") for a in source.nsqd):
+            raise ConfigError("tls is enabled but no nsqd address is https://: give nsqd= "
+                              "the https://host:port of nsqd's --https-address (the lookupds "
+                              "announce only nsqd's plain HTTP port)")
         self.config = config
         self.trace = trace_switch if trace_switch is not None else default_switch
         self.instruments = ProducerInstruments(metrics, tracer_provider, trace_envelope)
@@ -337,5 +351,5 @@ class HttpProducer:
         assert self._session is not None
         op = HttpPublish(self._session, path, params, body, topic, partition,
                          youzan_only=youzan_only, stock_only=stock_only,
-                         direct=self._router is None, count=count)
+                         direct=self._router is None, count=count, ssl=self._ssl)
         return await self._engine.retry(op, deadline)

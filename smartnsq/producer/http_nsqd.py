@@ -18,6 +18,7 @@ unknown code is a ``ServerError``, a 5xx without one retryable).
 from __future__ import annotations
 
 import json
+import ssl as _ssl
 
 import aiohttp
 
@@ -60,12 +61,14 @@ def error_from_http(status: int, body: bytes, address: str, topic: str,
 
 
 async def post(session: aiohttp.ClientSession, base: str, path: str, params: dict[str, str],
-               body: bytes, wait: float, topic: str, partition: int | None) -> bytes:
+               body: bytes, wait: float, topic: str, partition: int | None, *,
+               ssl: _ssl.SSLContext | bool = True) -> bytes:
     """POST ``body`` to nsqd ``base`` ``path``, waiting ``wait`` seconds at most; the
-    answer's body (status 200)."""
+    answer's body (status 200). ``ssl``: what an ``https://`` base is verified with
+    (:func:`smartnsq.nsqd_http.https_context`)."""
     try:
         async with session.post(base + path, params=params, data=body, headers=HEADERS,
-                                timeout=aiohttp.ClientTimeout(total=wait)) as resp:
+                                timeout=aiohttp.ClientTimeout(total=wait), ssl=ssl) as resp:
             status = resp.status
             data = await read_body(resp, server=f"nsqd {base}", path=path,
                                    limit=nsqd_limit(path))
@@ -90,10 +93,11 @@ def _where(base: str) -> str:
     return base.split("://", 1)[-1]
 
 
-async def flavour(session: aiohttp.ClientSession, base: str, wait: float) -> str:
+async def flavour(session: aiohttp.ClientSession, base: str, wait: float, *,
+                  ssl: _ssl.SSLContext | bool = True) -> str:
     """stock or youzan, from nsqd ``base``'s ``/info``, waiting ``wait`` seconds at most."""
     try:
-        async with session.get(base + "/info", headers=HEADERS,
+        async with session.get(base + "/info", headers=HEADERS, ssl=ssl,
                                timeout=aiohttp.ClientTimeout(total=max(0.001, wait))) as resp:
             body = await read_body(resp, server=f"nsqd {base}", path="/info",
                                    limit=nsqd_limit("/info"))

@@ -16,6 +16,7 @@ it does for a TCP pool in its reconnect backoff.
 from __future__ import annotations
 
 import asyncio
+import ssl as _ssl
 from collections.abc import Callable, Collection
 from typing import ClassVar
 
@@ -152,12 +153,15 @@ class HttpPublish:
     defer request goes to them (with lookupd the route says)."""
 
     __slots__ = ("body", "command", "count", "direct", "params", "partition", "path", "rule",
-                 "session", "shard", "stock_only", "topic", "what", "youzan_only")
+                 "session", "shard", "ssl", "stock_only", "topic", "what", "youzan_only")
 
     def __init__(self, session: aiohttp.ClientSession, path: str, params: dict[str, str],
                  body: bytes, topic: str, partition: int | None, *, youzan_only: bool,
-                 stock_only: bool, direct: bool, count: int = 1) -> None:
+                 stock_only: bool, direct: bool, count: int = 1,
+                 ssl: _ssl.SSLContext | bool = True) -> None:
         self.session = session
+        #: what ``https://`` nodes are verified with (the producer's ``tls``)
+        self.ssl = ssl
         self.path = path
         self.params = params
         self.body = body
@@ -185,7 +189,7 @@ class HttpPublish:
             if partition is not None:
                 params = {**params, "partition": str(partition)}
             data = await post(self.session, node.address, self.path, params, self.body,
-                              timeout, self.topic, partition)
+                              timeout, self.topic, partition, ssl=self.ssl)
         except Exception as exc:
             if self.session.closed:
                 # the session closed under the request: no node failure, no retry
@@ -207,7 +211,7 @@ class HttpPublish:
     async def _check_flavour(self, node: HttpNode, partition: int | None,
                              timeout: float) -> None:
         if node.flavour is None:
-            node.flavour = await flavour(self.session, node.address, timeout)
+            node.flavour = await flavour(self.session, node.address, timeout, ssl=self.ssl)
         if node.flavour == "stock" and (self.youzan_only or partition is not None):
             raise UnsupportedFeatureError(
                 f"{self.path} with partition/trace/ext needs youzan nsqd; {node.address} is "
