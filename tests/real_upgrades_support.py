@@ -8,7 +8,8 @@ configured for TLS / compression / AUTH, as the double or as the real stock nsqd
 * :class:`RealServers`: stock nsqd 1.3.0 + nsqlookupd from the realnsq folder
   (``REALNSQ_DIR``, default ``../shared/realnsq`` beside the checkout, as
   tests/run_real_servers.sh finds it), one per :class:`Profile`, started on first use on a
-  free port base of 5200–5290 and always stopped at the end of the module.
+  free port base of 5200–5290 (``port_bases``: another module's range, so that two modules
+  on two workers never pick the same one) and always stopped at the end of the module.
 """
 
 from __future__ import annotations
@@ -182,6 +183,16 @@ STRICT = Profile(
     lambda c: NsqdOptions(tls_client_ca_file=c.ca_file, max_deflate_level=3),
     auth=False,
 )
+#: an operator's locked-down nsqd: TLS required with a verified client certificate, AUTH
+#: through the auth server, HTTPS (``https``: its address) beside the plain HTTP API
+LOCKED = Profile(
+    "locked",
+    lambda c, a: [f"--tls-cert={c.server_cert}", f"--tls-key={c.server_key}",
+                  "--tls-client-auth-policy=require-verify", f"--tls-root-ca-file={c.ca_file}",
+                  "--tls-required=tcp-https", f"--auth-http-address={a.address}"],
+    lambda c: NsqdOptions(tls_client_ca_file=c.ca_file),
+    auth=True,
+)
 
 
 def _port_busy(port: int) -> bool:
@@ -196,6 +207,11 @@ class RealNsqd:
     state: Path
     tcp: str = ""
     http: str = ""
+
+    @property
+    def https(self) -> str:
+        """nsqd's HTTPS API (start-stock.sh's ``--https-address``: the base + 2)."""
+        return f"https://127.0.0.1:{self.base + 2}"
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "REALNSQ_STATE": str(self.state),
@@ -232,6 +248,7 @@ class RealServers:
     auth: AuthServer
     state_root: Path
     started: dict[str, RealNsqd] = field(default_factory=dict)
+    port_bases: range = PORT_BASES
 
     def get(self, profile: Profile) -> RealNsqd:
         if profile.name in self.started:
@@ -239,14 +256,14 @@ class RealServers:
         if not (REALNSQ_DIR / "start-stock.sh").exists():
             raise RuntimeError(f"no real NSQ servers at {REALNSQ_DIR} (set REALNSQ_DIR)")
         used = {s.base for s in self.started.values()}
-        for base in PORT_BASES:
+        for base in self.port_bases:
             if base in used or any(_port_busy(p) for p in range(base, base + 12)):
                 continue
             srv = RealNsqd(base, self.state_root / f"{profile.name}-{base}")
             self.started[profile.name] = srv
             srv.start(profile.flags(self.certs, self.auth))
             return srv
-        raise RuntimeError("no free port base in 5200-5290 for a real nsqd")
+        raise RuntimeError(f"no free port base in {self.port_bases} for a real nsqd")
 
     def stop_all(self) -> None:
         procs = [srv.stopping() for srv in self.started.values()]

@@ -29,6 +29,7 @@ from smartnsq.cli.common import (
 )
 from smartnsq.cli.dev import MAX_PARTITIONS
 from smartnsq.cli.stopping import command_runner
+from smartnsq.cli.wire import http_wire_options, nsqd_http_client
 from smartnsq.errors import (
     Flavour,
     LookupdError,
@@ -138,9 +139,7 @@ async def _call_all(targets: list[Target], call: Call, what: str, *,
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
 
-    from smartnsq.nsqd_http import NsqdHttpClient
-
-    async with NsqdHttpClient() as nsqd:
+    async with nsqd_http_client() as nsqd:
         results = await asyncio.gather(*(one(nsqd, t) for t in targets))
     failed = sum(not ok for _, _, ok in results)
     closed: OutputClosed | None = None
@@ -180,6 +179,7 @@ def topic() -> None:
 @click.option("--disable-channel-auto-create", is_flag=True,
               help="youzan: channels must be created on lookupd first")
 @click.option("--retention-days", type=click.IntRange(min=0), help="youzan: retention")
+@http_wire_options
 @command_runner
 async def topic_create(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...],
                        partitions: int, replica: int, ordered: bool, ext: bool,
@@ -237,6 +237,7 @@ async def _nodes_hint(lk: Lookup, partitions: int, replica: int, shared: bool) -
 @topic.command("delete", epilog=TOPIC_EPILOG)
 @click.argument("name", callback=topic_argument)
 @cluster_options(nsqd_kind="http")
+@http_wire_options
 @command_runner
 async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...]) -> None:
     """Delete topic NAME and its messages (youzan: every partition, on the lookupd leader;
@@ -284,6 +285,7 @@ def _channel_command(action: str, doc: str) -> click.Command:
     @cluster_options(nsqd_kind="http")
     @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
                   help="youzan: only this partition (repeatable; default every partition)")
+    @http_wire_options
     @command_runner
     async def command(topic_name: str, channel_name: str, lookupd: tuple[str, ...],
                       nsqd: tuple[str, ...], partitions: tuple[int, ...]) -> None:
@@ -353,9 +355,9 @@ async def _refuse_past_end(targets: list[Target], topic: str,
               if t.partition is not None and spec(t).kind in ("virtual_queue", "msgcount")]
     if not checks:
         return targets
-    from smartnsq.nsqd_http import NsqdHttpClient, PartitionStats
+    from smartnsq.nsqd_http import PartitionStats
 
-    async with NsqdHttpClient() as http:
+    async with nsqd_http_client() as http:
         found = await asyncio.gather(
             *(http.partition_stats(t.http_address, topic, t.partition or 0)
               for t, _ in checks), return_exceptions=True)
@@ -389,9 +391,7 @@ async def _partition_targets(addresses: tuple[str, ...], partition: int) -> list
     since stock nsqd ignores the partition parameter and would act on the whole channel (a
     youzan version carries ``HA``). An nsqd whose /info tells nothing gets the call as asked:
     its own answer says whether it took it."""
-    from smartnsq.nsqd_http import NsqdHttpClient
-
-    async with NsqdHttpClient() as http:
+    async with nsqd_http_client() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
     targets = []
     for address, version in zip(addresses, versions, strict=True):
@@ -412,9 +412,7 @@ async def _nsqd_targets(addresses: tuple[str, ...], topic: str) -> list[Target]:
     none, one the nsqd holds picked by Go's map order (0.3.7-HA: partition 2 eleven times and
     5 once in 12 pauses on an nsqd leading both), where a user means them all."""
     targets: list[Target] = []
-    from smartnsq.nsqd_http import NsqdHttpClient
-
-    async with NsqdHttpClient() as http:
+    async with nsqd_http_client() as http:
         versions = await asyncio.gather(*(_version(http, a) for a in addresses))
         for address, version in zip(addresses, versions, strict=True):
             if not isinstance(version, str):

@@ -48,6 +48,7 @@ from smartnsq.cli.connections import connect_timeout_option, consume_watched, re
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import check_partitions, check_start, skip_empty_partitions, topic_view
+from smartnsq.cli.wire import connection_config, tcp_wire_options
 from smartnsq.message import Message
 
 # the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
@@ -269,6 +270,7 @@ def _fsync_dir(path: Path) -> None:
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True,
               help="messages held at once; a sync also happens when half of them are waiting")
 @connect_timeout_option()
+@tcp_wire_options()
 @metrics_options
 @command_runner
 async def to_file(topic: str, output_dir: Path, lookupd: tuple[str, ...],
@@ -333,7 +335,8 @@ def _config(max_in_flight: int) -> ConsumerConfig:
 
     # max_attempts=0: a message is never given up (FIN without writing it)
     return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
-                          lookupd_poll_interval=15.0, max_attempts=0)
+                          lookupd_poll_interval=15.0, max_attempts=0,
+                          connection=connection_config())
 
 
 async def _run(consumer: Consumer, archiver: Archiver, stop: asyncio.Event,

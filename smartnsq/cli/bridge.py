@@ -51,6 +51,7 @@ from smartnsq.cli.publish import _check_topic
 from smartnsq.cli.records import shard_rule
 from smartnsq.cli.stopping import command_runner, stop_event
 from smartnsq.cli.tail import topic_view
+from smartnsq.cli.wire import connection_config, tcp_wire_options
 from smartnsq.protocol.validation import parse_tcp_address
 
 # the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
@@ -84,6 +85,8 @@ Examples:
               help="exit after forwarding COUNT messages (no more are taken; the others "
                    "go back once)")
 @connect_timeout_option()
+@tcp_wire_options("from-", "the source's nsqd")
+@tcp_wire_options("to-", "the destination's nsqd")
 @metrics_options
 @command_runner
 async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ...],
@@ -122,7 +125,8 @@ async def bridge(topic: str, dest_topic: str | None, from_lookupd: tuple[str, ..
     from smartnsq.ordered import OrderedConsumer
     from smartnsq.producer import Producer
 
-    pconfig = ProducerConfig(publish_timeout=30.0, lookupd_poll_interval=15.0)
+    pconfig = ProducerConfig(publish_timeout=30.0, lookupd_poll_interval=15.0,
+                             connection=connection_config("to-", heartbeat_interval=30.0))
     producer = (Producer(nsqd=dest.nsqd, config=pconfig) if dest.nsqd
                 else Producer(lookupd=dest.lookupd, config=pconfig))
     # sharded publishing keeps one key's order only for messages handed over in order
@@ -215,4 +219,4 @@ def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConf
         max_in_flight = min(max_in_flight, max(count, sources))
     return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=30.0,
                           lookupd_poll_interval=15.0, max_attempts=0,
-                          default_requeue_delay=1.0)
+                          default_requeue_delay=1.0, connection=connection_config("from-"))

@@ -41,6 +41,7 @@ from smartnsq.cli.records import (
     shard_rule,
 )
 from smartnsq.cli.stopping import EXIT_OUTPUT_CLOSED, StopEvent, command_runner, stop_event
+from smartnsq.cli.wire import connection_config, tcp_wire_options
 from smartnsq.errors import NSQError
 
 # the clients load when the command runs (once its stop event holds Ctrl-C), not for --help
@@ -202,6 +203,7 @@ def receipt_line(r: PublishReceipt) -> str:
                    "the command with an error as soon as it is read that far")
 @click.option("--progress/--no-progress", default=None,
               help="progress bar (default: when stdout is a terminal)")
+@tcp_wire_options()
 @command_runner
 async def publish(topic: str, files: tuple[str, ...], lookupd: tuple[str, ...],
                   nsqd: tuple[str, ...], delimiter: str, batch: int | None,
@@ -310,7 +312,8 @@ def _producer(cluster: Cluster, max_msg_size: int) -> Producer:
 
     config = ProducerConfig(publish_timeout=10.0, max_msg_size=max_msg_size,
                             max_body_size=max(MAX_BODY_SIZE, max_msg_size),
-                            lookupd_poll_interval=15.0)
+                            lookupd_poll_interval=15.0,
+                            connection=connection_config(heartbeat_interval=30.0))
     if cluster.nsqd:
         return Producer(nsqd=cluster.nsqd, config=config)
     return Producer(lookupd=cluster.lookupd, config=config)

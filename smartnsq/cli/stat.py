@@ -49,6 +49,7 @@ from smartnsq.cli.common import (
 )
 from smartnsq.cli.stat_sample import ClientSide, HungNodes, Sample, take_sample, tcp_addresses
 from smartnsq.cli.stopping import command_runner, stop_event
+from smartnsq.cli.wire import http_wire_options, nsqd_http_client
 from smartnsq.protocol.validation import NO_PARTITION
 
 # the HTTP client (aiohttp) loads when the command runs, not for its --help
@@ -283,6 +284,7 @@ def _endpoint(ctx: click.Context, param: click.Parameter,
               help="the Prometheus endpoint of a running smartnsq process (HOST:PORT or a URL; "
                    "repeatable): show what its consumers counted beside each channel "
                    "(needs pip install 'smartnsq[prometheus]')")
+@http_wire_options
 @command_runner
 async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...],
                interval: float, once: bool, as_json: bool,
@@ -291,8 +293,7 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
     replicas, depths, in flight, deferred, rates, lag, clients; with --client-metrics, the
     consuming clients' own counts beside them. Ctrl-C ends it."""
     # before the lookup, as the module's import was: a Ctrl-C here ends stat as there
-    from smartnsq.nsqd_http import NsqdHttpClient
-
+    client = nsqd_http_client()
     cluster = pick_cluster(lookupd, nsqd)
     if client_metrics:
         try:
@@ -309,7 +310,7 @@ async def stat(topic: str | None, lookupd: tuple[str, ...], nsqd: tuple[str, ...
         nodes = sorted(tcp)
         if not nodes:
             raise CliError(f"no nsqd registered with lookupd {', '.join(cluster.lookupd)}")
-    async with NsqdHttpClient() as http:
+    async with client as http:
         clients = None
         if client_metrics:
             known = asyncio.get_running_loop().create_future()

@@ -29,6 +29,7 @@ from smartnsq.cli.connections import connect_timeout_option, consume_watched, re
 from smartnsq.cli.metrics import metrics_options
 from smartnsq.cli.output_pipe import OutputPipe, output_gone
 from smartnsq.cli.stopping import command_runner, stop_event
+from smartnsq.cli.wire import connection_config, tcp_wire_options
 from smartnsq.errors import Flavour
 
 # the clients load when the command runs, not for its --help (or another command's)
@@ -233,6 +234,7 @@ async def skip_empty_partitions(view: TopicView, start: StartAt | None,
                    "id, attempts, timestamp, ext and body")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=200, show_default=True)
 @connect_timeout_option()
+@tcp_wire_options()
 @metrics_options
 @command_runner
 async def tail(topic: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...], channel: str | None,
@@ -300,7 +302,8 @@ def _config(max_in_flight: int, count: int | None, sources: int) -> ConsumerConf
     # max_attempts=0: an inspection tool never gives a message up (FIN without printing it)
     # because other readers of the channel already took it several times
     return ConsumerConfig(max_in_flight=max_in_flight, drain_timeout=5.0,
-                          lookupd_poll_interval=15.0, max_attempts=0)
+                          lookupd_poll_interval=15.0, max_attempts=0,
+                          connection=connection_config())
 
 
 async def _run(consumer: Consumer, stop: asyncio.Event, printer: Printer,

@@ -1,0 +1,223 @@
+"""How the commands reach a secured nsqd: ``--tls`` and its files, ``--snappy`` /
+``--deflate``, ``--auth-secret``, one definition for every command that connects.
+
+* :func:`tcp_wire_options` (``publish``, ``tail``, ``to-file``; ``bridge`` once per side,
+  ``--from-…`` / ``--to-…``): the TLS upgrade, compression and AUTH of its TCP connections,
+  which :func:`connection_config` turns into the clients' ``ConnectionConfig``.
+* :func:`http_wire_options` (``stat``, ``topic …``, ``channel …``): the TLS options only,
+  for nsqd's HTTPS API, given as ``--nsqd https://HOST:PORT`` (nsqd's ``--https-address``;
+  the lookupds announce only its plain HTTP port). :func:`nsqd_http_client` makes the
+  command's HTTP client with them.
+
+The names are go-nsq's settings (``tls_v1``, ``tls_root_ca_file``, ``tls_cert``,
+``tls_key``, ``tls_insecure_skip_verify``, ``snappy``, ``deflate``, ``deflate_level``,
+``auth_secret``) as nsq_tail's ``--consumer-opt`` takes them, and nsqd's own ``--tls-…``
+flags. Any TLS file turns TLS on. The secret is read from ``SMARTNSQ_AUTH_SECRET``
+(``SMARTNSQ_FROM_AUTH_SECRET`` / ``SMARTNSQ_TO_AUTH_SECRET``) when the option is not given
+(a command line shows in ``ps``), and never printed. Wrong combinations are usage errors
+naming the option (exit code 2), before anything connects.
+
+The settings hold for the command's run in a context variable: the commands build their
+clients' configurations, and their HTTP clients, deep in helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from smartnsq.cli.common import one_line
+from smartnsq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from smartnsq.config import ConnectionConfig, TLSConfig
+    from smartnsq.nsqd_http import NsqdHttpClient
+
+T = TypeVar("T")
+
+_FILE = click.Path(exists=True, dir_okay=False, readable=True)
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One side's settings, as the options gave them (checked)."""
+
+    tls: TLSConfig | None = None
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int | None = None
+    auth_secret: str | None = None
+
+    def connection(self, **fields: Any) -> ConnectionConfig:
+        from pydantic import SecretStr
+
+        from smartnsq.config import ConnectionConfig, TLSConfig
+
+        extra: dict[str, Any] = {"tls": self.tls or TLSConfig(), "snappy": self.snappy,
+                                 "deflate": self.deflate}
+        if self.deflate_level is not None:
+            extra["deflate_level"] = self.deflate_level
+        if self.auth_secret is not None:
+            extra["auth_secret"] = SecretStr(self.auth_secret)
+        return ConnectionConfig(**fields, **extra)
+
+
+_WIRES: contextvars.ContextVar[dict[str, Wire]] = contextvars.ContextVar("smartnsq_cli_wires")
+
+
+def current_wire(prefix: str = "") -> Wire:
+    """The running command's settings for the side ``prefix`` names (``from-``, ``to-``)."""
+    return _WIRES.get({}).get(prefix, Wire())
+
+
+def connection_config(prefix: str = "", **fields: Any) -> ConnectionConfig:
+    """A ``ConnectionConfig`` with ``fields`` and the command's TLS, compression and AUTH."""
+    return current_wire(prefix).connection(**fields)
+
+
+def nsqd_http_client(*, timeout: float = 5.0) -> NsqdHttpClient:
+    """The command's nsqd HTTP client: ``https://`` addresses use its TLS options."""
+    from smartnsq.nsqd_http import NsqdHttpClient
+
+    return NsqdHttpClient(timeout=timeout, tls=current_wire().tls)
+
+
+@contextlib.contextmanager
+def _holding(prefix: str, wire: Wire) -> Iterator[None]:
+    token = _WIRES.set({**_WIRES.get({}), prefix: wire})
+    try:
+        yield
+    finally:
+        _WIRES.reset(token)
+
+
+def _name(prefix: str, option: str) -> str:
+    return f"--{prefix}{option}"
+
+
+def _key(prefix: str, option: str) -> str:
+    return f"{prefix}{option}".replace("-", "_")
+
+
+def _tls(prefix: str, kw: dict[str, Any]) -> TLSConfig | None:
+    """The TLS options of ``kw`` (removed from it) as a ``TLSConfig``; None without TLS."""
+    on = kw.pop(_key(prefix, "tls"))
+    ca, cert, key = (kw.pop(_key(prefix, o)) for o in ("tls_root_ca_file", "tls_cert",
+                                                         "tls_key"))
+    insecure = kw.pop(_key(prefix, "tls_insecure_skip_verify"))
+    if key is not None and cert is None:
+        raise click.UsageError(f"{_name(prefix, 'tls-key')} needs {_name(prefix, 'tls-cert')}")
+    if not (on or ca or cert or insecure):
+        return None
+    from smartnsq.config import TLSConfig
+    from smartnsq.conn.transport import tls_context
+
+    # a certificate file without --tls-key holds its key too (one PEM, as trustme writes)
+    tls = TLSConfig(enabled=True, ca_file=ca, cert_file=cert, key_file=key or cert,
+                    verify=not insecure)
+    # loaded now: a file that is no certificate is a usage error naming its option
+    for option, cfg in (("tls-root-ca-file", TLSConfig(enabled=True, ca_file=ca)),
+                        ("tls-cert", tls)):
+        try:
+            tls_context(cfg)
+        except ConfigError as exc:
+            raise click.BadParameter(one_line(str(exc)),
+                                     param_hint=f"'{_name(prefix, option)}'") from None
+    return tls
+
+
+def _tls_options(prefix: str, what: str) -> list[Callable[[Any], Any]]:
+    n = functools.partial(_name, prefix)
+    return [
+        click.option(n("tls"), _key(prefix, "tls"), is_flag=True,
+                     help=f"{what}; any {n('tls-…')} option turns it on"),
+        click.option(n("tls-root-ca-file"), _key(prefix, "tls_root_ca_file"), type=_FILE,
+                     metavar="FILE", help="CA certificates (PEM) that verify nsqd's certificate "
+                                          "(default: the system's)"),
+        click.option(n("tls-cert"), _key(prefix, "tls_cert"), type=_FILE, metavar="FILE",
+                     help="client certificate (PEM), for an nsqd that requires one; it may "
+                          "hold the key too"),
+        click.option(n("tls-key"), _key(prefix, "tls_key"), type=_FILE, metavar="FILE",
+                     help=f"the key of {n('tls-cert')}, when it is a file of its own"),
+        click.option(n("tls-insecure-skip-verify"), _key(prefix, "tls_insecure_skip_verify"),
+                     is_flag=True, help="do not verify nsqd's certificate (testing only)"),
+    ]
+
+
+def _apply(fn: Callable[..., T], options: list[Callable[[Any], Any]]) -> Callable[..., T]:
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def http_wire_options(fn: Callable[..., T]) -> Callable[..., T]:
+    """Add the TLS options to a command that uses nsqd's HTTP API (put it between the
+    click options and :func:`~smartnsq.cli.stopping.command_runner`). They apply to
+    ``https://`` addresses, so without one they are refused rather than left unused."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        tls = _tls("", kwargs)
+        nsqd: tuple[str, ...] = kwargs.get("nsqd", ())
+        if tls is not None and not any(a.strip().lower().startswith("https://")
+                                       for a in nsqd):
+            raise click.UsageError(
+                "--tls and its files apply to nsqd's HTTPS API: give --nsqd "
+                "https://HOST:PORT (nsqd's --https-address; the lookupds announce only its "
+                "plain HTTP port)")
+        with _holding("", Wire(tls=tls)):
+            return fn(*args, **kwargs)
+
+    return _apply(wrapper, _tls_options(
+        "", "HTTPS to nsqd, verified with the options below: give --nsqd https://HOST:PORT "
+            "(nsqd's --https-address)"))
+
+
+def tcp_wire_options(prefix: str = "", side: str = "nsqd"
+                     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Add TLS, compression and AUTH options to a command whose clients connect over TCP
+    (between the click options and ``command_runner``); ``prefix`` names a second side
+    (``from-``), ``side`` says in the help which nsqd they are for."""
+    env = f"SMARTNSQ_{prefix.replace('-', '_').upper()}AUTH_SECRET"
+    n = functools.partial(_name, prefix)
+
+    def deco(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            tls = _tls(prefix, kwargs)
+            snappy, deflate, level, secret = (kwargs.pop(_key(prefix, o)) for o in (
+                "snappy", "deflate", "deflate_level", "auth_secret"))
+            if snappy and deflate:
+                raise click.UsageError(f"give either {n('snappy')} or {n('deflate')}, not "
+                                       "both (a connection is compressed one way)")
+            if level is not None and not deflate:
+                raise click.UsageError(f"{n('deflate-level')} needs {n('deflate')}")
+            if secret is not None and not secret.strip():
+                raise click.UsageError(f"{n('auth-secret')} (or {env}) is empty")
+            with _holding(prefix, Wire(tls, snappy, deflate, level, secret)):
+                return fn(*args, **kwargs)
+
+        return _apply(wrapper, [
+            *_tls_options(prefix, f"TLS to {side} (the connections' upgrade; nsqd "
+                                   "--tls-cert)"),
+            click.option(n("snappy"), _key(prefix, "snappy"), is_flag=True,
+                         help="snappy-compress the connections (nsqd --snappy)"),
+            click.option(n("deflate"), _key(prefix, "deflate"), is_flag=True,
+                         help="deflate-compress the connections (nsqd --deflate)"),
+            click.option(n("deflate-level"), _key(prefix, "deflate_level"),
+                         type=click.IntRange(1, 9), metavar="1-9",
+                         help="deflate level (default 6; nsqd lowers it to its "
+                              "--max-deflate-level)"),
+            click.option(n("auth-secret"), _key(prefix, "auth_secret"), envvar=env,
+                         show_envvar=True, metavar="SECRET",
+                         help=f"AUTH secret for an nsqd with --auth-http-address; prefer {env} "
+                              "(a command line shows in ps)"),
+        ])
+
+    return deco
