@@ -20,6 +20,7 @@ from smartnsq.consumer.discovery import (
     Topology,
 )
 from smartnsq.errors import ConfigError, NSQConnectionError, ServerNotLeaderError
+from tests.consumer_support import eventually
 
 A = Endpoint("10.0.0.1:4150", "10.0.0.1", 4150)
 B = Endpoint("10.0.0.2:4150", "10.0.0.2", 4150, partition=3)
@@ -154,18 +155,35 @@ async def test_reconcile_retires_and_starts() -> None:
     d = FakeDiscovery()
     opener = Opener()
     cs = make(d, opener)
-    cs.reconcile(topology(A))
+    cs.reconcile(topology(B))
     await cs.wait_first_attempts()
     first = opener.sessions[0]
-    cs.reconcile(topology(B))
+    cs.reconcile(topology(A))
     await cs.wait_first_attempts()
     async with asyncio.timeout(5):
         await first.closed.wait()
     assert first.retired
-    assert [s.endpoint for s in cs.slots] == [B]
+    assert [s.endpoint for s in cs.slots] == [A]
     await cs.close()
-    cs.reconcile(topology(A))  # ignored once closed
+    cs.reconcile(topology(B))  # ignored once closed
     assert len(opener.calls) == 2
+
+
+async def test_unlisted_stock_subscription_is_kept_until_it_ends() -> None:
+    """A restarted nsqlookupd lists no nsqd until each re-registers (up to 30 s on stock):
+    the live subscription goes on, as in go-nsq; once it ends it is not reconnected."""
+    d = FakeDiscovery()
+    opener = Opener()
+    cs = make(d, opener)
+    cs.reconcile(topology(A))
+    await cs.wait_first_attempts()
+    live = opener.sessions[0]
+    cs.reconcile(topology())
+    assert not live.retired and [s.endpoint for s in cs.slots] == [A]
+    live.closed.set()
+    await eventually(lambda: not cs.slots, 5)
+    assert d.asked == [A] and len(opener.calls) == 1
+    await cs.close()
 
 
 async def test_fatal_errors_end_the_runner() -> None:

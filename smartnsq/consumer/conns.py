@@ -24,7 +24,13 @@ from typing import Protocol
 
 from smartnsq.backoff import Backoff, EqualJitterBackoff
 from smartnsq.config import ConsumerConfig
-from smartnsq.consumer.discovery import Discovery, Endpoint, EndpointKey, Topology
+from smartnsq.consumer.discovery import (
+    NO_PARTITION,
+    Discovery,
+    Endpoint,
+    EndpointKey,
+    Topology,
+)
 
 __all__ = ["ConnectionSet", "Session", "Slot", "reconnect_backoff"]
 
@@ -112,7 +118,8 @@ class ConnectionSet:
         return tuple(self._slots.values())
 
     def reconcile(self, topology: Topology) -> None:
-        """Start runners for new endpoints; retire those no longer listed."""
+        """Start runners for new endpoints; retire those no longer listed (a live stock
+        subscription is kept until it ends, and then not reconnected)."""
         if self._closed:
             return
         self.topology = topology
@@ -124,7 +131,14 @@ class ConnectionSet:
             else:
                 slot.endpoint = ep
         for key in [k for k in self._slots if k not in wanted]:
-            slot = self._slots.pop(key)
+            slot = self._slots[key]
+            if slot.session is not None and slot.endpoint.partition == NO_PARTITION:
+                # stock nsqd: an unlisted nsqd keeps a live subscription until it ends, and
+                # is then not reconnected unless listed again (go-nsq and pynsq alike). A
+                # restarted nsqlookupd lists nothing until each nsqd re-registers on its
+                # next 15 s ping; a deleted topic or a stopped nsqd closes the connection
+                continue
+            del self._slots[key]
             slot.wanted = False
             log.info("%s is no longer listed for this topic; unsubscribing", slot.endpoint)
             self._stop_slot(slot)
