@@ -74,6 +74,28 @@ async def publish_to_each(cluster: Cluster, topic: str, tag: str) -> list[bytes]
     return sent
 
 
+async def test_max_in_flight_below_the_nsqds_rotates_rdy_to_every_one(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """max_in_flight 2 over 3 nsqd: RDY rotates, every nsqd's messages arrive, the total RDY
+    never passes 2, and the warning names the idle timeout as configured (0.2 s)."""
+    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    topic = unique("rotate")
+    sent = []
+    for k in range(4):
+        sent += await publish_to_each(cluster, topic, f"m{k}")
+    got = Collector(delay=0.01)
+    rdy_seen: list[int] = []
+    async with Consumer(topic, "ch", got, lookupd=[cluster.lookupd],
+                        config=fast_config(max_in_flight=2)) as c:
+        def all_in() -> bool:
+            rdy_seen.append(c.stats().total_rdy)
+            return got.distinct == set(sent)
+        await eventually(all_in, WAIT)
+    assert max(rdy_seen) <= 2
+    assert "low_rdy_idle_timeout, 0.2 s" in caplog.text
+
+
+# last: the real nsqds re-register with the restarted lookupd only 15-30 s later
 async def test_lookupd_restart_does_not_stop_consumption(
         cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     """A restarted nsqlookupd answers TOPIC_NOT_FOUND until the nsqds re-register: the

@@ -107,7 +107,7 @@ class RdyDriver:
             self._said_scarce = True
             log.warning("consumer of %s: max_in_flight %d is below its %d subscriptions, so "
                         "RDY rotates between them (a subscription that delivers nothing "
-                        "gives it up after low_rdy_idle_timeout, %.0f s); raise max_in_flight "
+                        "gives it up after low_rdy_idle_timeout, %g s); raise max_in_flight "
                         "to read every partition/nsqd at once", self._name, self.budget,
                         len(flow), self._config.low_rdy_idle_timeout)
 
