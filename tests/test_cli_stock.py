@@ -119,6 +119,26 @@ def test_stat_and_admin_on_stock(stock: ClusterThread) -> None:
     assert "admst" not in [t["topic_name"] for t in stats["topics"]]
 
 
+def test_deleting_through_the_lookupd_leaves_nothing_listed(stock: ClusterThread) -> None:
+    # nsqd's own delete leaves the lookupd listing the topic and its channels (as the real
+    # nsqlookupd 1.3.0 does): the command deletes on the lookupds too, as nsqadmin does
+    make_topic(stock, "gone", "ch1")
+    publish(stock, "gone", ["x"])
+    ct, lookupd = stock, f"http://{stock.lookupd}"
+    ct.call(lambda: ct.cluster.create_channel("gone", "ch2"))
+    base = ["--lookupd", stock.lookupd]
+    r = invoke(["channel", "delete", "gone", "ch2", *base])
+    assert r.exit_code == 0, r.output
+    assert "channel delete: lookupd" in r.output
+    assert http_json(f"{lookupd}/channels?topic=gone")["channels"] == ["ch1"]
+    r = invoke(["topic", "delete", "gone", *base])
+    assert r.exit_code == 0, r.output
+    assert "gone" not in http_json(f"{lookupd}/topics")["topics"]
+    assert http_json(f"{lookupd}/channels?topic=gone")["channels"] == []
+    # the command says so when run again, as for a topic that never was
+    assert_one_line_error(invoke(["topic", "delete", "gone", *base]), "not found on lookupd")
+
+
 # -- to-file ---------------------------------------------------------------------------------
 
 

@@ -241,7 +241,7 @@ async def _nodes_hint(lk: Lookup, partitions: int, replica: int, shared: bool) -
 @command_runner
 async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...]) -> None:
     """Delete topic NAME and its messages (youzan: every partition, on the lookupd leader;
-    stock: on every nsqd that has it)."""
+    stock: on every nsqd that has it, then on the lookupds)."""
     cluster = pick_cluster(lookupd, nsqd)
     if cluster.nsqd:
         await _call_all([Target(a, None) for a in cluster.nsqd],
@@ -255,12 +255,18 @@ async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
         if await _flavour(lk, view) is Flavour.STOCK:
             await _call_all([Target(n.http_address, None) for n in view.nodes.values()],
                             _topic_call("delete", name), "topic delete")
-            return
-        try:
-            took = await lk.admin.delete_topic(name)
-        except LookupdError as exc:
-            raise CliError(f"topic delete {name}: {exc}") from None
-    echo(f"topic delete: lookupd {', '.join(took)}: OK")
+        # stock: nsqd deleting a topic leaves the lookupds listing it and its channels, so
+        # they forget it too, as nsqadmin does; youzan deletes it there in the first place
+        await _lookupd_write(lk.admin.delete_topic(name), f"topic delete {name}",
+                             "topic delete")
+
+
+async def _lookupd_write(write: Awaitable[tuple[str, ...]], failed: str, done: str) -> None:
+    try:
+        took = await write
+    except LookupdError as exc:
+        raise CliError(f"{failed}: {exc}") from None
+    echo(f"{done}: lookupd {', '.join(took)}: OK")
 
 
 async def _stock_nodes(lk: Lookup) -> list[Target]:
@@ -296,6 +302,14 @@ def _channel_command(action: str, doc: str) -> click.Command:
                                                         channel_name, t.partition),
                         f"channel {action}",
                         wait_not_leader=NEW_TOPIC_WAIT if action == "create" else 0.0)
+        if action == "delete" and not cluster.nsqd and all(t.partition is None
+                                                           for t in targets):
+            # stock: the lookupds keep listing a channel its nsqd deleted (nsqadmin deletes
+            # it on both)
+            async with cluster.lookup() as lk:
+                await _lookupd_write(lk.admin.delete_channel(topic_name, channel_name),
+                                     f"channel delete {topic_name}/{channel_name}",
+                                     "channel delete")
 
     command.__doc__ = doc
     return click.command(action, epilog=CHANNEL_EPILOG)(command)

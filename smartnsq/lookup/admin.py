@@ -191,6 +191,12 @@ class LookupAdmin:
         params = {"topic": check_topic(topic), "channel": check_channel(channel)}
         return await self._write("/channel/create", params)
 
+    async def delete_channel(self, topic: str, channel: str) -> tuple[str, ...]:
+        """Forget ``channel`` of ``topic`` (stock: nsqd deleting a channel leaves lookupd
+        listing it, as its topic; nsqadmin deletes both)."""
+        return await self._write("/channel/delete", {"topic": check_topic(topic),
+                                                     "channel": check_channel(channel)})
+
     async def delete_topic(self, topic: str, *, force: bool = False) -> tuple[str, ...]:
         """Delete every partition of ``topic`` (youzan requires ``partition=**``)."""
         params = {"topic": check_topic(topic), "partition": "**"}
