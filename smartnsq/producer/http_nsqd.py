@@ -4,13 +4,14 @@ requests (:mod:`smartnsq.producer.http_targets`): the requests, their answers re
 flavour from ``/info``, a traced publish's receipt).
 
 Every failure comes out as the error the retry rule (:mod:`smartnsq.producer.retry`) knows:
-no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`,
-an answer larger than any nsqd sends :class:`ProtocolError` (garbage, not an answer; fails
-over), an error status the :class:`ServerError` its code names. An address that is no nsqd
-HTTP port (an NSQ TCP listener, or nsqlookupd's HTTP port, which has no ``/pub``) is
+no answer in time is :class:`NSQTimeoutError`, a failed request :class:`NSQConnectionError`
+(:class:`TLSError` when the HTTPS handshake failed: not retried), an answer larger than
+any nsqd sends :class:`ProtocolError` (garbage, not an answer; fails over), an error
+status the :class:`ServerError` its code names. An address that is no nsqd HTTP port (an
+NSQ TCP listener, or nsqlookupd's HTTP port, which has no ``/pub``) is
 :class:`NsqdHttpWrongPortError`, an ``NSQConnectionError`` naming the mix-up (fails over, as
-the TCP producer's wrong port does). The headers, the reading of
-an error answer's text and of a known code are :mod:`smartnsq.nsqd_http`'s, the flavour rule
+the TCP producer's wrong port does). The headers, the reading of an error answer's text
+and of a known code are :mod:`smartnsq.nsqd_http`'s, the flavour rule
 :meth:`Flavour.of_version`; what differs is the publish retry rule's view of the rest (an
 unknown code is a ``ServerError``, a 5xx without one retryable).
 """
@@ -31,6 +32,7 @@ from smartnsq.errors import (
     NSQTimeoutError,
     ProtocolError,
     ServerError,
+    TLSError,
 )
 from smartnsq.errors.ports import LOOKUPD_HTTP
 from smartnsq.http_limits import NO_SUCH_PATH, not_http, nsqd_limit, read_body
@@ -76,6 +78,8 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
         raise ProtocolError(str(exc)) from None
     except TimeoutError:
         raise NSQTimeoutError(f"nsqd {base} did not answer within {wait:.2f}s") from None
+    except aiohttp.ClientSSLError as exc:
+        raise _tls_error(base, exc) from exc
     except aiohttp.ClientError as exc:
         found = not_http(exc)
         if found is not None:
@@ -86,6 +90,12 @@ async def post(session: aiohttp.ClientSession, base: str, path: str, params: dic
             raise NsqdHttpWrongPortError(_where(base), path, LOOKUPD_HTTP, status)
         raise error_from_http(status, data, base, topic, partition)
     return data
+
+
+def _tls_error(base: str, exc: aiohttp.ClientSSLError) -> TLSError:
+    # a certificate that did not verify does not verify on the next attempt either: the
+    # publish ends, as the TCP producer's does
+    return TLSError(f"HTTPS to nsqd {base} failed: {exc}")
 
 
 def _where(base: str) -> str:
@@ -102,6 +112,8 @@ async def flavour(session: aiohttp.ClientSession, base: str, wait: float, *,
             body = await read_body(resp, server=f"nsqd {base}", path="/info",
                                    limit=nsqd_limit("/info"))
         doc = json.loads(body) if body.strip() else None
+    except aiohttp.ClientSSLError as exc:
+        raise _tls_error(base, exc) from exc
     except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError,
             BodyTooLargeError) as exc:
         raise NSQConnectionError(f"GET {base}/info failed: {exc}") from exc

@@ -1,0 +1,73 @@
+"""HttpProducer against an nsqd HTTPS listener whose certificate it cannot verify: the
+publish fails at once with a TLSError, as the TCP producer's does, instead of retrying a
+certificate that will not verify any better (a local HTTPS server in nsqd's place)."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from smartnsq.config import ProducerConfig, TLSConfig
+from smartnsq.errors import PublishError, TLSError
+from smartnsq.producer import HttpProducer
+from tests.real_upgrades_support import Certs
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    pytest.importorskip("trustme")
+    return Certs.make(tmp_path_factory.mktemp("certs"))
+
+
+class HttpsNsqd:
+    """Just enough of nsqd's HTTPS API for a publish: /info and /pub."""
+
+    def __init__(self) -> None:
+        self.pubs = 0
+        self.url = ""
+
+    async def info(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": "1.3.0"})
+
+    async def pub(self, _: web.Request) -> web.Response:
+        self.pubs += 1
+        return web.Response(text="OK")
+
+
+@pytest.fixture
+async def https_nsqd(certs: Certs) -> AsyncIterator[HttpsNsqd]:
+    nsqd = HttpsNsqd()
+    app = web.Application()
+    app.router.add_get("/info", nsqd.info)
+    app.router.add_post("/pub", nsqd.pub)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certs.server_cert, certs.server_key)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    nsqd.url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield nsqd
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_certificate_that_does_not_verify_fails_the_publish_at_once(
+        https_nsqd: HttpsNsqd, certs: Certs, tmp_path: Path) -> None:
+    config = ProducerConfig(max_attempts=3)
+    for tls in (None, TLSConfig(enabled=True, ca_file=certs.wrong_ca_file)):
+        async with HttpProducer(nsqd=[https_nsqd.url], tls=tls, config=config) as p:
+            with pytest.raises(PublishError, match=r"after 1 attempt") as caught:
+                await p.publish("orders", b"x", timeout=5.0)
+        assert isinstance(caught.value.__cause__, TLSError)
+        assert "certificate" in str(caught.value.__cause__)
+    # with the right CA it is published
+    async with HttpProducer(nsqd=[https_nsqd.url], config=config,
+                            tls=TLSConfig(enabled=True, ca_file=certs.ca_file)) as p:
+        await p.publish("orders", b"x", timeout=5.0)
+    assert https_nsqd.pubs == 1
