@@ -112,6 +112,12 @@ def known_error(message: str, *, address: str, topic: str | None = None,
     that code's class from :mod:`smartnsq.errors`, not fatal (HTTP closes nothing); None
     for any other text."""
     code, _, desc = message.partition(" ")
+    if code == "TLS_REQUIRED":
+        # nsqd --tls-required=true answers its plain HTTP port with the bare code
+        return ServerError("nsqd requires HTTPS (--tls-required): give the https://HOST:PORT "
+                           "of its --https-address, with tls=TLSConfig(...) for its CA",
+                           code=code, fatal=False, address=address, topic=topic,
+                           partition=partition)
     cls = SERVER_ERRORS.get(code)
     if cls is None:
         return None

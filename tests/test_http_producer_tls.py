@@ -71,3 +71,25 @@ async def test_a_certificate_that_does_not_verify_fails_the_publish_at_once(
                             tls=TLSConfig(enabled=True, ca_file=certs.ca_file)) as p:
         await p.publish("orders", b"x", timeout=5.0)
     assert https_nsqd.pubs == 1
+
+
+async def test_an_nsqd_requiring_https_says_how_to_reach_it() -> None:
+    # nsqd --tls-required=true answers its plain HTTP port 403 with the bare code
+    async def refuse(_: web.Request) -> web.Response:
+        return web.json_response({"message": "TLS_REQUIRED", "https_port": 4152}, status=403)
+
+    app = web.Application()
+    app.router.add_get("/info", refuse)
+    app.router.add_post("/pub", refuse)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        address = f"127.0.0.1:{runner.addresses[0][1]}"
+        async with HttpProducer(nsqd=[address]) as p:
+            with pytest.raises(PublishError, match=r"after 1 attempt") as caught:
+                await p.publish("orders", b"x", timeout=5.0)
+        assert "requires HTTPS" in str(caught.value)
+        assert "https://HOST:PORT of its --https-address" in str(caught.value)
+    finally:
+        await runner.cleanup()
