@@ -103,3 +103,120 @@ class StockCluster:
             proc.wait(START_TIMEOUT)
         for lookupd in self.restarted:
             lookupd.wait(START_TIMEOUT)
+
+
+#: bases of one :class:`FaultCluster` each (BASE..BASE+19); this range is its own
+FAULT_PORT_BASES = range(5900, 5990, 20)
+
+
+def _wait_gone(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _port_busy(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@dataclass
+class Proc:
+    """One nsqd or nsqlookupd run from the binary itself (not start-stock.sh, which wipes the
+    data on start): killed with any signal and started again on the same data path, on the
+    same or on other ports."""
+
+    binary: str
+    state: Path
+    tcp_port: int
+    http_port: int
+    flags: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def tcp(self) -> str:
+        return f"127.0.0.1:{self.tcp_port}"
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def start(self) -> None:
+        args = [str(REALNSQ_DIR / "bin" / self.binary), f"--tcp-address={self.tcp}",
+                f"--http-address={self.http}", "--broadcast-address=127.0.0.1", *self.flags]
+        if self.binary == "nsqd":
+            data = self.state / "data"
+            data.mkdir(parents=True, exist_ok=True)
+            args.append(f"--data-path={data}")
+        self.state.mkdir(parents=True, exist_ok=True)
+        with open(self.state / f"{self.binary}.log", "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_ping(self.http, START_TIMEOUT)
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` and wait until the process is gone (SIGTERM: nsqd 1.3.0 closes its
+        clients and writes its queues and in-flight messages to disk first)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(START_TIMEOUT)
+        _wait_gone(self.tcp_port, START_TIMEOUT)
+
+    def restart(self, sig: int = signal.SIGTERM, ports: tuple[int, int] | None = None) -> None:
+        """Stop with ``sig`` and start again, on ``ports`` (tcp, http) when given."""
+        self.stop(sig)
+        if ports is not None:
+            self.tcp_port, self.http_port = ports
+        self.start()
+
+
+@dataclass
+class FaultCluster:
+    """``nodes`` nsqd 1.3.0, each registered with every one of ``lookupds`` nsqlookupd, all
+    run as :class:`Proc` on one free base of :data:`FAULT_PORT_BASES`: lookupd i on BASE+2i,
+    nsqd j on BASE+8+2j, and BASE+18..19 free for an nsqd moved to other ports."""
+
+    base: int
+    lookupds: list[Proc]
+    nodes: list[Proc]
+
+    @property
+    def spare_ports(self) -> tuple[int, int]:
+        return self.base + 18, self.base + 19
+
+    @property
+    def lookupd_http(self) -> list[str]:
+        return [lk.http for lk in self.lookupds]
+
+    @classmethod
+    def start(cls, state_root: Path, nodes: int = 2, lookupds: int = 1,
+              flags: tuple[str, ...] = ()) -> FaultCluster:
+        free = [b for b in FAULT_PORT_BASES if not any(_port_busy(p) for p in range(b, b + 20))]
+        if not free:
+            raise RuntimeError(f"no free port base in {FAULT_PORT_BASES} for real nsqd")
+        base = free[0]
+        lks = [Proc("nsqlookupd", state_root / f"lookupd-{i}", base + 2 * i, base + 2 * i + 1,
+                    []) for i in range(lookupds)]
+        reg = [f"--lookupd-tcp-address={lk.tcp}" for lk in lks]
+        nsqds = [Proc("nsqd", state_root / f"nsqd-{j}", base + 8 + 2 * j, base + 9 + 2 * j,
+                      [*reg, *flags]) for j in range(nodes)]
+        cluster = cls(base, lks, nsqds)
+        try:
+            for p in [*lks, *nsqds]:
+                p.start()
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def stop(self) -> None:
+        for p in [*self.nodes, *self.lookupds]:
+            if p.proc is not None:
+                p.proc.send_signal(signal.SIGTERM)
+        for p in [*self.nodes, *self.lookupds]:
+            p.stop(signal.SIGKILL)

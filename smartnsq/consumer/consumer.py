@@ -245,8 +245,8 @@ class Consumer:
         connect's time: dial, handshake and SUB); unreachable ones keep being retried in
         the background. Raises
         configuration errors (ordered/ext/channel mismatches, stock nsqd asked for youzan
-        features, auth refused) instead of retrying them. A call while another is starting
-        the consumer waits for that start and ends as it did."""
+        features, auth refused, IDENTIFY settings refused) instead of retrying them. A call
+        while another is starting the consumer waits for that start and ends as it did."""
         self._check_open()
         life = self._life
         if life.started:

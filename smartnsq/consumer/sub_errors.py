@@ -4,10 +4,10 @@ A subscription is opened by connecting, IDENTIFY (and AUTH), then SUB, SUB_ORDER
 SUB_ADVANCED (:mod:`smartnsq.consumer.subscriptions`). What fails there goes to
 :func:`ends_consumer`: an error that reconnecting cannot fix (a configuration the server
 refuses: ordered/ext/channel mismatches, stock nsqd asked for youzan features, bad names,
-auth refused; AUTH failing once the consumer has subscribed is retried) stops the consumer,
-which keeps it as ``Consumer.error`` and raises it from ``start()`` and ``wait_closed()``;
-everything else (connection refused or lost, a leader that
-moved, E_TOPIC_NOT_EXIST, too many connections) is retried with backoff by
+auth refused, IDENTIFY settings refused; AUTH or IDENTIFY failing once the consumer has
+subscribed is retried) stops the consumer, which keeps it as ``Consumer.error`` and raises
+it from ``start()`` and ``wait_closed()``; everything else (connection refused or lost, a
+leader that moved, E_TOPIC_NOT_EXIST, too many connections) is retried with backoff by
 :class:`~smartnsq.consumer.conns.ConnectionSet`. The errors' wording is their own
 (:mod:`smartnsq.errors`); the server's description is kept in each.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 from smartnsq.errors import (
     AuthDisabledError,
     AuthFailedError,
+    BadBodyError,
     BadChannelError,
     BadPartitionError,
     BadTopicError,
@@ -47,10 +48,17 @@ ENDS_CONSUMER: tuple[type[BaseException], ...] = (
 RETRIED_ONCE_SUBSCRIBED: tuple[type[BaseException], ...] = (AuthFailedError,)
 
 
+def _identify_refused(exc: BaseException) -> bool:
+    """nsqd refused this client's IDENTIFY settings (E_BAD_BODY "IDENTIFY ...", e.g. a
+    ``msg_timeout`` above its --max-msg-timeout): every reconnect is refused the same way.
+    Once subscribed it is retried: one nsqd configured apart should not end the consumer."""
+    return isinstance(exc, BadBodyError) and exc.text.startswith("IDENTIFY ")
+
+
 def ends_consumer(exc: BaseException, subscribed: bool = False) -> bool:
     """True when ``exc``, met while subscribing, stops the consumer; False when the
     subscription is retried. ``subscribed``: a subscription of this consumer was opened
     before."""
-    if subscribed and isinstance(exc, RETRIED_ONCE_SUBSCRIBED):
-        return False
-    return isinstance(exc, ENDS_CONSUMER)
+    if subscribed:
+        return isinstance(exc, ENDS_CONSUMER) and not isinstance(exc, RETRIED_ONCE_SUBSCRIBED)
+    return isinstance(exc, ENDS_CONSUMER) or _identify_refused(exc)
