@@ -48,6 +48,8 @@ SECRETS: dict[str, tuple[dict[str, Any] | None, float]] = {
     "publish-only": ({"ttl": 3600, "identity": "dan", "authorizations": [
         {"topic": ".*", "channels": [".*"], "permissions": ["publish"]}]}, 0.0),
     "nothing": ({"ttl": 3600, "identity": "eve", "authorizations": []}, 0.0),
+    # a secret unlike any word of a plan or a log (tests/spark: it must never show)
+    "spark-s3cret-h71": ({"ttl": 3600, "identity": "spark", "authorizations": _ALL}, 0.0),
     # answers after the client's short handshake_timeout
     "slow": ({"ttl": 3600, "identity": "slow", "authorizations": _ALL}, 2.5),
 }
@@ -207,6 +209,11 @@ class RealNsqd:
     state: Path
     tcp: str = ""
     http: str = ""
+
+    @property
+    def lookupd(self) -> str:
+        """The nsqlookupd HTTP address start-stock.sh started beside it (the base + 11)."""
+        return f"127.0.0.1:{self.base + 11}"
 
     @property
     def https(self) -> str:

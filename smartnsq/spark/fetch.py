@@ -36,7 +36,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from smartnsq.config import ConnectionConfig, LookupConfig
 from smartnsq.conn import Connection
@@ -46,6 +46,7 @@ from smartnsq.nsqd_http import NsqdHttpClient, ask_again
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.messages import MessageRecord, RawMessage
 from smartnsq.protocol.validation import parse_tcp_address
+from smartnsq.spark.wire_options import WireOptions
 
 __all__ = ["RangeFetcher", "RangeTask", "channel_position"]
 
@@ -144,6 +145,8 @@ class RangeTask:
     read_timeout: float = 10.0
     #: delete the channel after the read (batch reads and split pieces leave nothing behind)
     delete_channel: bool = False
+    #: TLS, compression and AUTH of the read's connection
+    wire: WireOptions = field(default_factory=WireOptions)
 
 
 class _Reposition(Exception):
@@ -180,7 +183,7 @@ class RangeFetcher:
         self._unaligned = task.align_start
         #: why the session must position again, set by _take after it kept what it took
         self._stalled: str | None = None
-        self._config = connection_config or ConnectionConfig(
+        self._config = connection_config or task.wire.connection(
             extend_support=task.ext, client_id="smartnsq-spark", read_timeout=60.0)
         self._http_timeout = http_timeout
 

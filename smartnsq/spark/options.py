@@ -19,12 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from smartnsq.errors import SourceOptionError
 from smartnsq.protocol.validation import check_channel, check_topic, parse_http_address
 from smartnsq.spark.offsets import EARLIEST, parse_offsets_json
-from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
+from smartnsq.spark.option_names import SOURCE_OPTION_NAMES, WIRE_OPTION_NAMES
 from smartnsq.spark.sink_options import (
-    SinkOptions,
+    SINK_OPTION_NAMES,
     options_value,
     python_text_hint,
     unknown_option_hint,
+)
+from smartnsq.spark.wire_options import (
+    KAFKA_WIRE_NAMES,
+    WireOptions,
+    parse_wire_options,
+    shown,
 )
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
@@ -39,13 +45,8 @@ _SPARK_INTERNAL = frozenset({"path"})
 
 def _sink_only_names() -> dict[str, str]:
     """Lower-cased → documented name of every option only the sink knows, taken from the
-    sink's own model (field names and aliases), so the two lists cannot drift apart."""
-    names: dict[str, str] = {}
-    for field_name, info in SinkOptions.model_fields.items():
-        for name in (field_name, info.alias):
-            if name and name.lower() not in _CANONICAL:
-                names[name.lower()] = name
-    return names
+    sink's own list, so the two lists cannot drift apart."""
+    return {n.lower(): n for n in SINK_OPTION_NAMES if n.lower() not in _CANONICAL}
 
 
 #: a read never receives write options: one of these on a read is a mistake worth naming
@@ -65,6 +66,7 @@ KAFKA_NAMES = {
     "endingoffsetsbytimestamp": "endingOffsets (byte offsets)",
     "groupidprefix": "channel",
     "kafka.group.id": "channel",
+    **KAFKA_WIRE_NAMES,
 }
 
 #: a startingTimestamp above this many seconds (year 5138) is milliseconds, Kafka's unit
@@ -99,6 +101,8 @@ class SourceOptions(BaseModel):
     trigger_wait: float = Field(default=0.5, gt=0, le=600)
     #: stock: the per-connection message timeout asked for in IDENTIFY (None: the server's)
     message_timeout: float | None = Field(default=None, ge=1, le=900)
+    #: TLS, compression and AUTH of every connection (the options in WIRE_OPTION_NAMES)
+    wire: WireOptions = Field(default_factory=WireOptions)
 
     @field_validator("topic")
     @classmethod
@@ -190,12 +194,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         name = _CANONICAL.get(low)
         if name is None and low in _SINK_ONLY:
             raise SourceOptionError(
-                f"option {_SINK_ONLY[low]}={value!r} belongs to the nsq sink "
+                f"option {_SINK_ONLY[low]}={shown(key, value)} belongs to the nsq sink "
                 "(df.write / writeStream), not to a read; known source options: "
                 f"{', '.join(SOURCE_OPTION_NAMES)}")
         if name is None:
             raise SourceOptionError(
-                f"unknown option {key!r}={value!r} for the nsq source"
+                f"unknown option {key!r}={shown(key, value)} for the nsq source"
                 f"{unknown_option_hint(key, SOURCE_OPTION_NAMES, KAFKA_NAMES)}; known options: "
                 f"{', '.join(SOURCE_OPTION_NAMES)}")
         raw[name] = str(value)
@@ -208,7 +212,9 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             raise SourceOptionError(f"option {required} is required (got "
                                     f"{raw.get(required)!r}){hint}")
     topic = raw["topic"].strip()
-    values: dict[str, object] = {}
+    values: dict[str, object] = {"wire": parse_wire_options(
+        {n: raw.pop(n) for n in WIRE_OPTION_NAMES if n in raw},
+        lambda text: SourceOptionError(f"option {text}"))}
     for name, value in raw.items():
         field = _FIELDS[name]
         if name == "lookupd":

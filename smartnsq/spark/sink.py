@@ -357,7 +357,8 @@ async def _publish_task(opts: SinkOptions, batches: Iterator[Any], message: NsqC
     config = ProducerConfig(publish_timeout=opts.publishTimeout, max_attempts=opts.maxAttempts,
                             max_body_size=max(opts.maxBatchBytes,
                                               opts.maxMessageBytes + _ONE_ROW_MPUB_EXTRA),
-                            max_msg_size=opts.maxMessageBytes, **more)
+                            max_msg_size=opts.maxMessageBytes,
+                            connection=opts.wire.connection(), **more)
     producer = Producer(nsqd=opts.nsqd, config=config) if opts.nsqd is not None else \
         Producer(lookupd=opts.lookupd, config=config)
     async with producer:

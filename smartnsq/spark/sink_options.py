@@ -12,14 +12,20 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from smartnsq.errors import ConfigError
 from smartnsq.protocol.validation import check_topic, parse_http_address, parse_tcp_address
-from smartnsq.spark.option_names import SOURCE_OPTION_NAMES
+from smartnsq.spark.option_names import SOURCE_OPTION_NAMES, WIRE_OPTION_NAMES
+from smartnsq.spark.wire_options import (
+    KAFKA_WIRE_NAMES,
+    WireOptions,
+    parse_flag,
+    parse_wire_options,
+)
 
-__all__ = ["SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options", "python_text_hint",
-           "unknown_option_hint"]
+__all__ = ["SINK_OPTION_NAMES", "SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
+           "python_text_hint", "unknown_option_hint"]
 
 #: keys Spark itself may put into the options map of a write; they mean nothing to NSQ
 SPARK_INTERNAL_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
@@ -34,6 +40,7 @@ BATCH_BITS = 64 - PARTITION_BITS - ROW_BITS
 _KAFKA_SINK_NAMES = {
     "kafka.bootstrap.servers": "lookupd (nsqlookupd HTTP addresses) or nsqd (nsqd TCP "
                                "addresses)",
+    **KAFKA_WIRE_NAMES,
 }
 
 
@@ -74,15 +81,6 @@ def _sink_hint(key: str, known: tuple[str, ...]) -> str:
     return unknown_option_hint(key, known)
 
 
-def _bool(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("true", "1", "yes"):
-        return True
-    if v in ("false", "0", "no"):
-        return False
-    raise ValueError("expected true or false")
-
-
 def _addresses(value: str) -> tuple[str, ...]:
     parts = tuple(p.strip() for p in value.split(",") if p.strip())
     if not parts:
@@ -117,6 +115,13 @@ class SinkOptions(BaseModel):
     #: shard_key → partition rule, as ProducerConfig.shard_hash: youzan go-nsq's murmur3
     #: (default) or the youzan Java SDK's hashCode rule
     shardHash: Literal["murmur3", "java"] = "murmur3"
+    #: TLS, compression and AUTH (the options in WIRE_OPTION_NAMES), parsed by
+    #: wire_options for the source and the sink alike: not one of this model's fields
+    _wire: WireOptions = PrivateAttr(default_factory=WireOptions)
+
+    @property
+    def wire(self) -> WireOptions:
+        return self._wire
 
     @field_validator("lookupd", "nsqd", mode="before")
     @classmethod
@@ -153,10 +158,12 @@ class SinkOptions(BaseModel):
     @field_validator("deterministicTraceIds", mode="before")
     @classmethod
     def _flag(cls, v: Any) -> Any:
-        return _bool(v) if isinstance(v, str) else v
+        return parse_flag(v) if isinstance(v, str) else v
 
 
-_NAMES = {name.lower(): name for name in SinkOptions.model_fields}
+_NAMES = {name.lower(): name for name in (*SinkOptions.model_fields, *WIRE_OPTION_NAMES)}
+#: every option of the sink, by its documented name
+SINK_OPTION_NAMES: tuple[str, ...] = tuple(_NAMES.values())
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -184,6 +191,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise ConfigError(f"the nsq sink takes no path: save(path) gave path={path!r}; the "
                           f"topic goes in .option(\"topic\", {json.dumps(path)}) (or a topic "
                           "column, without a path)")
+    wire = parse_wire_options({n: given.pop(n) for n in WIRE_OPTION_NAMES if n in given},
+                              lambda text: ConfigError(f"nsq sink option {text}"))
     try:
         opts = SinkOptions.model_validate(given)
     except ValidationError as exc:
@@ -199,6 +208,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                           + (f"; got lookupd={options_value(options, 'lookupd')!r} and "
                              f"nsqd={options_value(options, 'nsqd')!r}"
                              if opts.lookupd is not None else ""))
+    opts._wire = wire
     return opts
 
 

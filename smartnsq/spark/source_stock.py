@@ -23,7 +23,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from smartnsq.config import ConnectionConfig, ConsumerConfig
+from smartnsq.config import ConsumerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.errors import SourceOptionError
 from smartnsq.message import Message
@@ -42,7 +42,7 @@ _TOUCH_EVERY = 10.0
 
 
 def _consumer_config(opts: SourceOptions, max_in_flight: int) -> ConsumerConfig:
-    conn = ConnectionConfig(msg_timeout=opts.message_timeout or 0.0)
+    conn = opts.wire.connection(msg_timeout=opts.message_timeout or 0.0)
     return ConsumerConfig(max_in_flight=max_in_flight, max_attempts=0, connection=conn)
 
 

@@ -133,7 +133,7 @@ def _plan(opts: SourceOptions, snap: Snapshot, start: Mapping[int, int],
             lookupd=opts.lookupd, topic=opts.topic, partition=p, start=s, end=e,
             channel=channel, ordered=snap.ordered, ext=snap.ext,
             leader=st.leader if st else "", leader_http=st.leader_http if st else "",
-            read_timeout=opts.read_timeout, delete_channel=delete)
+            read_timeout=opts.read_timeout, delete_channel=delete, wire=opts.wire)
         if pieces == 1:
             out.append(NsqRange(base))
             continue
@@ -295,7 +295,7 @@ class YouzanStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ordered=snap.ordered, ext=snap.ext, leader=st.leader,
                 leader_http=st.leader_http, read_timeout=self.opts.read_timeout,
                 max_messages=share if by_rows else None,
-                max_bytes=None if by_rows else share))
+                max_bytes=None if by_rows else share, wire=self.opts.wire))
 
         async def probe_all() -> list[int]:
             return list(await asyncio.gather(*(find_boundary(t) for t in probes)))
