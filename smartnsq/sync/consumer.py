@@ -183,7 +183,7 @@ class Consumer:
         return thread_callback(callback, self._run_callback, self._handler_exited)
 
     def _call_handler(self, waiting: WaitingTouch, tm: ThreadMessage) -> None:
-        waiting.started = True
+        waiting.start()
         result = call_plain(self._handler, tm)
         if result is False and not self._said_false:
             # pynsq's handlers return False to requeue: here that message is finished
