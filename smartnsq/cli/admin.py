@@ -255,8 +255,7 @@ async def topic_delete(name: str, lookupd: tuple[str, ...], nsqd: tuple[str, ...
         if await _flavour(lk, view) is Flavour.STOCK:
             await _call_all([Target(n.http_address, None) for n in view.nodes.values()],
                             _topic_call("delete", name), "topic delete")
-        # stock: nsqd deleting a topic leaves the lookupds listing it and its channels, so
-        # they forget it too, as nsqadmin does; youzan deletes it there in the first place
+        # stock: the lookupds keep listing a topic nsqd deleted (nsqadmin deletes on both)
         await _lookupd_write(lk.admin.delete_topic(name), f"topic delete {name}",
                              "topic delete")
 
@@ -304,8 +303,7 @@ def _channel_command(action: str, doc: str) -> click.Command:
                         wait_not_leader=NEW_TOPIC_WAIT if action == "create" else 0.0)
         if action == "delete" and not cluster.nsqd and all(t.partition is None
                                                            for t in targets):
-            # stock: the lookupds keep listing a channel its nsqd deleted (nsqadmin deletes
-            # it on both)
+            # stock: the lookupds keep listing a channel nsqd deleted (as for topics)
             async with cluster.lookup() as lk:
                 await _lookupd_write(lk.admin.delete_channel(topic_name, channel_name),
                                      f"channel delete {topic_name}/{channel_name}",
