@@ -136,9 +136,20 @@ async def test_tail_serves_every_catalog_metric_on_its_port(
             assert fam.type == spec.kind.value
         # the process' own figures, as every Python exporter has them
         assert "process_cpu_seconds" in families
+        # Ctrl-C stops tail gracefully (exit 0) once it runs; before, while it starts, it
+        # is "interrupted" (130): wait until it has subscribed (the metrics come first)
+        await until_subscribed(tail.url)
     finally:
         code, err = await tail.stop()
     assert code == 0, err
+
+
+async def until_subscribed(url: str) -> None:
+    """Until the command's consumer has sent RDY on a connection (bounded by WAIT)."""
+    async with asyncio.timeout(WAIT):
+        # another process: polled, as its metrics are read
+        while not (await scrape(url)).get("smartnsq_consumer_rdy"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
 
 
 @pytest.mark.real_nsqd
