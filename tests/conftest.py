@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.lookup_fakes import FakeLookupd
+from tests.real_upgrades_support import AuthServer, Certs
 from tests.test_sync_consumer import ClusterThread
 
 _SPARK = Path(__file__).parent / "spark"
@@ -45,3 +46,21 @@ def stock_one() -> Iterator[ClusterThread]:
     ct.cluster.create_topic("t", channels=["c"])
     yield ct
     ct.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A test CA and the certificates signed by it (and by another CA), made with trustme."""
+    pytest.importorskip("trustme")
+    return Certs.make(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def auth_server() -> Iterator[AuthServer]:
+    """An nsq auth server on 127.0.0.1 (its secrets: tests/real_upgrades_support.py)."""
+    srv = AuthServer()
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

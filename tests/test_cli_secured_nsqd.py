@@ -39,20 +39,6 @@ WRONG = "wr0ng-s3cret-h68"
 CLI = f"{shlex.quote(sys.executable)} -m smartnsq"
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    pytest.importorskip("trustme")
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[AuthServer]:
-    srv = AuthServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

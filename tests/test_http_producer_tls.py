@@ -17,12 +17,6 @@ from smartnsq.producer import HttpProducer
 from tests.real_upgrades_support import Certs
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    pytest.importorskip("trustme")
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
-
 class HttpsNsqd:
     """Just enough of nsqd's HTTPS API for a publish: /info and /pub."""
 

@@ -58,20 +58,6 @@ PROMPT = 3.0
 WAIT = 10.0
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    pytest.importorskip("trustme")
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[AuthServer]:
-    srv = AuthServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,6 @@ from tests.real_upgrades_support import Certs
 SECRET = "s3cret-h71-wire"
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    pytest.importorskip("trustme")
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
 
 def read(**kw: str) -> Any:
     return parse_source_options({"lookupd": "127.0.0.1:4161", "topic": "t", **kw},
