@@ -27,53 +27,33 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from smartnsq.cli.common import one_line
-from smartnsq.errors import ConfigError
 
 if TYPE_CHECKING:
-    from smartnsq.config import ConnectionConfig, TLSConfig
+    from smartnsq.config import ConnectionConfig
     from smartnsq.nsqd_http import NsqdHttpClient
+    from smartnsq.wire_settings import Setting, WireSettings
 
 T = TypeVar("T")
 
 _FILE = click.Path(exists=True, dir_okay=False, readable=True)
 
-
-@dataclass(frozen=True)
-class Wire:
-    """One side's settings, as the options gave them (checked)."""
-
-    tls: TLSConfig | None = None
-    snappy: bool = False
-    deflate: bool = False
-    deflate_level: int | None = None
-    auth_secret: str | None = None
-
-    def connection(self, **fields: Any) -> ConnectionConfig:
-        from pydantic import SecretStr
-
-        from smartnsq.config import ConnectionConfig, TLSConfig
-
-        extra: dict[str, Any] = {"tls": self.tls or TLSConfig(), "snappy": self.snappy,
-                                 "deflate": self.deflate}
-        if self.deflate_level is not None:
-            extra["deflate_level"] = self.deflate_level
-        if self.auth_secret is not None:
-            extra["auth_secret"] = SecretStr(self.auth_secret)
-        return ConnectionConfig(**fields, **extra)
+_WIRES: contextvars.ContextVar[dict[str, WireSettings]] = contextvars.ContextVar(
+    "smartnsq_cli_wires")
 
 
-_WIRES: contextvars.ContextVar[dict[str, Wire]] = contextvars.ContextVar("smartnsq_cli_wires")
-
-
-def current_wire(prefix: str = "") -> Wire:
+def current_wire(prefix: str = "") -> WireSettings:
     """The running command's settings for the side ``prefix`` names (``from-``, ``to-``)."""
-    return _WIRES.get({}).get(prefix, Wire())
+    wire = _WIRES.get({}).get(prefix)
+    if wire is None:
+        from smartnsq.wire_settings import WireSettings
+
+        wire = WireSettings()
+    return wire
 
 
 def connection_config(prefix: str = "", **fields: Any) -> ConnectionConfig:
@@ -89,7 +69,7 @@ def nsqd_http_client(*, timeout: float = 5.0) -> NsqdHttpClient:
 
 
 @contextlib.contextmanager
-def _holding(prefix: str, wire: Wire) -> Iterator[None]:
+def _holding(prefix: str, wire: WireSettings) -> Iterator[None]:
     token = _WIRES.set({**_WIRES.get({}), prefix: wire})
     try:
         yield
@@ -105,31 +85,32 @@ def _key(prefix: str, option: str) -> str:
     return f"{prefix}{option}".replace("-", "_")
 
 
-def _tls(prefix: str, kw: dict[str, Any]) -> TLSConfig | None:
-    """The TLS options of ``kw`` (removed from it) as a ``TLSConfig``; None without TLS."""
-    on = kw.pop(_key(prefix, "tls"))
-    ca, cert, key = (kw.pop(_key(prefix, o)) for o in ("tls_root_ca_file", "tls_cert",
-                                                         "tls_key"))
-    insecure = kw.pop(_key(prefix, "tls_insecure_skip_verify"))
-    if key is not None and cert is None:
-        raise click.UsageError(f"{_name(prefix, 'tls-key')} needs {_name(prefix, 'tls-cert')}")
-    if not (on or ca or cert or insecure):
-        return None
-    from smartnsq.config import TLSConfig
-    from smartnsq.conn.transport import tls_context
+def _settings(prefix: str, kw: dict[str, Any], *, tcp: bool) -> WireSettings:
+    """The wire options of ``kw`` (removed from it), checked by the one set of rules
+    (:mod:`smartnsq.wire_settings`); a usage error names the option at fault."""
+    from smartnsq.wire_settings import wire_settings
 
-    # a certificate file without --tls-key holds its key too (one PEM, as trustme writes)
-    tls = TLSConfig(enabled=True, ca_file=ca, cert_file=cert, key_file=key or cert,
-                    verify=not insecure)
-    # loaded now: a file that is no certificate is a usage error naming its option
-    for option, cfg in (("tls-root-ca-file", TLSConfig(enabled=True, ca_file=ca)),
-                        ("tls-cert", tls)):
-        try:
-            tls_context(cfg)
-        except ConfigError as exc:
-            raise click.BadParameter(one_line(str(exc)),
-                                     param_hint=f"'{_name(prefix, option)}'") from None
-    return tls
+    def take(option: str) -> Any:
+        return kw.pop(_key(prefix, option))
+
+    names: dict[Setting, str] = {s: _name(prefix, o) for s, o in _OPTIONS.items()}
+
+    def refuse(setting: Setting, why: str) -> click.UsageError:
+        return click.UsageError(f"{names[setting]} {one_line(why)}")
+
+    tls = dict(tls=take("tls") or None, ca=take("tls_root_ca_file"), cert=take("tls_cert"),
+               key=take("tls_key"), insecure=take("tls_insecure_skip_verify"))
+    if not tcp:
+        return wire_settings(names, refuse, **tls)
+    return wire_settings(names, refuse, **tls, snappy=take("snappy"), deflate=take("deflate"),
+                         level=take("deflate_level"), secret=take("auth_secret"))
+
+
+#: each setting's option (before a side's prefix)
+_OPTIONS: dict[Setting, str] = {
+    "tls": "tls", "ca": "tls-root-ca-file", "cert": "tls-cert", "key": "tls-key",
+    "insecure": "tls-insecure-skip-verify", "snappy": "snappy", "deflate": "deflate",
+    "level": "deflate-level", "secret": "auth-secret"}
 
 
 def _tls_options(prefix: str, what: str) -> list[Callable[[Any], Any]]:
@@ -163,15 +144,15 @@ def http_wire_options(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
-        tls = _tls("", kwargs)
+        wire = _settings("", kwargs, tcp=False)
         nsqd: tuple[str, ...] = kwargs.get("nsqd", ())
-        if tls is not None and not any(a.strip().lower().startswith("https://")
-                                       for a in nsqd):
+        if wire.tls is not None and not any(a.strip().lower().startswith("https://")
+                                            for a in nsqd):
             raise click.UsageError(
                 "--tls and its files apply to nsqd's HTTPS API: give --nsqd "
                 "https://HOST:PORT (nsqd's --https-address; the lookupds announce only its "
                 "plain HTTP port)")
-        with _holding("", Wire(tls=tls)):
+        with _holding("", wire):
             return fn(*args, **kwargs)
 
     return _apply(wrapper, _tls_options(
@@ -190,17 +171,7 @@ def tcp_wire_options(prefix: str = "", side: str = "nsqd"
     def deco(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> T:
-            tls = _tls(prefix, kwargs)
-            snappy, deflate, level, secret = (kwargs.pop(_key(prefix, o)) for o in (
-                "snappy", "deflate", "deflate_level", "auth_secret"))
-            if snappy and deflate:
-                raise click.UsageError(f"give either {n('snappy')} or {n('deflate')}, not "
-                                       "both (a connection is compressed one way)")
-            if level is not None and not deflate:
-                raise click.UsageError(f"{n('deflate-level')} needs {n('deflate')}")
-            if secret is not None and not secret.strip():
-                raise click.UsageError(f"{n('auth-secret')} (or {env}) is empty")
-            with _holding(prefix, Wire(tls, snappy, deflate, level, secret)):
+            with _holding(prefix, _settings(prefix, kwargs, tcp=True)):
                 return fn(*args, **kwargs)
 
         return _apply(wrapper, [

@@ -46,7 +46,7 @@ from smartnsq.nsqd_http import NsqdHttpClient, ask_again
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.messages import MessageRecord, RawMessage
 from smartnsq.protocol.validation import parse_tcp_address
-from smartnsq.spark.wire_options import WireOptions
+from smartnsq.spark.wire_options import WireOptions, no_wire_options
 
 __all__ = ["RangeFetcher", "RangeTask", "channel_position"]
 
@@ -146,7 +146,7 @@ class RangeTask:
     #: delete the channel after the read (batch reads and split pieces leave nothing behind)
     delete_channel: bool = False
     #: TLS, compression and AUTH of the read's connection
-    wire: WireOptions = field(default_factory=WireOptions)
+    wire: WireOptions = field(default_factory=no_wire_options)
 
 
 class _Reposition(Exception):

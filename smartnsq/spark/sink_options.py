@@ -20,6 +20,7 @@ from smartnsq.spark.option_names import SOURCE_OPTION_NAMES, WIRE_OPTION_NAMES
 from smartnsq.spark.wire_options import (
     KAFKA_WIRE_NAMES,
     WireOptions,
+    no_wire_options,
     parse_flag,
     parse_wire_options,
 )
@@ -117,7 +118,7 @@ class SinkOptions(BaseModel):
     shardHash: Literal["murmur3", "java"] = "murmur3"
     #: TLS, compression and AUTH (the options in WIRE_OPTION_NAMES), parsed by
     #: wire_options for the source and the sink alike: not one of this model's fields
-    _wire: WireOptions = PrivateAttr(default_factory=WireOptions)
+    _wire: WireOptions = PrivateAttr(default_factory=no_wire_options)
 
     @property
     def wire(self) -> WireOptions:

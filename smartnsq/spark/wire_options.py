@@ -16,16 +16,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SecretStr
-
-from smartnsq.config import ConnectionConfig, TLSConfig
 from smartnsq.errors import ConfigError
 from smartnsq.spark.option_names import WIRE_OPTION_NAMES
+from smartnsq.wire_settings import Setting, WireSettings, wire_settings
 
 __all__ = ["AUTH_SECRET_ENV", "KAFKA_WIRE_NAMES", "WIRE_OPTION_NAMES", "WireOptions",
-           "parse_flag", "parse_wire_options", "shown"]
+           "no_wire_options", "parse_flag", "parse_wire_options", "shown"]
 
 #: where the connecting process finds the secret when the option is not given
 AUTH_SECRET_ENV = "SMARTNSQ_AUTH_SECRET"
@@ -63,39 +60,35 @@ def parse_flag(value: str) -> bool:
     raise ValueError("expected true or false")
 
 
-class WireOptions(BaseModel):
-    """TLS, compression and AUTH of every connection a read or write makes (checked)."""
+#: the checked settings, as the source and the sink hold them (see smartnsq.wire_settings)
+WireOptions = WireSettings
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tls: TLSConfig | None = None
-    snappy: bool = False
-    deflate: bool = False
-    deflate_level: int | None = None
-    auth_secret: SecretStr | None = None
+def no_wire_options() -> WireOptions:
+    """The settings of a read or write given no wire option (plain connections; the secret
+    may still come from :data:`AUTH_SECRET_ENV`)."""
+    return WireOptions(secret_env=AUTH_SECRET_ENV)
 
-    def connection(self, **fields: Any) -> ConnectionConfig:
-        """A ``ConnectionConfig`` with ``fields`` and these settings; the secret from
-        :data:`AUTH_SECRET_ENV` of this process when the option did not give one."""
-        secret = self.auth_secret
-        env = os.environ.get(AUTH_SECRET_ENV, "")
-        if secret is None and env.strip():
-            secret = SecretStr(env)
-        extra: dict[str, Any] = {"tls": self.tls or TLSConfig(), "snappy": self.snappy,
-                                 "deflate": self.deflate, "auth_secret": secret}
-        if self.deflate_level is not None:
-            extra["deflate_level"] = self.deflate_level
-        return ConnectionConfig(**fields, **extra)
+#: the option of each setting, as the rules name them in messages
+_NAMES: dict[Setting, str] = {
+    "tls": "tls=true", "ca": "tlsRootCaFile", "cert": "tlsCert", "key": "tlsKey",
+    "insecure": "tlsInsecureSkipVerify", "snappy": "snappy=true", "deflate": "deflate=true",
+    "level": "deflateLevel", "secret": "authSecret"}
 
 
 def parse_wire_options(given: Mapping[str, str],
                        fail: Callable[[str], ConfigError]) -> WireOptions:
     """``given``: the wire options by documented name. ``fail`` makes the caller's error
     from ``NAME=VALUE: why`` (the source and the sink word their option errors each their
-    own way)."""
+    own way). The rules are :func:`smartnsq.wire_settings.wire_settings`'s; a connection
+    made from them reads the secret from :data:`AUTH_SECRET_ENV` when no option gave one."""
 
     def bad(name: str, why: str) -> ConfigError:
         return fail(f"{name}={shown(name, given[name])}: {why}")
+
+    def refuse(setting: Setting, why: str) -> ConfigError:
+        name = _NAMES[setting].removesuffix("=true")
+        return bad(name, why)
 
     def flag(name: str) -> bool | None:
         if name not in given:
@@ -105,64 +98,21 @@ def parse_wire_options(given: Mapping[str, str],
         except ValueError as exc:
             raise bad(name, str(exc)) from None
 
-    tls_on, insecure = flag("tls"), flag("tlsInsecureSkipVerify")
-    snappy, deflate = bool(flag("snappy")), bool(flag("deflate"))
-    tls_given = [n for n in ("tlsRootCaFile", "tlsCert", "tlsKey", "tlsInsecureSkipVerify")
-                 if n in given]
-    if tls_on is False and tls_given:
-        raise bad(tls_given[0], f"needs tls=true (got tls={given['tls']!r})")
-    if "tlsKey" in given and "tlsCert" not in given:
-        raise bad("tlsKey", "needs tlsCert (the client certificate it is the key of)")
-    if snappy and deflate:
-        raise fail(f"snappy={given['snappy']!r} and deflate={given['deflate']!r}: give one "
-                   "(a connection is compressed one way)")
     level: int | None = None
     if "deflateLevel" in given:
-        if not deflate:
-            raise bad("deflateLevel", "needs deflate=true")
         try:
             level = int(given["deflateLevel"].strip())
         except ValueError:
             raise bad("deflateLevel", "expected an integer 1-9") from None
-        if not 1 <= level <= 9:
-            raise bad("deflateLevel", "expected an integer 1-9")
-    secret: SecretStr | None = None
-    if "authSecret" in given:
-        if not given["authSecret"].strip():
-            raise fail(f"authSecret is empty (leave it out to use {AUTH_SECRET_ENV} of the "
-                       "processes that connect)")
-        secret = SecretStr(given["authSecret"])
-    tls = None
-    if tls_on or tls_given:
-        files = {n: given[n].strip() for n in _FILES if n in given}
-        cert = files.get("tlsCert")
-        # a certificate file without tlsKey holds its key too (one PEM, as trustme writes)
-        tls = TLSConfig(enabled=True, ca_file=files.get("tlsRootCaFile"), cert_file=cert,
-                        key_file=files.get("tlsKey", cert), verify=not insecure)
-        _check_files(tls, files, bad)
-    return WireOptions(tls=tls, snappy=snappy, deflate=deflate, deflate_level=level,
-                       auth_secret=secret)
-
-
-def _check_files(tls: TLSConfig, files: Mapping[str, str],
-                 bad: Callable[[str, str], ConfigError]) -> None:
-    """Load the certificate files here, on the driver: a path missing or unusable here is
-    refused naming its option, instead of failing every task on the executors."""
-    from smartnsq.conn.transport import tls_context
-
+    files = {n: given[n].strip() for n in _FILES if n in given}
     for name, path in files.items():
         if not os.path.isfile(path):
             raise bad(name, f"no such file on the driver (working directory {os.getcwd()}); "
                             "certificate files are read where the connections are made: the "
                             "path must exist on the driver and on every executor")
-    checks: list[tuple[str, TLSConfig]] = []
-    if "tlsRootCaFile" in files:
-        checks.append(("tlsRootCaFile", TLSConfig(enabled=True, ca_file=tls.ca_file)))
-    if "tlsCert" in files:
-        checks.append(("tlsKey" if "tlsKey" in files else "tlsCert", tls))
-    for name, cfg in checks:
-        try:
-            tls_context(cfg)
-        except ConfigError as exc:
-            why = exc.__cause__ or exc
-            raise bad(name, f"cannot be loaded: {' '.join(str(why).split())}") from None
+    return wire_settings(
+        _NAMES, refuse, tls=flag("tls"), ca=files.get("tlsRootCaFile"),
+        cert=files.get("tlsCert"), key=files.get("tlsKey"),
+        insecure=bool(flag("tlsInsecureSkipVerify")), snappy=bool(flag("snappy")),
+        deflate=bool(flag("deflate")), level=level, secret=given.get("authSecret"),
+        secret_env=AUTH_SECRET_ENV)
