@@ -299,6 +299,13 @@ async def test_wrong_ca_fails_the_tls_handshake_clearly(open_nsqd: Target) -> No
         async with Producer(nsqd=t.nsqd, config=ProducerConfig(connection=cfg)) as p:
             with pytest.raises(PublishError, match=r"after 1 attempt.*certificate verify"):
                 await p.publish(unique("ca"), b"x")
+        # the consumer stops at start with it, as for the other settings nsqd cannot take
+        # (it retried for ever, running with no subscription)
+        c = Consumer(unique("ca"), "ch", Collector(), nsqd=[t.nsqd],
+                     config=consumer_config(cfg))
+        with pytest.raises(TLSError, match="certificate verify failed"):
+            await c.start()
+        assert isinstance(c.error, TLSError)
 
 
 @pytest.mark.parametrize("option", ["ca_file", "cert_file"])

@@ -4,15 +4,17 @@ A subscription is opened by connecting, IDENTIFY (and AUTH), then SUB, SUB_ORDER
 SUB_ADVANCED (:mod:`smartnsq.consumer.subscriptions`). What fails there goes to
 :func:`ends_consumer`: an error that reconnecting cannot fix (a configuration the server
 refuses: ordered/ext/channel mismatches, stock nsqd asked for youzan features, bad names,
-auth refused, IDENTIFY settings refused; AUTH or IDENTIFY failing once the consumer has
-subscribed is retried) stops the consumer, which keeps it as ``Consumer.error`` and raises
-it from ``start()`` and ``wait_closed()``; everything else (connection refused or lost, a
-leader that moved, E_TOPIC_NOT_EXIST, too many connections) is retried with backoff by
-:class:`~smartnsq.consumer.conns.ConnectionSet`. The errors' wording is their own
-(:mod:`smartnsq.errors`); the server's description is kept in each.
+auth refused, IDENTIFY settings refused, a server certificate that does not verify; the
+last three are retried once the consumer has subscribed) stops the consumer, which keeps it
+as ``Consumer.error`` and raises it from ``start()`` and ``wait_closed()``; everything else
+(connection refused or lost, a leader that moved, E_TOPIC_NOT_EXIST, too many connections)
+is retried with backoff by :class:`~smartnsq.consumer.conns.ConnectionSet`. The errors'
+wording is their own (:mod:`smartnsq.errors`); the server's description is kept in each.
 """
 
 from __future__ import annotations
+
+import ssl
 
 from smartnsq.errors import (
     AuthDisabledError,
@@ -27,6 +29,7 @@ from smartnsq.errors import (
     SubExtendForbiddenError,
     SubExtendNeedError,
     SubOrderIsMustError,
+    TLSError,
     UnauthorizedError,
     UnsupportedFeatureError,
 )
@@ -55,10 +58,18 @@ def _identify_refused(exc: BaseException) -> bool:
     return isinstance(exc, BadBodyError) and exc.text.startswith("IDENTIFY ")
 
 
+def _certificate_refused(exc: BaseException) -> bool:
+    """nsqd's certificate did not verify (a wrong CA, an expired or misnamed certificate):
+    every reconnect meets the same certificate. Not other TLS failures (a connection reset
+    during the handshake is a network problem). Once subscribed it is retried: a
+    certificate replaced while consumers run is the server's to fix."""
+    return isinstance(exc, TLSError) and isinstance(exc.__cause__, ssl.SSLCertVerificationError)
+
+
 def ends_consumer(exc: BaseException, subscribed: bool = False) -> bool:
     """True when ``exc``, met while subscribing, stops the consumer; False when the
     subscription is retried. ``subscribed``: a subscription of this consumer was opened
     before."""
     if subscribed:
         return isinstance(exc, ENDS_CONSUMER) and not isinstance(exc, RETRIED_ONCE_SUBSCRIBED)
-    return isinstance(exc, ENDS_CONSUMER) or _identify_refused(exc)
+    return isinstance(exc, ENDS_CONSUMER) or _identify_refused(exc) or _certificate_refused(exc)
