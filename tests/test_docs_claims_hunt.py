@@ -1,8 +1,10 @@
 """What the migration pages, the concept pages, the failure and testing guides and the errors
 reference say in prose and tables, checked against the code: default values, names and
 parameters of the calls they map to, the exception hierarchy, the backoff windows, and a few
-behaviours a migrating user relies on (on the embedded cluster). Their code blocks run in
-tests/test_doc_examples.py; nothing else reads their prose."""
+behaviours a migrating user relies on (on the embedded cluster); also what the CLI and Spark
+guides and the protocol notes say of a secured nsqd (options, defaults, which errors stop a
+command or a consumer), on an embedded nsqd requiring TLS, a client certificate and AUTH.
+Their code blocks run in tests/test_doc_examples.py; nothing else reads their prose."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import asyncio
 import inspect
 import random
 import re
-from collections.abc import AsyncIterator
+import shlex
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,7 @@ from smartnsq import errors, sync
 from smartnsq.config import ConnectionConfig, ConsumerConfig, ProducerConfig
 from smartnsq.consumer import Consumer
 from smartnsq.devcluster import DevCluster
+from smartnsq.errors import ConfigError
 from smartnsq.flow.attempts import requeue_delay
 from smartnsq.flow.backoff import BackoffState, Pause
 from smartnsq.lookup.refresher import jittered_delay
@@ -29,7 +36,9 @@ from smartnsq.sharding import shard_partition
 from smartnsq.testing import NsqCluster, plugin
 from smartnsq.testing.cluster import DEFAULT_NODES
 from smartnsq.trace import TraceSwitch
+from tests.cli_support import ClusterThread, invoke, sh
 from tests.consumer_support import eventually
+from tests.real_upgrades_support import LOCKED, AuthServer, Certs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 MIGRATING = ("pynsq", "gnsq", "ansq")
@@ -373,3 +382,277 @@ def test_the_trace_switch_as_the_tracing_page_describes_it() -> None:
     assert switch.is_on("a")
     switch.disable()
     assert not switch.is_on("a")
+
+
+# --- secured nsqd: the command line, the Spark options, the consumer's stops -----------------
+
+def section(name: str, heading: str) -> str:
+    """The text of a page's section, from its heading to the next of its level or above."""
+    text = (DOCS / name).read_text()
+    start = text.index(heading)
+    level = len(heading.split(" ")[0])
+    after = text.index("\n", start)
+    end = re.search(rf"^#{{1,{level}}} ", text[after:], re.MULTILINE)
+    return text[start:after + end.start()] if end else text[start:]
+
+
+def cli_wire_options() -> list[str]:
+    """The options of the CLI guide's TLS, compression and AUTH table."""
+    rows = [r for r in section("guides/cli.md", "## TLS, compression and AUTH").splitlines()
+            if r.startswith("| `")]
+    return [o for r in rows for o in re.findall(r"`(--[\w-]+)", r.split("|")[1])]
+
+
+def help_text(*args: str) -> str:
+    result = invoke([*args, "--help"])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+#: the commands the CLI guide gives only the TLS options, for nsqd's HTTPS API
+HTTPS_COMMANDS = [("stat",), ("topic", "create"), ("topic", "delete"), ("channel", "create"),
+                  ("channel", "delete"), ("channel", "empty"), ("channel", "pause"),
+                  ("channel", "unpause")]
+
+
+def test_the_cli_wire_options_are_on_the_commands_the_guide_names() -> None:
+    """cli.md: publish, tail and to-file take every option of the table, bridge each with
+    --from- and --to-, stat/topic/channel the --tls ones (not channel set-offset)."""
+    options = cli_wire_options()
+    assert len(options) == 9 and "--tls-insecure-skip-verify" in options
+    for command in ("publish", "tail", "to-file"):
+        shown = help_text(command)
+        assert all(f" {o} " in shown for o in options), command
+    shown = help_text("bridge")
+    for o in options:
+        assert f" --from-{o[2:]} " in shown and f" --to-{o[2:]} " in shown, o
+    tls = [o for o in options if o.startswith("--tls")]
+    assert len(tls) == 5
+    for words in HTTPS_COMMANDS:
+        shown = help_text(*words)
+        assert all(f" {o} " in shown for o in tls), words
+        assert " --snappy " not in shown and " --auth-secret " not in shown, words
+    assert "--tls" not in help_text("channel", "set-offset")
+    assert "(all but the youzan-only `channel set-offset`" in page("guides/cli.md")
+
+
+def test_the_secret_variables_the_cli_guide_names() -> None:
+    text = page("guides/cli.md")
+    assert "better `SMARTNSQ_AUTH_SECRET`" in text and "`SMARTNSQ_FROM_AUTH_SECRET`" in text
+    for command in ("publish", "tail", "to-file"):
+        assert "[env var: SMARTNSQ_AUTH_SECRET]" in help_text(command), command
+    shown = help_text("bridge")
+    for side in ("FROM", "TO"):
+        assert f"[env var: SMARTNSQ_{side}_AUTH_SECRET]" in shown, side
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--tls-root-ca-file", "/nonexistent/ca.pem"], "--tls-root-ca-file"),
+    (["--snappy", "--deflate"], "--deflate cannot be used with --snappy"),
+    (["--tls-key", __file__], "--tls-key needs --tls-cert"),
+], ids=["missing-file", "snappy-deflate", "key-without-cert"])
+def test_the_usage_errors_the_cli_guide_lists(args: list[str], named: str) -> None:
+    assert ("A missing file, `--snappy` with `--deflate`, or `--tls-key` without `--tls-cert` "
+            "is a usage error (exit 2)") in page("guides/cli.md")
+    result = invoke(["tail", "t", "--nsqd", "127.0.0.1:4150", *args])
+    assert result.exit_code == 2, result.output
+    assert named in " ".join(result.output.split())
+
+
+def spark_wire_table() -> dict[str, str]:
+    """``option: default`` of the Spark guide's Secured nsqd table."""
+    out = {}
+    for row in section("guides/spark.md", "## Secured nsqd").splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if row.startswith("| `") and len(cells) == 3:
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                out[name] = cells[1]
+    return out
+
+
+def test_the_spark_wire_options_and_defaults_are_the_connectors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from smartnsq.spark.wire_options import (
+        AUTH_SECRET_ENV,
+        WIRE_OPTION_NAMES,
+        parse_wire_options,
+    )
+
+    table = spark_wire_table()
+    assert list(table) == list(WIRE_OPTION_NAMES)
+    assert {table[n] for n in ("tls", "tlsInsecureSkipVerify", "snappy", "deflate")} == {
+        "`false`"}
+    assert table["deflateLevel"] == "`6`" and table["authSecret"] == f"`{AUTH_SECRET_ENV}`"
+    assert AUTH_SECRET_ENV == "SMARTNSQ_AUTH_SECRET"
+
+    def fail(why: str) -> ConfigError:
+        raise AssertionError(why)
+
+    monkeypatch.setenv(AUTH_SECRET_ENV, "from-env")
+    plain = parse_wire_options({}, fail).connection()
+    assert not (plain.tls.enabled or plain.snappy or plain.deflate)
+    assert plain.auth_secret is not None and plain.auth_secret.get_secret_value() == "from-env"
+    deflate = parse_wire_options({"deflate": "true"}, fail).connection()
+    assert deflate.deflate_level == 6 == default(ConnectionConfig, "deflate_level")
+    tls = parse_wire_options({"tls": "true"}, fail).connection().tls
+    assert tls.enabled and tls.verify and tls.ca_file is None  # the system's CAs
+    assert "`--deflate-level 1-9`" in page("guides/cli.md")
+    assert "deflate level (default 6;" in help_text("tail")
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"snappy": "true", "deflate": "true"}, "deflate="),
+    ({"deflateLevel": "3"}, "deflateLevel="),
+    ({"deflate": "true", "deflateLevel": "10"}, "deflateLevel="),
+    ({"tlsKey": __file__}, "tlsKey="),
+    ({"tls": "false", "tlsRootCaFile": __file__}, "tlsRootCaFile="),
+], ids=["snappy-deflate", "level-without-deflate", "level-10", "key-without-cert",
+        "file-with-tls-false"])
+def test_the_spark_checks_the_guide_lists_name_the_option(given: dict[str, str],
+                                                          named: str) -> None:
+    from smartnsq.spark.wire_options import parse_wire_options
+
+    text = page("guides/spark.md")
+    assert ("`snappy` with `deflate`, a `deflateLevel` without `deflate` or outside 1–9, "
+            "`tlsKey` without `tlsCert`, or a TLS option with `tls=false` fail `load()`") in text
+    with pytest.raises(ConfigError) as caught:
+        parse_wire_options(given, lambda why: ConfigError(why))
+    assert str(caught.value).startswith(named), caught.value
+
+
+def test_the_secret_option_names_spark_redacts_are_redacted_by_the_connector() -> None:
+    from smartnsq.spark.wire_options import shown
+
+    assert "its default matches `secret`, `password` and `token`, among others" in page(
+        "guides/spark.md")
+    for key in ("authSecret", "myPassword", "apiToken"):
+        assert "redacted" in shown(key, "hunter2"), key
+    assert shown("topic", "orders") == "'orders'"
+
+
+def test_the_errors_that_stop_a_consumer_are_the_ones_the_failure_guide_lists() -> None:
+    """failures.md, A consumer that stops by itself: what stops it at start, what is retried,
+    and the three retried once it has subscribed."""
+    import ssl
+
+    from smartnsq.consumer.sub_errors import ends_consumer
+
+    text = page("guides/failures.md")
+    assert "An `E_AUTH_FAILED`, a refused IDENTIFY or a certificate that does not verify, " \
+           "after the consumer has subscribed once, is retried instead" in text
+    assert "AUTH secret missing (an nsqd that requires AUTH) or refused" in text
+    cert = errors.TLSError("TLS handshake failed")
+    cert.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
+    refused_identify = errors.BadBodyError("IDENTIFY msg_timeout (900000) is invalid")
+    stops = [errors.BadTopicError("bad"), errors.BadChannelError("bad"),
+             errors.SubOrderIsMustError("x"), errors.UnsupportedFeatureError("youzan"),
+             errors.ConfigError("nsqd requires AUTH but no auth_secret is configured"),
+             errors.InvalidError("cannot AUTH in current state (TLS required)"),
+             errors.AuthFailedError("AUTH failed"), errors.UnauthorizedError("AUTH failed"),
+             refused_identify, cert]
+    retried = [errors.NSQConnectionError("refused"), errors.TopicNotExistError("t"),
+               errors.TooManyConnectionsError(""), errors.ServerNotLeaderError(""),
+               errors.TLSError("reset during the handshake")]
+    assert [ends_consumer(e) for e in stops] == [True] * len(stops)
+    assert [ends_consumer(e) for e in retried] == [False] * len(retried)
+    once_subscribed = [ends_consumer(e, subscribed=True) for e in stops]
+    assert once_subscribed == [True] * 6 + [False, True, False, False]
+
+
+@dataclass
+class Locked:
+    """An embedded nsqd requiring TLS with a client certificate and AUTH."""
+    tcp: str
+    certs: Certs
+
+    def tls(self, side: str = "", ca: str | None = None, cert: str | None = None) -> str:
+        ca = ca or self.certs.ca_file
+        cert = cert or self.certs.client_pem
+        return f"--{side}tls-root-ca-file {ca} --{side}tls-cert {cert}"
+
+
+@pytest.fixture(scope="module")
+def locked(certs: Certs, auth_server: AuthServer) -> Iterator[Locked]:
+    ct = ClusterThread(nodes=1, flavour="stock", nsqd_options=LOCKED.options(certs),
+                       tls=(certs.server_cert, certs.server_key), auth=auth_server.url)
+    try:
+        yield Locked(ct.cluster.nsqd_tcp_addresses[0], certs)
+    finally:
+        ct.stop()
+
+
+CLI = f"{shlex.quote(sys.executable)} -m smartnsq"
+
+
+def run_sh(script: str) -> tuple[int, list[str], float]:
+    began = time.monotonic()
+    r = sh(script)
+    return r.returncode, r.stderr.decode().splitlines(), time.monotonic() - began
+
+
+def test_what_the_cli_guide_says_of_a_refused_secret_or_certificate(locked: Locked) -> None:
+    """cli.md: a refused secret or an nsqd certificate that does not verify is one line and
+    exit 1 at once; a refused client certificate is retried by tail (not publish) until
+    --connect-timeout, and so is whatever bridge's destination refuses."""
+    text = page("guides/cli.md")
+    assert "ends the command at once: one line on stderr and exit 1" in text
+    assert "retry it as an unreachable nsqd, with a warning, and exit 1 after " \
+           "`--connect-timeout`; so does `bridge` for whatever its destination refuses" in text
+    t, c = locked.tcp, locked.certs
+    at_once = [
+        f"SMARTNSQ_AUTH_SECRET=wr0ng {CLI} tail t --nsqd {t} {locked.tls()}",
+        f"SMARTNSQ_AUTH_SECRET=good {CLI} to-file t --output-dir {c.dir}/out --nsqd {t} "
+        f"{locked.tls(ca=c.wrong_ca_file)}",
+        f"printf 'x\\n' | SMARTNSQ_AUTH_SECRET=good {CLI} publish t --nsqd {t} "
+        f"{locked.tls(cert=c.stranger_pem)}",
+        f"SMARTNSQ_FROM_AUTH_SECRET=wr0ng SMARTNSQ_TO_AUTH_SECRET=good {CLI} bridge t u "
+        f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} {locked.tls('to-')}",
+    ]
+    # with --connect-timeout well past what "at once" allows
+    at_once = [s if " publish " in s else f"{s} --connect-timeout 30" for s in at_once]
+    for script in at_once:
+        code, err, took = run_sh(script)
+        assert (code, len(err)) == (1, 1) and took < 15, (script, err, took)
+    retried = [
+        f"SMARTNSQ_AUTH_SECRET=good {CLI} tail t --nsqd {t} {locked.tls(cert=c.stranger_pem)}",
+        f"SMARTNSQ_FROM_AUTH_SECRET=good SMARTNSQ_TO_AUTH_SECRET=wr0ng {CLI} bridge t u "
+        f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} {locked.tls('to-')}",
+    ]
+    for script in retried:
+        code, err, took = run_sh(f"{script} --connect-timeout 1")
+        assert code == 1 and took >= 1, (script, err, took)
+        assert "warning" in err[0] and "within 1 s (--connect-timeout)" in err[-1], err
+
+
+def test_tls_required_refuses_auth_as_the_protocol_notes_say(locked: Locked) -> None:
+    """protocol.md §3.1.1: without TLS, AUTH too is fatal E_INVALID ... (TLS required); the
+    consumer stops at once (failures.md)."""
+    assert "NOP and AUTH included, is fatal `E_INVALID cannot <command> in current state " \
+           "(TLS required)`" in page("protocol.md")
+    code, err, _ = run_sh(f"SMARTNSQ_AUTH_SECRET=good {CLI} tail t --nsqd {locked.tcp} "
+                          "--connect-timeout 5")
+    assert code == 1 and len(err) == 1, err
+    assert "E_INVALID cannot AUTH in current state (TLS required)" in err[0]
+    code, err, _ = run_sh(f"{CLI} tail t --nsqd {locked.tcp} {locked.tls()} "
+                          "--connect-timeout 5")
+    assert code == 1 and len(err) == 1 and "requires AUTH but no auth_secret" in err[0], err
+
+
+def test_the_http_clients_tls_as_their_docstrings_say(certs: Certs) -> None:
+    """HttpProducer / NsqdHttpClient: without tls the system's CAs; an enabled tls without
+    an https:// address, or a file it cannot load, is a ConfigError at construction; nsqd's
+    TLS_REQUIRED names the way to reach it."""
+    from smartnsq.config import TLSConfig
+    from smartnsq.nsqd_http import NsqdHttpClient, https_context, known_error
+    from smartnsq.producer import HttpProducer
+
+    assert https_context(None) is True and https_context(TLSConfig()) is True
+    tls = TLSConfig(enabled=True, ca_file=certs.ca_file)
+    with pytest.raises(ConfigError, match="https://"):
+        HttpProducer(nsqd=["127.0.0.1:4151"], tls=tls)
+    with pytest.raises(ConfigError, match=r"tls\.ca_file"):
+        NsqdHttpClient(tls=TLSConfig(enabled=True, ca_file=certs.server_key))
+    answer = known_error("TLS_REQUIRED", address="127.0.0.1:4151")
+    assert answer is not None and "https://" in str(answer) and "--https-address" in str(answer)
+    assert "`HttpProducer(nsqd=[\"https://127.0.0.1:4152\"], tls=TLSConfig(enabled=True, " \
+           "ca_file=\"ca.pem\"))`" in page("guides/cli.md")
