@@ -592,12 +592,12 @@ def run_sh(script: str) -> tuple[int, list[str], float]:
 
 def test_what_the_cli_guide_says_of_a_refused_secret_or_certificate(locked: Locked) -> None:
     """cli.md: a refused secret or an nsqd certificate that does not verify is one line and
-    exit 1 at once; a refused client certificate is retried by tail (not publish) until
-    --connect-timeout, and so is whatever bridge's destination refuses."""
+    exit 1 at once; a refused client certificate is retried by tail (not publish, not
+    bridge's destination) until --connect-timeout."""
     text = page("guides/cli.md")
     assert "ends the command at once: one line on stderr and exit 1" in text
-    assert "retry it as an unreachable nsqd, with a warning, and exit 1 after " \
-           "`--connect-timeout`; so does `bridge` for whatever its destination refuses" in text
+    assert "`publish` and `bridge`'s destination end at once, but `tail`, `to-file` and " \
+           "`bridge`'s source retry it as an unreachable nsqd" in text
     t, c = locked.tcp, locked.certs
     at_once = [
         f"SMARTNSQ_AUTH_SECRET=wr0ng {CLI} tail t --nsqd {t} {locked.tls()}",
@@ -607,6 +607,13 @@ def test_what_the_cli_guide_says_of_a_refused_secret_or_certificate(locked: Lock
         f"{locked.tls(cert=c.stranger_pem)}",
         f"SMARTNSQ_FROM_AUTH_SECRET=wr0ng SMARTNSQ_TO_AUTH_SECRET=good {CLI} bridge t u "
         f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} {locked.tls('to-')}",
+        # the destination: whatever its publishes would not retry (it was retried until
+        # --connect-timeout, and for ever with 0)
+        f"SMARTNSQ_FROM_AUTH_SECRET=good SMARTNSQ_TO_AUTH_SECRET=wr0ng {CLI} bridge t u "
+        f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} {locked.tls('to-')}",
+        f"SMARTNSQ_FROM_AUTH_SECRET=good SMARTNSQ_TO_AUTH_SECRET=good {CLI} bridge t u "
+        f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} "
+        f"{locked.tls('to-', cert=c.stranger_pem)}",
     ]
     # with --connect-timeout well past what "at once" allows
     at_once = [s if " publish " in s else f"{s} --connect-timeout 30" for s in at_once]
@@ -615,8 +622,6 @@ def test_what_the_cli_guide_says_of_a_refused_secret_or_certificate(locked: Lock
         assert (code, len(err)) == (1, 1) and took < 15, (script, err, took)
     retried = [
         f"SMARTNSQ_AUTH_SECRET=good {CLI} tail t --nsqd {t} {locked.tls(cert=c.stranger_pem)}",
-        f"SMARTNSQ_FROM_AUTH_SECRET=good SMARTNSQ_TO_AUTH_SECRET=wr0ng {CLI} bridge t u "
-        f"--from-nsqd {t} {locked.tls('from-')} --to-nsqd {t} {locked.tls('to-')}",
     ]
     for script in retried:
         code, err, took = run_sh(f"{script} --connect-timeout 1")

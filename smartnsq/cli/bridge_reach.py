@@ -28,6 +28,18 @@ def _named(address: str, exc: BaseException) -> str:
     return text if address in text else f"nsqd {address}: {text}"
 
 
+def _refusal(address: str, exc: BaseException) -> str:
+    """The reason to retry after ``exc``; a :class:`CliError` at once for what the
+    producer's publishes would not retry either (a refused secret, TLS required, a
+    certificate either side refuses, settings nsqd does not take): waiting for
+    ``--connect-timeout`` changes nothing, as for ``publish`` and the source side."""
+    from smartnsq.producer.retry import Action, classify
+
+    if classify(exc) is Action.RAISE:
+        raise CliError(f"the destination refused the connection: {_named(address, exc)}")
+    return _named(address, exc)
+
+
 async def _pool_refusal(producer: Producer, address: str) -> str | None:
     """Why the nsqd at ``address`` refused a connection (dial and IDENTIFY), None if not,
     asked through the producer's pool of ``address``: a connection made stays in the pool.
@@ -37,12 +49,12 @@ async def _pool_refusal(producer: Producer, address: str) -> str | None:
     if pool.is_up:
         return None
     if not pool.available(asyncio.get_running_loop().time()):
-        return _named(address, pool.last_error) if pool.last_error is not None else \
+        return _refusal(address, pool.last_error) if pool.last_error is not None else \
             f"nsqd {address}: waiting to redial"
     try:
         await pool.get()
     except Exception as exc:  # any failure to connect is the answer here
-        return _named(address, exc)
+        return _refusal(address, exc)
     return None
 
 
