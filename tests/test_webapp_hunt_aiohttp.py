@@ -231,6 +231,19 @@ async def test_500_concurrent_requests_each_stored_once(
 
 # ---------------------------------------------------------------- shutdown under load
 
+async def shut_down_mid_publish(session: aiohttp.ClientSession, url: str,
+                                runner: web.AppRunner, bodies: list[bytes],
+                                counting: Counting) -> tuple[float, list[Outcome]]:
+    """POST every body, shut the app down once ``counting`` saw their publishes start, and
+    return how long the shutdown took and every request's outcome."""
+    posts = [asyncio.create_task(post(session, url, b)) for b in bodies]
+    await counting.reached.wait()
+    t0 = time.monotonic()
+    await runner.cleanup()
+    cleanup_s = time.monotonic() - t0
+    return cleanup_s, list(await asyncio.gather(*posts))
+
+
 class Counting:
     """Counts the requests whose publish started, and wakes a waiter at ``n`` of them."""
 
@@ -294,12 +307,7 @@ async def test_server_shut_down_while_requests_publish(cluster: DevCluster, leak
     conn = aiohttp.TCPConnector(limit=len(bodies))
     async with aiohttp.ClientSession(connector=conn) as s, asyncio.timeout(WAIT), \
             serve(app, shutdown_timeout=shutdown_timeout) as (url, runner):
-        posts = [asyncio.create_task(post(s, url, b)) for b in bodies]
-        await counting.reached.wait()
-        t0 = time.monotonic()
-        await runner.cleanup()
-        cleanup_s = time.monotonic() - t0
-        outcomes = await asyncio.gather(*posts)
+        cleanup_s, outcomes = await shut_down_mid_publish(s, url, runner, bodies, counting)
     for i in range(len(cluster.nodes)):
         cluster.delay_responses(i, 0)
     ok = {o.body for o in outcomes if o.status == 200}
@@ -601,12 +609,7 @@ async def test_server_shut_down_while_nsqd_is_silent(one_node: DevCluster,
             serve(app, shutdown_timeout=0.2) as (url, runner):
         await post(s, url, b"warm")
         one_node.delay_responses(0, 60)
-        posts = [asyncio.create_task(post(s, url, b)) for b in bodies]
-        await counting.reached.wait()
-        t0 = time.monotonic()
-        await runner.cleanup()
-        cleanup_s = time.monotonic() - t0
-        outcomes = await asyncio.gather(*posts)
+        cleanup_s, outcomes = await shut_down_mid_publish(s, url, runner, bodies, counting)
     print(f"{one_node.flavour}: cleanup {cleanup_s:.3f} s,",
           collections.Counter(o.status or type(o.error).__name__ for o in outcomes))
     assert cleanup_s < FAST.publish_timeout + FAST.connection.close_timeout + 1
