@@ -20,9 +20,9 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict smartnsq
 
 # two workers (pytest-xdist): one per core; tests/conftest.py keeps each module, and all the
-# Spark tests, on one worker
+# Spark tests, on one worker (its pytest_xdist_make_scheduler)
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope
 
 # Real stock nsqd and a 3-node youzan cluster from ../shared/realnsq (REALNSQ_DIR), started for
 # the run and always stopped; honours REALNSQ_STOCK_BASE, REALNSQ_YOUZAN_BASE, REALNSQ_STATE;
