@@ -115,7 +115,7 @@ def known_error(message: str, *, address: str, topic: str | None = None,
     if code == "TLS_REQUIRED":
         # nsqd --tls-required=true answers its plain HTTP port with the bare code
         return ServerError("nsqd requires HTTPS (--tls-required): give the https://HOST:PORT "
-                           "of its --https-address, with tls=TLSConfig(...) for its CA",
+                           "of its --https-address, and its CA in a TLSConfig",
                            code=code, fatal=False, address=address, topic=topic,
                            partition=partition)
     cls = SERVER_ERRORS.get(code)

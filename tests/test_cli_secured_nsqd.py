@@ -3,7 +3,7 @@ verified client certificate, AUTH through an auth server, HTTPS beside the plain
 tests/real_upgrades_support.py's ``LOCKED``), as operators run them: ``smartnsq publish``
 and ``smartnsq tail ... | head`` with the TLS options and the secret in
 ``SMARTNSQ_AUTH_SECRET``, a wrong secret, ``stat`` and ``topic create`` over HTTPS, and
-``HttpProducer(tls=...)``.
+``HttpProducer`` (its ``config.connection.tls``).
 
 The TCP tests run on the double and on the real stock nsqd 1.3.0; HTTPS only on the real one
 (the double serves no HTTPS). The ``real`` variants run under ``make test-real`` (which sets
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from smartnsq.config import TLSConfig
+from smartnsq.config import ConnectionConfig, ProducerConfig, TLSConfig
 from smartnsq.errors import ConfigError, NSQError
 from smartnsq.nsqd_http import NsqdHttpClient
 from smartnsq.producer import HttpProducer
@@ -189,7 +189,7 @@ async def test_http_producer_and_client_verify_https_with_the_tls_config(
         real_locked: Locked) -> None:
     t = real_locked
     topic = unique("http_tls")
-    async with HttpProducer(nsqd=[t.https], tls=t.tls()) as p:
+    async with HttpProducer(nsqd=[t.https], config=tls_config(t.tls())) as p:
         await p.publish(topic, b"one", timeout=5.0)
         await p.publish_many(topic, [b"two", b"three"], timeout=5.0)
     async with NsqdHttpClient(tls=t.tls()) as http:
@@ -201,12 +201,20 @@ async def test_http_producer_and_client_verify_https_with_the_tls_config(
             await p.publish(topic, b"never", timeout=2.0)
 
 
+def tls_config(tls: TLSConfig) -> ProducerConfig:
+    return ProducerConfig(connection=ConnectionConfig(tls=tls))
+
+
 def test_http_producer_refuses_tls_it_could_not_use(certs: Certs) -> None:
-    tls = TLSConfig(enabled=True, ca_file=certs.ca_file)
+    config = tls_config(TLSConfig(enabled=True, ca_file=certs.ca_file))
+    with pytest.raises(ConfigError, match=r"config\.connection\.tls .*https://"):
+        HttpProducer(nsqd=["127.0.0.1:4151"], config=config)
     with pytest.raises(ConfigError, match="https://"):
-        HttpProducer(nsqd=["127.0.0.1:4151"], tls=tls)
-    with pytest.raises(ConfigError, match="https://"):
-        HttpProducer(lookupd=["127.0.0.1:4161"], tls=tls)
+        HttpProducer(lookupd=["127.0.0.1:4161"], config=config)
     with pytest.raises(ConfigError, match=r"tls\.ca_file"):
         HttpProducer(nsqd=["https://127.0.0.1:4152"],
-                     tls=TLSConfig(enabled=True, ca_file=certs.server_key))
+                     config=tls_config(TLSConfig(enabled=True, ca_file=certs.server_key)))
+    # one dialect: TLS is given where the TCP producer takes it, not beside it
+    stray: Any = {"tls": config.connection.tls}
+    with pytest.raises(TypeError, match="tls"):
+        HttpProducer(nsqd=["https://127.0.0.1:4152"], **stray)

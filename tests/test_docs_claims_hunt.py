@@ -644,9 +644,9 @@ def test_tls_required_refuses_auth_as_the_protocol_notes_say(locked: Locked) -> 
 
 
 def test_the_http_clients_tls_as_their_docstrings_say(certs: Certs) -> None:
-    """HttpProducer / NsqdHttpClient: without tls the system's CAs; an enabled tls without
-    an https:// address, or a file it cannot load, is a ConfigError at construction; nsqd's
-    TLS_REQUIRED names the way to reach it."""
+    """HttpProducer (its config.connection.tls) / NsqdHttpClient (tls=): without TLS the
+    system's CAs; an enabled TLSConfig without an https:// address, or a file it cannot
+    load, is a ConfigError at construction; nsqd's TLS_REQUIRED names the way to reach it."""
     from smartnsq.config import TLSConfig
     from smartnsq.nsqd_http import NsqdHttpClient, https_context, known_error
     from smartnsq.producer import HttpProducer
@@ -654,10 +654,13 @@ def test_the_http_clients_tls_as_their_docstrings_say(certs: Certs) -> None:
     assert https_context(None) is True and https_context(TLSConfig()) is True
     tls = TLSConfig(enabled=True, ca_file=certs.ca_file)
     with pytest.raises(ConfigError, match="https://"):
-        HttpProducer(nsqd=["127.0.0.1:4151"], tls=tls)
+        HttpProducer(nsqd=["127.0.0.1:4151"],
+                     config=ProducerConfig(connection=ConnectionConfig(tls=tls)))
     with pytest.raises(ConfigError, match=r"tls\.ca_file"):
         NsqdHttpClient(tls=TLSConfig(enabled=True, ca_file=certs.server_key))
     answer = known_error("TLS_REQUIRED", address="127.0.0.1:4151")
     assert answer is not None and "https://" in str(answer) and "--https-address" in str(answer)
-    assert "`HttpProducer(nsqd=[\"https://127.0.0.1:4152\"], tls=TLSConfig(enabled=True, " \
-           "ca_file=\"ca.pem\"))`" in page("guides/cli.md")
+    text = " ".join(page("guides/cli.md").split())
+    assert "`ProducerConfig(connection=ConnectionConfig(tls=TLSConfig(enabled=True, " \
+           "ca_file=\"ca.pem\")))`, for `Producer` as for `HttpProducer(nsqd=" \
+           "[\"https://127.0.0.1:4152\"], config=...)`" in text

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from smartnsq.config import ProducerConfig, TLSConfig
+from smartnsq.config import ConnectionConfig, ProducerConfig, TLSConfig
 from smartnsq.errors import PublishError, TLSError
 from smartnsq.producer import HttpProducer
 from tests.real_upgrades_support import Certs
@@ -53,16 +53,19 @@ async def https_nsqd(certs: Certs) -> AsyncIterator[HttpsNsqd]:
 
 async def test_a_certificate_that_does_not_verify_fails_the_publish_at_once(
         https_nsqd: HttpsNsqd, certs: Certs, tmp_path: Path) -> None:
-    config = ProducerConfig(max_attempts=3)
-    for tls in (None, TLSConfig(enabled=True, ca_file=certs.wrong_ca_file)):
-        async with HttpProducer(nsqd=[https_nsqd.url], tls=tls, config=config) as p:
+    def config(tls: TLSConfig) -> ProducerConfig:
+        # the TCP producer's place for TLS, which the HTTP producer reads too
+        return ProducerConfig(max_attempts=3, connection=ConnectionConfig(tls=tls))
+
+    for tls in (TLSConfig(), TLSConfig(enabled=True, ca_file=certs.wrong_ca_file)):
+        async with HttpProducer(nsqd=[https_nsqd.url], config=config(tls)) as p:
             with pytest.raises(PublishError, match=r"after 1 attempt") as caught:
                 await p.publish("orders", b"x", timeout=5.0)
         assert isinstance(caught.value.__cause__, TLSError)
         assert "certificate" in str(caught.value.__cause__)
     # with the right CA it is published
-    async with HttpProducer(nsqd=[https_nsqd.url], config=config,
-                            tls=TLSConfig(enabled=True, ca_file=certs.ca_file)) as p:
+    async with HttpProducer(nsqd=[https_nsqd.url],
+                            config=config(TLSConfig(enabled=True, ca_file=certs.ca_file))) as p:
         await p.publish("orders", b"x", timeout=5.0)
     assert https_nsqd.pubs == 1
 

@@ -36,7 +36,7 @@ import aiohttp
 from smartnsq._checks import check_duration, check_loop
 from smartnsq._entry import Entry
 from smartnsq.addresses import LookupdSpec, NsqdSpec, lookup_of, resolve_source
-from smartnsq.config import ProducerConfig, TLSConfig
+from smartnsq.config import ProducerConfig
 from smartnsq.errors import ClientClosedError, ConfigError, NotStartedError, PublishError
 from smartnsq.lookup import Lookup
 from smartnsq.metrics import Metrics
@@ -74,13 +74,14 @@ class HttpProducer:
     """Publishes over HTTP (see the module docstring). ``nsqd`` are ``host:port`` (or
     ``http://host:port``) of nsqd's HTTP listener, or ``https://host:port`` of its HTTPS
     listener (nsqd's ``--https-address``); with ``lookupd`` the nodes' ``http_port`` is used
-    (the lookupds announce no HTTPS port). ``tls``: how the ``https://`` addresses are
-    verified, the :class:`~smartnsq.config.TLSConfig` of the TCP clients (its ``ca_file``,
-    a client certificate for an nsqd with ``--tls-client-auth-policy``, ``verify``); without
-    it the system's CAs. An enabled ``tls`` without an ``https://`` address would leave every
-    request plain, so it is a :class:`~smartnsq.errors.ConfigError`, as is a file it cannot
-    load. ``session``: an aiohttp session to share (the producer then leaves it open; ``tls``
-    applies to its requests all the same).
+    (the lookupds announce no HTTPS port). The ``https://`` addresses are verified with
+    ``config.connection.tls``, the :class:`~smartnsq.config.TLSConfig` the TCP
+    :class:`~smartnsq.Producer` takes in the same place (its ``ca_file``, a client
+    certificate for an nsqd with ``--tls-client-auth-policy``, ``verify``); when it is not
+    enabled, with the system's CAs. An enabled ``tls`` without an ``https://`` address would
+    leave every request plain, so it is a :class:`~smartnsq.errors.ConfigError`, as is a file
+    it cannot load. ``session``: an aiohttp session to share (the producer then leaves it
+    open; ``tls`` applies to its requests all the same).
     ``metrics``, ``tracer_provider``, ``trace_envelope``: its metrics (commands ``HTTP_PUB``,
     ``HTTP_MPUB`` ...) and spans, resolved at :meth:`start`
     (:mod:`smartnsq.producer.instruments`; an HTTP ``mpub`` has no ext header to carry a
@@ -92,18 +93,20 @@ class HttpProducer:
                  session: aiohttp.ClientSession | None = None,
                  trace_switch: TraceSwitch | None = None, metrics: Metrics | None = None,
                  tracer_provider: TracerProvider | None = None,
-                 trace_envelope: bool = False, tls: TLSConfig | None = None) -> None:
+                 trace_envelope: bool = False) -> None:
         if config is None:
             config = ProducerConfig()
         elif not isinstance(config, ProducerConfig):
             raise ConfigError(f"config must be a ProducerConfig, got {type(config).__name__}")
         source = resolve_source("HttpProducer", nsqd, lookupd, nsqd_kind="http")
+        tls = config.connection.tls
         self._ssl = https_context(tls)
-        if tls is not None and tls.enabled and not any(
+        if tls.enabled and not any(
                 parse_http_address(a).startswith("https://") for a in source.nsqd):
-            raise ConfigError("tls is enabled but no nsqd address is https://: give nsqd= "
-                              "the https://host:port of nsqd's --https-address (the lookupds "
-                              "announce only nsqd's plain HTTP port)")
+            raise ConfigError("config.connection.tls is enabled but no nsqd address is "
+                              "https://: give nsqd= the https://host:port of nsqd's "
+                              "--https-address (the lookupds announce only nsqd's plain HTTP "
+                              "port)")
         self.config = config
         self.trace = trace_switch if trace_switch is not None else default_switch
         self.instruments = ProducerInstruments(metrics, tracer_provider, trace_envelope)
