@@ -144,10 +144,11 @@ def http_wire_options(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
+        from smartnsq.protocol.validation import is_https_address
+
         wire = _settings("", kwargs, tcp=False)
         nsqd: tuple[str, ...] = kwargs.get("nsqd", ())
-        if wire.tls is not None and not any(a.strip().lower().startswith("https://")
-                                            for a in nsqd):
+        if wire.tls is not None and not any(map(is_https_address, nsqd)):
             raise click.UsageError(
                 "--tls and its files apply to nsqd's HTTPS API: give --nsqd "
                 "https://HOST:PORT (nsqd's --https-address; the lookupds announce only its "

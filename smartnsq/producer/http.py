@@ -59,6 +59,7 @@ from smartnsq.producer.types import BatchReceipt, PublishReceipt
 from smartnsq.protocol.validation import (
     check_partition,
     check_topic,
+    is_https_address,
     parse_http_address,
 )
 
@@ -101,8 +102,7 @@ class HttpProducer:
         source = resolve_source("HttpProducer", nsqd, lookupd, nsqd_kind="http")
         tls = config.connection.tls
         self._ssl = https_context(tls)
-        if tls.enabled and not any(
-                parse_http_address(a).startswith("https://") for a in source.nsqd):
+        if tls.enabled and not any(map(is_https_address, source.nsqd)):
             raise ConfigError("config.connection.tls is enabled but no nsqd address is "
                               "https://: give nsqd= the https://host:port of nsqd's "
                               "--https-address (the lookupds announce only nsqd's plain HTTP "

@@ -98,6 +98,11 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
     return host, port
 
 
+def is_https_address(address: str) -> bool:
+    """Whether an HTTP address (as :func:`parse_http_address` takes it) names HTTPS."""
+    return address.strip().lower().startswith("https://")
+
+
 def parse_http_address(address: str) -> str:
     """``host:port`` or ``http(s)://host:port[/]`` → base URL without trailing slash."""
     if not isinstance(address, str) or not address.strip():

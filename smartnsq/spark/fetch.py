@@ -46,7 +46,8 @@ from smartnsq.nsqd_http import NsqdHttpClient, ask_again
 from smartnsq.protocol.commands import OffsetSpec
 from smartnsq.protocol.messages import MessageRecord, RawMessage
 from smartnsq.protocol.validation import parse_tcp_address
-from smartnsq.spark.wire_options import WireOptions, no_wire_options
+from smartnsq.spark.wire_options import no_wire_options
+from smartnsq.wire_settings import WireSettings
 
 __all__ = ["RangeFetcher", "RangeTask", "channel_position"]
 
@@ -146,7 +147,7 @@ class RangeTask:
     #: delete the channel after the read (batch reads and split pieces leave nothing behind)
     delete_channel: bool = False
     #: TLS, compression and AUTH of the read's connection
-    wire: WireOptions = field(default_factory=no_wire_options)
+    wire: WireSettings = field(default_factory=no_wire_options)
 
 
 class _Reposition(Exception):

@@ -28,11 +28,11 @@ from smartnsq.spark.sink_options import (
 )
 from smartnsq.spark.wire_options import (
     KAFKA_WIRE_NAMES,
-    WireOptions,
     no_wire_options,
     parse_wire_options,
     shown,
 )
+from smartnsq.wire_settings import WireSettings
 
 __all__ = ["SOURCE_OPTION_NAMES", "SourceOptions", "check_stock_options",
            "parse_source_options"]
@@ -103,7 +103,7 @@ class SourceOptions(BaseModel):
     #: stock: the per-connection message timeout asked for in IDENTIFY (None: the server's)
     message_timeout: float | None = Field(default=None, ge=1, le=900)
     #: TLS, compression and AUTH of every connection (the options in WIRE_OPTION_NAMES)
-    wire: WireOptions = Field(default_factory=no_wire_options)
+    wire: WireSettings = Field(default_factory=no_wire_options)
 
     @field_validator("topic")
     @classmethod

@@ -19,11 +19,11 @@ from smartnsq.protocol.validation import check_topic, parse_http_address, parse_
 from smartnsq.spark.option_names import SOURCE_OPTION_NAMES, WIRE_OPTION_NAMES
 from smartnsq.spark.wire_options import (
     KAFKA_WIRE_NAMES,
-    WireOptions,
     no_wire_options,
     parse_flag,
     parse_wire_options,
 )
+from smartnsq.wire_settings import WireSettings
 
 __all__ = ["SINK_OPTION_NAMES", "SPARK_INTERNAL_OPTIONS", "SinkOptions", "parse_sink_options",
            "python_text_hint", "unknown_option_hint"]
@@ -118,10 +118,10 @@ class SinkOptions(BaseModel):
     shardHash: Literal["murmur3", "java"] = "murmur3"
     #: TLS, compression and AUTH (the options in WIRE_OPTION_NAMES), parsed by
     #: wire_options for the source and the sink alike: not one of this model's fields
-    _wire: WireOptions = PrivateAttr(default_factory=no_wire_options)
+    _wire: WireSettings = PrivateAttr(default_factory=no_wire_options)
 
     @property
-    def wire(self) -> WireOptions:
+    def wire(self) -> WireSettings:
         return self._wire
 
     @field_validator("lookupd", "nsqd", mode="before")

@@ -4,9 +4,9 @@
 ``--snappy``, ``--deflate…``, ``--auth-secret``), parsed for both in one place.
 
 They are checked on the driver (wrong combinations, certificate files that do not load there)
-and turned into each connection's :class:`~smartnsq.config.ConnectionConfig` by
-:meth:`WireOptions.connection`, wherever the connection is made (executors; the driver for
-stock streams and youzan probing). Without ``authSecret``, the secret is read there from
+and held as a :class:`~smartnsq.wire_settings.WireSettings`, which makes each connection's
+:class:`~smartnsq.config.ConnectionConfig` wherever the connection is made (executors; the
+driver for stock streams and youzan probing). Without ``authSecret``, the secret is read there from
 ``SMARTNSQ_AUTH_SECRET``. The secret is held as a ``SecretStr`` and never shown: an
 option's value is shown in messages only when Spark would not redact it either.
 """
@@ -21,8 +21,8 @@ from smartnsq.errors import ConfigError
 from smartnsq.spark.option_names import WIRE_OPTION_NAMES
 from smartnsq.wire_settings import Setting, WireSettings, wire_settings
 
-__all__ = ["AUTH_SECRET_ENV", "KAFKA_WIRE_NAMES", "WIRE_OPTION_NAMES", "WireOptions",
-           "no_wire_options", "parse_flag", "parse_wire_options", "shown"]
+__all__ = ["AUTH_SECRET_ENV", "KAFKA_WIRE_NAMES", "WIRE_OPTION_NAMES", "no_wire_options",
+           "parse_flag", "parse_wire_options", "shown"]
 
 #: where the connecting process finds the secret when the option is not given
 AUTH_SECRET_ENV = "SMARTNSQ_AUTH_SECRET"
@@ -60,14 +60,11 @@ def parse_flag(value: str) -> bool:
     raise ValueError("expected true or false")
 
 
-#: the checked settings, as the source and the sink hold them (see smartnsq.wire_settings)
-WireOptions = WireSettings
-
-
-def no_wire_options() -> WireOptions:
+def no_wire_options() -> WireSettings:
     """The settings of a read or write given no wire option (plain connections; the secret
     may still come from :data:`AUTH_SECRET_ENV`)."""
-    return WireOptions(secret_env=AUTH_SECRET_ENV)
+    return WireSettings(secret_env=AUTH_SECRET_ENV)
+
 
 #: the option of each setting, as the rules name them in messages
 _NAMES: dict[Setting, str] = {
@@ -77,7 +74,7 @@ _NAMES: dict[Setting, str] = {
 
 
 def parse_wire_options(given: Mapping[str, str],
-                       fail: Callable[[str], ConfigError]) -> WireOptions:
+                       fail: Callable[[str], ConfigError]) -> WireSettings:
     """``given``: the wire options by documented name. ``fail`` makes the caller's error
     from ``NAME=VALUE: why`` (the source and the sink word their option errors each their
     own way). The rules are :func:`smartnsq.wire_settings.wire_settings`'s; a connection
