@@ -17,7 +17,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.real_upgrades_support import REALNSQ_DIR, START_TIMEOUT, RealNsqd, _port_busy
+from tests.real_upgrades_support import (
+    REALNSQ_DIR,
+    START_TIMEOUT,
+    RealNsqd,
+    free_bases,
+    port_busy,
+)
 
 #: bases of one node each (BASE..BASE+11); this module's own range
 PORT_BASES = range(5600, 5690, 12)
@@ -35,6 +41,12 @@ def _wait_ping(address: str, timeout: float) -> None:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.1)
+
+
+def _wait_gone(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while port_busy(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @dataclass
@@ -63,7 +75,7 @@ class StockCluster:
     def start(cls, state_root: Path) -> StockCluster:
         if not (REALNSQ_DIR / "start-stock.sh").exists():
             raise RuntimeError(f"no real NSQ servers at {REALNSQ_DIR} (set REALNSQ_DIR)")
-        free = [b for b in PORT_BASES if not any(_port_busy(p) for p in range(b, b + 12))]
+        free = free_bases(PORT_BASES, 12)
         if len(free) < NODES:
             raise RuntimeError(f"no {NODES} free port bases in {PORT_BASES} for real nsqd")
         cluster = cls([RealNsqd(b, state_root / f"node-{b}") for b in free[:NODES]])
@@ -82,9 +94,7 @@ class StockCluster:
         pidfile = self._lookupd_pidfile
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
         base = self.nodes[0].base
-        deadline = time.monotonic() + START_TIMEOUT
-        while _port_busy(base + 11) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_gone(base + 11, START_TIMEOUT)
         log = open(self.nodes[0].state / "logs" / "stock-nsqlookupd.log", "ab")  # noqa: SIM115
         with log:
             proc = subprocess.Popen(
@@ -107,12 +117,6 @@ class StockCluster:
 
 #: bases of one :class:`FaultCluster` each (BASE..BASE+19); this range is its own
 FAULT_PORT_BASES = range(5900, 5990, 20)
-
-
-def _wait_gone(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while _port_busy(port) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 @dataclass
@@ -196,7 +200,7 @@ class FaultCluster:
     @classmethod
     def start(cls, state_root: Path, nodes: int = 2, lookupds: int = 1,
               flags: tuple[str, ...] = ()) -> FaultCluster:
-        free = [b for b in FAULT_PORT_BASES if not any(_port_busy(p) for p in range(b, b + 20))]
+        free = free_bases(FAULT_PORT_BASES, 20)
         if not free:
             raise RuntimeError(f"no free port base in {FAULT_PORT_BASES} for real nsqd")
         base = free[0]

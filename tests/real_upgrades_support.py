@@ -167,6 +167,12 @@ class Profile:
     options: Callable[[Certs], NsqdOptions]
     auth: bool
 
+    def double(self, certs: Certs, auth: AuthServer) -> dict[str, Any]:
+        """The embedded double's arguments for this configuration: its nsqd options, the
+        server certificate, and the auth server when the profile has AUTH."""
+        return {"nsqd_options": self.options(certs), "tls": (certs.server_cert, certs.server_key),
+                "auth": auth.url if self.auth else None}
+
 
 #: TLS offered, snappy/deflate on (default), AUTH through the auth server
 OPEN = Profile(
@@ -197,10 +203,15 @@ LOCKED = Profile(
 )
 
 
-def _port_busy(port: int) -> bool:
+def port_busy(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_bases(bases: range, width: int) -> list[int]:
+    """The port bases of ``bases`` whose ``width`` ports from the base are all free."""
+    return [b for b in bases if not any(port_busy(p) for p in range(b, b + width))]
 
 
 @dataclass
@@ -263,8 +274,8 @@ class RealServers:
         if not (REALNSQ_DIR / "start-stock.sh").exists():
             raise RuntimeError(f"no real NSQ servers at {REALNSQ_DIR} (set REALNSQ_DIR)")
         used = {s.base for s in self.started.values()}
-        for base in self.port_bases:
-            if base in used or any(_port_busy(p) for p in range(base, base + 12)):
+        for base in free_bases(self.port_bases, 12):
+            if base in used:
                 continue
             srv = RealNsqd(base, self.state_root / f"{profile.name}-{base}")
             self.started[profile.name] = srv

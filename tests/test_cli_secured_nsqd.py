@@ -85,8 +85,7 @@ def locked(request: pytest.FixtureRequest, certs: Certs,
         yield _real(request, certs)
         return
     ct = ClusterThread(nodes=1, lookupds=1, flavour="stock",
-                       nsqd_options=LOCKED.options(certs),
-                       tls=(certs.server_cert, certs.server_key), auth=auth_server.url)
+                       **LOCKED.double(certs, auth_server))
     try:
         yield Locked("double", ct.cluster.nsqd_tcp_addresses[0], "", certs)
     finally:

@@ -573,8 +573,7 @@ class Locked:
 
 @pytest.fixture(scope="module")
 def locked(certs: Certs, auth_server: AuthServer) -> Iterator[Locked]:
-    ct = ClusterThread(nodes=1, flavour="stock", nsqd_options=LOCKED.options(certs),
-                       tls=(certs.server_cert, certs.server_key), auth=auth_server.url)
+    ct = ClusterThread(nodes=1, flavour="stock", **LOCKED.double(certs, auth_server))
     try:
         yield Locked(ct.cluster.nsqd_tcp_addresses[0], certs)
     finally:

@@ -93,9 +93,7 @@ async def _target(request: pytest.FixtureRequest, profile: Profile, certs: Certs
         yield Target("real", servers.get(profile).tcp, certs, auth)
         return
     async with DevCluster(nodes=1, lookupds=1, flavour="stock",
-                          nsqd_options=profile.options(certs),
-                          tls=(certs.server_cert, certs.server_key),
-                          auth=auth.url if profile.auth else None) as cl:
+                          **profile.double(certs, auth)) as cl:
         yield Target("double", cl.nsqd_tcp_addresses[0], certs, auth)
 
 
@@ -214,7 +212,7 @@ def test_sync_facade_with_tls_snappy_and_auth(certs: Certs, auth_server: AuthSer
             nsqd = request.getfixturevalue("real").get(OPEN).tcp
         else:
             ct = ClusterThread(nodes=1, lookupds=1, flavour="stock",
-                               tls=(certs.server_cert, certs.server_key), auth=auth_server.url)
+                               **OPEN.double(certs, auth_server))
             nsqd = ct.cluster.nsqd_tcp_addresses[0]
         try:
             cfg = ConnectionConfig(auth_secret=SecretStr("good"), snappy=True,

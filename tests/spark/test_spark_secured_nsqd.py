@@ -49,8 +49,7 @@ class Secured:
 
 
 def _double(certs: Certs, auth: AuthServer, flavour: str, nodes: int) -> ThreadedCluster:
-    return ThreadedCluster(nodes=nodes, flavour=flavour, nsqd_options=LOCKED.options(certs),
-                           tls=(certs.server_cert, certs.server_key), auth=auth.url)
+    return ThreadedCluster(nodes=nodes, flavour=flavour, **LOCKED.double(certs, auth))
 
 
 @pytest.fixture(scope="module", params=["double", "real"])
